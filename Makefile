@@ -1,0 +1,44 @@
+# Baton: `make run` serves the demo on http://127.0.0.1:8000, `make test` runs the whole suite.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: run test lint format bench install install-test clean
+
+$(PY):
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Baton needs $(PYTHON) on PATH (or run make PYTHON=/path/to/python3.11)"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e .
+	@touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(PY)
+	$(PIP) install --quiet -e ".[test,bench]"
+	@touch $(VENV)/.installed $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+run: install
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py seed_demo
+	$(PY) manage.py runserver $(HOST):$(PORT)
+
+test: install-test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install-test
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis

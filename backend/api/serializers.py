@@ -1,0 +1,148 @@
+"""Input and output serializers for the task API.
+
+Input serializers check shape and types and reject unknown fields (a misspelt field is an error,
+not a silently ignored one); the domain rules live in the services.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from backend.tasks.models import (
+    TASK_TYPE_PATTERN,
+    ContextPassing,
+    ExecutorKind,
+    Subtask,
+    Task,
+    TaskStatus,
+)
+
+
+class StrictInput(serializers.Serializer):
+    """An input serializer that refuses fields it does not declare."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class PipelineStepInput(StrictInput):
+    bot = serializers.CharField(max_length=100)
+    executor = serializers.ChoiceField(choices=ExecutorKind.choices)
+    context_passing = serializers.ChoiceField(
+        choices=ContextPassing.choices, default=ContextPassing.ORIGINAL_AND_PREVIOUS
+    )
+
+
+class TaskCreateInput(StrictInput):
+    title = serializers.CharField(max_length=200)
+    task_type = serializers.RegexField(
+        TASK_TYPE_PATTERN,
+        max_length=64,
+        error_messages={
+            "invalid": "Use 1-64 lowercase letters, digits, '-' or '_', starting with a letter "
+            "or digit (for example 'code' or 'chat')."
+        },
+    )
+    message = serializers.CharField(trim_whitespace=False)
+    executor = serializers.ChoiceField(choices=ExecutorKind.choices, required=False)
+    bot = serializers.CharField(max_length=100, required=False)
+    sender = serializers.CharField(max_length=150, required=False, default="")
+    is_group_chat = serializers.BooleanField(required=False, default=False)
+    pipeline = PipelineStepInput(many=True, required=False, allow_empty=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        has_executor = "executor" in attrs
+        has_pipeline = "pipeline" in attrs
+        if has_executor and has_pipeline:
+            raise serializers.ValidationError(
+                {"executor": ["Give either executor (one agent) or pipeline (several), not both."]}
+            )
+        if not has_executor and not has_pipeline:
+            raise serializers.ValidationError(
+                {"executor": ["This field is required unless a pipeline is given."]}
+            )
+        if has_pipeline and "bot" in attrs:
+            raise serializers.ValidationError(
+                {"bot": ["Name the bots inside pipeline steps when a pipeline is given."]}
+            )
+        return attrs
+
+
+class MessageInput(StrictInput):
+    message = serializers.CharField(trim_whitespace=False)
+    sender = serializers.CharField(max_length=150, required=False, default="")
+
+
+class TaskListFilters(StrictInput):
+    status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
+    task_type = serializers.CharField(max_length=64, required=False)
+    page = serializers.IntegerField(min_value=1, required=False)
+    page_size = serializers.IntegerField(min_value=1, required=False)
+
+
+class PipelineStepOutput(serializers.Serializer):
+    bot = serializers.CharField()
+    executor = serializers.CharField()
+    context_passing = serializers.CharField()
+
+
+class SubtaskOutput(serializers.ModelSerializer):
+    message = serializers.CharField(source="prompt")
+
+    class Meta:
+        model = Subtask
+        fields = [
+            "id",
+            "message_id",
+            "parent_message_id",
+            "role",
+            "status",
+            "sender",
+            "bot",
+            "pipeline_step",
+            "executor",
+            "message",
+            "result",
+            "error",
+            "attempts",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+
+class TaskOutput(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.get_username")
+    pipeline = PipelineStepOutput(many=True)
+
+    class Meta:
+        model = Task
+        fields = [
+            "id",
+            "title",
+            "task_type",
+            "status",
+            "is_group_chat",
+            "pipeline",
+            "owner",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class TaskWithTurnsOutput(TaskOutput):
+    """A task with the turns the view attached as `task.turns_for_output`."""
+
+    turns = SubtaskOutput(many=True, source="turns_for_output")
+
+    class Meta(TaskOutput.Meta):
+        fields = [*TaskOutput.Meta.fields, "turns"]
+        read_only_fields = fields

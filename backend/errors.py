@@ -1,0 +1,43 @@
+"""Domain errors raised by Baton's services and selectors.
+
+Services speak in these terms; one API exception handler (`backend.api.errors`) maps each class
+to its HTTP status. Every error names the field or the object it is about, so a client can tell
+what to fix without reading server logs.
+"""
+
+from __future__ import annotations
+
+
+class BatonError(Exception):
+    """Base class: a request Baton understood but cannot carry out as asked."""
+
+    code = "error"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidInput(BatonError):
+    """The input breaks a domain rule (400)."""
+
+    code = "invalid"
+
+
+class NotFound(BatonError):
+    """The object does not exist or the caller may not see it (404)."""
+
+    code = "not_found"
+
+
+class Conflict(BatonError):
+    """The object's current state does not allow the operation (409)."""
+
+    code = "conflict"
+
+
+class PayloadTooLarge(BatonError):
+    """A message or result is above the configured hard limit (413)."""
+
+    code = "too_large"

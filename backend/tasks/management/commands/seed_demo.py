@@ -1,0 +1,111 @@
+"""Load Baton's demo data and print an admin login and an API token.
+
+Idempotent: the admin user, its password (kept in var/demo-admin-password) and the demo tasks are
+created once and reused on later runs.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand
+from rest_framework.authtoken.models import Token
+
+from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
+from backend.tasks.services import PipelineStep, append_message, create_task, record_result
+
+ADMIN_USERNAME = "admin"
+GROUP_CHAT_TITLE = "Demo: release planning chat"
+PIPELINE_TITLE = "Demo: fix the flaky upload test"
+
+
+def _answer(turn: Subtask, text: str) -> None:
+    record_result(subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": text})
+
+
+def _pending_assistant_turns(task: Task) -> list[Subtask]:
+    return list(
+        task.subtasks.filter(role=Role.ASSISTANT, status=SubtaskStatus.PENDING).order_by(
+            "message_id"
+        )
+    )
+
+
+class Command(BaseCommand):
+    help = "Create the demo admin user, an API token and two demo tasks; print the login."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        password_file = settings.VAR_DIR / "demo-admin-password"
+        if password_file.exists():
+            password = password_file.read_text().strip()
+        else:
+            password = secrets.token_urlsafe(12)
+            password_file.write_text(password + "\n")
+            password_file.chmod(0o600)
+        user_model = get_user_model()
+        admin, _ = user_model.objects.get_or_create(
+            username=ADMIN_USERNAME, defaults={"is_staff": True, "is_superuser": True}
+        )
+        admin.is_staff = admin.is_superuser = True
+        admin.set_password(password)
+        admin.save()
+        token, _ = Token.objects.get_or_create(user=admin)
+
+        if not Task.objects.filter(title=GROUP_CHAT_TITLE).exists():
+            self._group_chat(admin)
+        if not Task.objects.filter(title=PIPELINE_TITLE).exists():
+            self._pipeline(admin)
+
+        self.stdout.write(
+            "\nBaton demo is ready.\n"
+            f"  Admin:     http://127.0.0.1:8000/admin/\n"
+            f"             user {ADMIN_USERNAME}  password {password}\n"
+            f"  API token: {token.key}\n"
+            "  Try:       curl -H 'Authorization: Token "
+            f"{token.key}' http://127.0.0.1:8000/api/tasks/\n"
+            "  API docs:  http://127.0.0.1:8000/api/docs/\n"
+        )
+
+    def _group_chat(self, owner: Any) -> None:
+        task = create_task(
+            owner=owner,
+            title=GROUP_CHAT_TITLE,
+            task_type="chat",
+            message="Can we ship 2.4 on Friday? The changelog is in CHANGES.md.",
+            pipeline=[PipelineStep(bot="planner", executor="agno")],
+            sender="alice",
+            is_group_chat=True,
+        )
+        _answer(
+            _pending_assistant_turns(task)[0],
+            "Friday works if the migration note lands first; two PRs are still open.",
+        )
+        append_message(task=task, message="I'll review the migration PR today.", sender="bob")
+        _answer(_pending_assistant_turns(task)[0], "Thanks Bob. I'll draft the release notes.")
+        append_message(task=task, message="Please list the open PRs by owner.", sender="alice")
+
+    def _pipeline(self, owner: Any) -> None:
+        task = create_task(
+            owner=owner,
+            title=PIPELINE_TITLE,
+            task_type="code",
+            message=(
+                "tests/test_upload.py::test_resume fails one run in ten. Find out why and fix it."
+            ),
+            pipeline=[
+                PipelineStep(bot="coder", executor="codex"),
+                PipelineStep(bot="reviewer", executor="claude_code"),
+            ],
+            sender="carol",
+        )
+        coder, reviewer = _pending_assistant_turns(task)
+        _answer(
+            coder,
+            "The test shares a temp dir with test_upload_large; the cleanup races. "
+            "Gave each test its own tmp_path and removed the sleep.",
+        )
+        _answer(reviewer, "Looks right. Also drop the now-unused RETRY_DELAY constant.")
+        append_message(task=task, message="Good. Please also remove RETRY_DELAY.", sender="carol")

@@ -1,0 +1,160 @@
+"""Tasks and their turns.
+
+A `Task` is one conversation between a product's users and one or more agent bots. Each turn is a
+`Subtask`: a USER message, or an ASSISTANT turn that an executor worker will run. Turns are
+numbered by `message_id`, unique within the task and allocated from the task row's counter so
+concurrent writers never collide (see `services.allocate_message_ids`).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+
+TASK_TYPE_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+
+task_type_validator = RegexValidator(
+    TASK_TYPE_PATTERN,
+    "task_type must be 1-64 characters of lowercase letters, digits, '-' or '_', "
+    "starting with a letter or digit (for example 'code' or 'chat').",
+)
+
+
+class ExecutorKind(models.TextChoices):
+    CODEX = "codex", "OpenAI Codex CLI"
+    CLAUDE_CODE = "claude_code", "Claude Code"
+    AGNO = "agno", "Agno"
+
+
+class ContextPassing(models.TextChoices):
+    """What a pipeline step sees; mirrors `backend.prompting.ContextPassing`."""
+
+    NONE = "none", "Current message only"
+    ORIGINAL_USER = "original_user", "History and the user's message"
+    PREVIOUS_BOT = "previous_bot", "History and the previous step's result"
+    ORIGINAL_AND_PREVIOUS = "original_and_previous", "History, user's message and previous result"
+
+
+class TaskStatus(models.TextChoices):
+    """The state of the task's latest round of turns."""
+
+    PENDING = "PENDING", "Pending"
+    RUNNING = "RUNNING", "Running"
+    COMPLETED = "COMPLETED", "Completed"
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled"
+
+
+class Role(models.TextChoices):
+    USER = "USER", "User"
+    ASSISTANT = "ASSISTANT", "Assistant"
+
+
+class SubtaskStatus(models.TextChoices):
+    PENDING = "PENDING", "Pending"
+    RUNNING = "RUNNING", "Running"
+    COMPLETED = "COMPLETED", "Completed"
+    FAILED = "FAILED", "Failed"
+    CANCELLED = "CANCELLED", "Cancelled"
+
+
+ACTIVE_SUBTASK_STATUSES = (SubtaskStatus.PENDING, SubtaskStatus.RUNNING)
+
+
+class Task(models.Model):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tasks"
+    )
+    title = models.CharField(max_length=200)
+    task_type = models.CharField(max_length=64, validators=[task_type_validator])
+    is_group_chat = models.BooleanField(default=False)
+    status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.PENDING)
+    # Ordered bot steps: [{"bot": ..., "executor": ..., "context_passing": ...}, ...]; a
+    # single-agent task is a pipeline of one step.
+    pipeline = models.JSONField(default=list)
+    # The next message_id to hand out; advanced atomically by services.allocate_message_ids.
+    next_message_id = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["owner", "-created_at"], name="task_owner_recent"),
+            models.Index(fields=["status", "task_type"], name="task_status_type"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=TaskStatus.values), name="task_status_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.title}"
+
+    @property
+    def is_multi_bot(self) -> bool:
+        return len({step["bot"] for step in self.pipeline}) > 1
+
+
+class Subtask(models.Model):
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="subtasks")
+    message_id = models.PositiveIntegerField()
+    # For ASSISTANT turns: the USER message_id they answer.
+    parent_message_id = models.PositiveIntegerField(null=True, blank=True)
+    role = models.CharField(max_length=16, choices=Role.choices)
+    status = models.CharField(max_length=16, choices=SubtaskStatus.choices)
+    sender = models.CharField(max_length=150, blank=True)
+    bot = models.CharField(max_length=100, blank=True)
+    pipeline_step = models.PositiveSmallIntegerField(null=True, blank=True)
+    executor = models.CharField(max_length=32, choices=ExecutorKind.choices, blank=True)
+    context_passing = models.CharField(max_length=32, choices=ContextPassing.choices, blank=True)
+    # USER turns: the message text, stored exactly as sent.
+    prompt = models.TextField(blank=True)
+    # ASSISTANT turns: the executor's result as sent ({"value": "..."} carries the answer text).
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    usage = models.JSONField(null=True, blank=True)
+    native_session_id = models.CharField(max_length=200, blank=True)
+    # When the turn became eligible for dispatch. Later pipeline steps stay PENDING with no
+    # pending_since until the step before them completes.
+    pending_since = models.DateTimeField(null=True, blank=True)
+    lease_owner = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["task_id", "message_id"]
+        constraints = [
+            # Also the index behind "a task's turns by message_id".
+            models.UniqueConstraint(
+                fields=["task", "message_id"], name="subtask_message_id_unique"
+            ),
+            models.CheckConstraint(condition=Q(role__in=Role.values), name="subtask_role_valid"),
+            models.CheckConstraint(
+                condition=Q(status__in=SubtaskStatus.values), name="subtask_status_valid"
+            ),
+        ]
+        indexes = [
+            # Dispatch: the oldest eligible pending assistant turns of some executor kinds.
+            models.Index(
+                fields=["executor", "pending_since"],
+                condition=Q(status="PENDING", role="ASSISTANT", pending_since__isnull=False),
+                name="subtask_dispatchable",
+            ),
+            # Lease reclaim: running turns whose lease has expired.
+            models.Index(
+                fields=["lease_expires_at"],
+                condition=Q(status="RUNNING"),
+                name="subtask_running_lease",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} message {self.message_id} ({self.role} {self.status})"

@@ -1,0 +1,330 @@
+"""Services that write tasks and turns.
+
+Each service runs in one transaction: either every turn of a request is stored or none is, so a
+rejected follow-up never leaves a half-written round behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from backend.tasks.models import (
+    ACTIVE_SUBTASK_STATUSES,
+    ContextPassing,
+    ExecutorKind,
+    Role,
+    Subtask,
+    SubtaskStatus,
+    Task,
+    TaskStatus,
+    task_type_validator,
+)
+
+DEFAULT_BOT_NAME = "assistant"
+
+
+@dataclass(frozen=True)
+class PipelineStep:
+    """One bot of a task's pipeline, as given when the task is created."""
+
+    bot: str
+    executor: str
+    context_passing: str = ContextPassing.ORIGINAL_AND_PREVIOUS
+
+    def as_json(self) -> dict[str, str]:
+        return {"bot": self.bot, "executor": self.executor, "context_passing": self.context_passing}
+
+
+def validate_message_text(*, text: str, field: str = "message") -> None:
+    """Reject text Baton cannot store losslessly or that is above the hard size limit."""
+    if not text.strip():
+        raise InvalidInput(f"{field} must not be empty.", field=field)
+    if "\x00" in text:
+        raise InvalidInput(f"{field} must not contain NUL characters.", field=field)
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as error:
+        raise InvalidInput(
+            f"{field} is not valid Unicode (lone surrogate at position {error.start}).",
+            field=field,
+        ) from None
+    limit = settings.BATON_MAX_MESSAGE_BYTES
+    if size > limit:
+        raise PayloadTooLarge(
+            f"{field} is {size} bytes of UTF-8; the limit is {limit} bytes.", field=field
+        )
+
+
+def _validate_pipeline(pipeline: Sequence[PipelineStep]) -> None:
+    if not pipeline:
+        raise InvalidInput("pipeline must have at least one step.", field="pipeline")
+    for index, step in enumerate(pipeline):
+        if step.executor not in ExecutorKind.values:
+            raise InvalidInput(
+                f"pipeline[{index}].executor {step.executor!r} is not one of "
+                f"{', '.join(ExecutorKind.values)}.",
+                field="executor" if len(pipeline) == 1 else "pipeline",
+            )
+        if step.context_passing not in ContextPassing.values:
+            raise InvalidInput(
+                f"pipeline[{index}].context_passing {step.context_passing!r} is not one of "
+                f"{', '.join(ContextPassing.values)}.",
+                field="pipeline",
+            )
+        if not step.bot.strip():
+            raise InvalidInput(f"pipeline[{index}].bot must not be empty.", field="pipeline")
+
+
+def allocate_message_ids(*, task_id: int, count: int) -> int:
+    """Reserve `count` consecutive message_ids on the task and return the first.
+
+    Must run inside a transaction. The UPDATE takes the task row's write lock (PostgreSQL) or
+    the database write lock (SQLite), so concurrent callers serialize here and each gets its own
+    range; the lock is held until the caller's transaction ends, which also makes the caller's
+    later checks of the task's turns consistent.
+    """
+    updated = Task.objects.filter(pk=task_id).update(
+        next_message_id=F("next_message_id") + count, updated_at=timezone.now()
+    )
+    if not updated:
+        raise NotFound(f"Task {task_id} does not exist.")
+    next_id = Task.objects.filter(pk=task_id).values_list("next_message_id", flat=True).get()
+    return next_id - count
+
+
+def lock_task(*, task_id: int) -> Task:
+    """Fetch the task with its row locked until the surrounding transaction ends.
+
+    PostgreSQL takes a row lock (SELECT ... FOR UPDATE). SQLite has no row locks, but Baton's
+    SQLite connections begin every transaction IMMEDIATE, which already holds the database
+    write lock, so writers are serialized there too.
+    """
+    task = Task.objects.select_for_update().filter(pk=task_id).first()
+    if task is None:
+        raise NotFound(f"Task {task_id} does not exist.")
+    return task
+
+
+def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
+    """Store a USER turn and one PENDING ASSISTANT turn per pipeline step."""
+    steps = task.pipeline
+    first_id = allocate_message_ids(task_id=task.pk, count=1 + len(steps))
+    now = timezone.now()
+    turns = [
+        Subtask(
+            task=task,
+            message_id=first_id,
+            role=Role.USER,
+            status=SubtaskStatus.COMPLETED,
+            sender=sender,
+            prompt=message,
+            finished_at=now,
+        )
+    ]
+    for index, step in enumerate(steps):
+        turns.append(
+            Subtask(
+                task=task,
+                message_id=first_id + 1 + index,
+                parent_message_id=first_id,
+                role=Role.ASSISTANT,
+                status=SubtaskStatus.PENDING,
+                bot=step["bot"],
+                pipeline_step=index,
+                executor=step["executor"],
+                context_passing=step["context_passing"],
+                # Only the first step is dispatchable now; each later step becomes eligible
+                # when the step before it completes.
+                pending_since=now if index == 0 else None,
+            )
+        )
+    Subtask.objects.bulk_create(turns)
+    Task.objects.filter(pk=task.pk).update(status=TaskStatus.PENDING, updated_at=now)
+    task.status = TaskStatus.PENDING
+    return turns
+
+
+def _validate_sender(*, is_group_chat: bool, sender: str) -> None:
+    if is_group_chat and not sender.strip():
+        raise InvalidInput("sender is required in a group-chat task.", field="sender")
+
+
+def create_task(
+    *,
+    owner: AbstractBaseUser,
+    title: str,
+    task_type: str,
+    message: str,
+    pipeline: Sequence[PipelineStep],
+    sender: str = "",
+    is_group_chat: bool = False,
+) -> Task:
+    """Create a task with its first USER message and the PENDING turns that answer it."""
+    if not title.strip():
+        raise InvalidInput("title must not be empty.", field="title")
+    try:
+        task_type_validator(task_type)
+    except ValidationError as error:
+        raise InvalidInput(error.messages[0], field="task_type") from None
+    validate_message_text(text=message)
+    _validate_pipeline(pipeline)
+    _validate_sender(is_group_chat=is_group_chat, sender=sender)
+    with transaction.atomic():
+        task = Task.objects.create(
+            owner=owner,
+            title=title.strip(),
+            task_type=task_type,
+            is_group_chat=is_group_chat,
+            pipeline=[step.as_json() for step in pipeline],
+        )
+        _create_round(task=task, message=message, sender=sender)
+    return task
+
+
+def append_message(*, task: Task, message: str, sender: str = "") -> list[Subtask]:
+    """Append a follow-up: a COMPLETED USER turn plus one PENDING ASSISTANT turn per step.
+
+    Refused with Conflict while any turn of the task is PENDING or RUNNING, and on a cancelled
+    task. The check runs under the task's lock (taken by allocate_message_ids), so of two
+    concurrent follow-ups exactly one is stored and the other gets a clear conflict.
+    """
+    validate_message_text(text=message)
+    _validate_sender(is_group_chat=task.is_group_chat, sender=sender)
+    with transaction.atomic():
+        task = lock_task(task_id=task.pk)
+        if task.status == TaskStatus.CANCELLED:
+            raise Conflict(f"Task {task.pk} is cancelled; it takes no more messages.")
+        active = (
+            task.subtasks.filter(status__in=ACTIVE_SUBTASK_STATUSES)
+            .order_by("message_id")
+            .values_list("message_id", "status")
+            .first()
+        )
+        if active is not None:
+            message_id, status = active
+            raise Conflict(
+                f"Task {task.pk} has a turn {status} (message_id {message_id}); send the "
+                "follow-up when it has finished, or cancel the task."
+            )
+        return _create_round(task=task, message=message, sender=sender)
+
+
+def cancel_task(*, task: Task) -> Task:
+    """Cancel the task and every turn still PENDING or RUNNING. Cancelling twice is a no-op."""
+    with transaction.atomic():
+        task = lock_task(task_id=task.pk)
+        if task.status == TaskStatus.CANCELLED:
+            return task
+        now = timezone.now()
+        task.subtasks.filter(status__in=ACTIVE_SUBTASK_STATUSES).update(
+            status=SubtaskStatus.CANCELLED,
+            lease_owner="",
+            lease_expires_at=None,
+            finished_at=now,
+            updated_at=now,
+        )
+        task.status = TaskStatus.CANCELLED
+        task.save(update_fields=["status", "updated_at"])
+    return task
+
+
+def record_result(
+    *,
+    subtask: Subtask,
+    status: str,
+    result: dict | None = None,
+    error: str = "",
+    usage: dict | None = None,
+    native_session_id: str = "",
+) -> Subtask:
+    """Record an ASSISTANT turn's outcome and, for pipelines, make the next step dispatchable.
+
+    A failed step fails the steps after it (they would have nothing to build on).
+    """
+    if subtask.role != Role.ASSISTANT:
+        raise InvalidInput("Only ASSISTANT turns have results.", field="subtask")
+    if status not in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED):
+        raise InvalidInput("status must be COMPLETED or FAILED.", field="status")
+    if result is not None and not isinstance(result, dict):
+        raise InvalidInput("result must be a JSON object.", field="result")
+    if status == SubtaskStatus.FAILED and not error.strip():
+        raise InvalidInput("error is required when status is FAILED.", field="error")
+    with transaction.atomic():
+        task = lock_task(task_id=subtask.task_id)
+        subtask.refresh_from_db()
+        if subtask.status not in ACTIVE_SUBTASK_STATUSES:
+            raise Conflict(
+                f"Turn {subtask.message_id} of task {task.pk} is already {subtask.status}."
+            )
+        now = timezone.now()
+        subtask.status = status
+        subtask.result = result
+        subtask.error = error
+        subtask.usage = usage
+        subtask.native_session_id = native_session_id
+        subtask.lease_owner = ""
+        subtask.lease_expires_at = None
+        subtask.finished_at = now
+        subtask.save()
+        later_steps = Subtask.objects.filter(
+            task_id=task.pk,
+            parent_message_id=subtask.parent_message_id,
+            role=Role.ASSISTANT,
+            status=SubtaskStatus.PENDING,
+            pipeline_step__gt=subtask.pipeline_step,
+        ).order_by("pipeline_step")
+        if status == SubtaskStatus.COMPLETED:
+            next_step = later_steps.first()
+            if next_step is not None:
+                next_step.pending_since = now
+                next_step.save(update_fields=["pending_since", "updated_at"])
+        else:
+            later_steps.update(
+                status=SubtaskStatus.FAILED,
+                error=f"Not run: pipeline step {subtask.pipeline_step} ({subtask.bot}) failed.",
+                finished_at=now,
+                updated_at=now,
+            )
+        refresh_task_status(task=task)
+    return subtask
+
+
+def refresh_task_status(*, task: Task) -> str:
+    """Recompute the task's status from its latest round of turns and store it."""
+    if task.status == TaskStatus.CANCELLED:
+        return task.status
+    statuses = set(
+        task.subtasks.filter(
+            role=Role.ASSISTANT, parent_message_id=_latest_user_message_id(task)
+        ).values_list("status", flat=True)
+    )
+    if SubtaskStatus.RUNNING in statuses:
+        status = TaskStatus.RUNNING
+    elif SubtaskStatus.PENDING in statuses:
+        status = TaskStatus.PENDING
+    elif SubtaskStatus.FAILED in statuses:
+        status = TaskStatus.FAILED
+    else:
+        status = TaskStatus.COMPLETED
+    if status != task.status:
+        task.status = status
+        task.save(update_fields=["status", "updated_at"])
+    return status
+
+
+def _latest_user_message_id(task: Task) -> int | None:
+    return (
+        task.subtasks.filter(role=Role.USER)
+        .order_by("-message_id")
+        .values_list("message_id", flat=True)
+        .first()
+    )

@@ -1,0 +1,152 @@
+"""Baton's configuration, read once from the environment into one typed object.
+
+Every environment variable Baton understands is declared here, with its type and default; the
+rest of the code reads `settings.BATON` (or the Django settings derived from it) and never
+`os.environ`. Local use needs no configuration at all; production mode refuses to start without
+a secret key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from enum import StrEnum
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# A development key is fine on a laptop; it is refused in production mode.
+DEVELOPMENT_SECRET_KEY = "baton-development-only-secret-key-not-for-production"
+
+
+class ConfigurationError(RuntimeError):
+    """Raised at startup when the environment describes an unusable configuration."""
+
+
+class Mode(StrEnum):
+    DEVELOPMENT = "development"
+    PRODUCTION = "production"
+
+
+def _split_csv(value: object) -> object:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    return value
+
+
+class BatonEnvironment(BaseModel):
+    """The typed view of the environment variables Baton reads."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: Mode = Field(Mode.DEVELOPMENT, alias="BATON_ENV")
+    secret_key: str | None = Field(None, alias="SECRET_KEY")
+    debug: bool | None = Field(None, alias="DEBUG")
+    allowed_hosts: list[str] | None = Field(None, alias="ALLOWED_HOSTS")
+    database_url: str | None = Field(None, alias="DATABASE_URL")
+    var_dir: Path = Field(REPO_ROOT / "var", alias="BATON_VAR_DIR")
+    max_message_bytes: int = Field(1024 * 1024, alias="BATON_MAX_MESSAGE_BYTES", gt=0)
+    log_level: str = Field("INFO", alias="BATON_LOG_LEVEL")
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _parse_hosts(cls, value: object) -> object:
+        return _split_csv(value)
+
+    @field_validator("secret_key", "database_url", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():
+            return None
+        return value
+
+    @model_validator(mode="after")
+    def _production_needs_a_secret(self) -> BatonEnvironment:
+        if self.mode is Mode.PRODUCTION and not self.secret_key:
+            raise ValueError(
+                "SECRET_KEY must be set when BATON_ENV=production "
+                "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+            )
+        return self
+
+    @property
+    def effective_debug(self) -> bool:
+        if self.debug is not None:
+            return self.debug
+        return self.mode is Mode.DEVELOPMENT
+
+    @property
+    def effective_secret_key(self) -> str:
+        return self.secret_key or DEVELOPMENT_SECRET_KEY
+
+    @property
+    def effective_allowed_hosts(self) -> list[str]:
+        if self.allowed_hosts is not None:
+            return self.allowed_hosts
+        if self.mode is Mode.DEVELOPMENT:
+            return ["127.0.0.1", "localhost", "[::1]", "testserver"]
+        return []
+
+    def database(self) -> dict[str, object]:
+        """Django's DATABASES['default'] for this environment."""
+        if self.database_url is None:
+            return sqlite_database(self.var_dir / "baton.sqlite3")
+        return database_from_url(self.database_url)
+
+
+def sqlite_database(path: Path) -> dict[str, object]:
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(path),
+        "OPTIONS": {
+            # IMMEDIATE takes the write lock at BEGIN, so concurrent writers queue on the busy
+            # timeout instead of failing when a read transaction tries to upgrade.
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        },
+        "TEST": {"NAME": str(path.with_name("test-baton.sqlite3"))},
+    }
+
+
+def database_from_url(url: str) -> dict[str, object]:
+    parts = urlsplit(url)
+    if parts.scheme in ("postgres", "postgresql", "pgsql"):
+        name = unquote(parts.path.lstrip("/"))
+        if not name:
+            raise ConfigurationError("DATABASE_URL must name a database, e.g. postgres://u@h/db")
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+            "CONN_MAX_AGE": 60,
+            "CONN_HEALTH_CHECKS": True,
+        }
+    if parts.scheme == "sqlite":
+        return sqlite_database(Path(unquote(parts.path)))
+    raise ConfigurationError(
+        f"DATABASE_URL scheme {parts.scheme!r} is not supported (use postgres:// or sqlite:///)"
+    )
+
+
+def load_environment(environ: Mapping[str, str] | None = None) -> BatonEnvironment:
+    """Read the environment, turning validation failures into one readable startup error."""
+    source = os.environ if environ is None else environ
+    fields = {
+        field.alias for field in BatonEnvironment.model_fields.values() if field.alias is not None
+    }
+    values = {key: source[key] for key in fields if key in source}
+    try:
+        return BatonEnvironment.model_validate(values)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in item['loc']) or 'environment'}: {item['msg']}"
+            for item in error.errors()
+        )
+        raise ConfigurationError(f"Invalid Baton configuration: {problems}") from None

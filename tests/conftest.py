@@ -1,0 +1,65 @@
+"""Shared fixtures: users, authenticated API clients and the database switch."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from django.conf import settings
+
+    engine = settings.DATABASES["default"]["ENGINE"]
+    if engine.endswith("postgresql"):
+        return
+    skip = pytest.mark.skip(reason="needs PostgreSQL (run with DATABASE_URL=postgres://...)")
+    for item in items:
+        if "postgres_only" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def is_postgres() -> bool:
+    return connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def user(db):
+    return get_user_model().objects.create_user(username="alice", password="alice-password")
+
+
+@pytest.fixture
+def other_user(db):
+    return get_user_model().objects.create_user(username="mallory", password="mallory-password")
+
+
+@pytest.fixture
+def staff_user(db):
+    return get_user_model().objects.create_user(
+        username="operator", password="operator-password", is_staff=True
+    )
+
+
+def token_client(user) -> APIClient:
+    client = APIClient()
+    token, _ = Token.objects.get_or_create(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def api(user) -> APIClient:
+    return token_client(user)
+
+
+@pytest.fixture
+def other_api(other_user) -> APIClient:
+    return token_client(other_user)
+
+
+@pytest.fixture
+def staff_api(staff_user) -> APIClient:
+    return token_client(staff_user)

@@ -1,0 +1,64 @@
+"""The typed environment: safe local defaults, PostgreSQL by URL, a clear error in production."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from settings.environment import ConfigurationError, load_environment
+
+
+def test_local_defaults_need_no_configuration(tmp_path):
+    env = load_environment({"BATON_VAR_DIR": str(tmp_path)})
+    assert env.effective_debug is True
+    assert "127.0.0.1" in env.effective_allowed_hosts
+    database = env.database()
+    assert database["ENGINE"] == "django.db.backends.sqlite3"
+    assert Path(database["NAME"]) == tmp_path / "baton.sqlite3"
+    assert env.max_message_bytes == 1024 * 1024
+
+
+def test_database_url_selects_postgresql():
+    env = load_environment({"DATABASE_URL": "postgres://baton:s%40cret@db.internal:6543/baton"})
+    database = env.database()
+    assert database["ENGINE"] == "django.db.backends.postgresql"
+    assert (database["NAME"], database["USER"], database["PASSWORD"]) == (
+        "baton",
+        "baton",
+        "s@cret",
+    )
+    assert (database["HOST"], database["PORT"]) == ("db.internal", "6543")
+
+
+def test_production_without_a_secret_refuses_to_start():
+    with pytest.raises(
+        ConfigurationError, match="SECRET_KEY must be set when BATON_ENV=production"
+    ):
+        load_environment({"BATON_ENV": "production"})
+
+
+def test_production_defaults_are_strict():
+    env = load_environment({"BATON_ENV": "production", "SECRET_KEY": "x" * 50})
+    assert env.effective_debug is False
+    assert env.effective_allowed_hosts == []
+    assert env.effective_secret_key == "x" * 50
+
+
+@pytest.mark.parametrize(
+    ("environ", "fragment"),
+    [
+        ({"DATABASE_URL": "mysql://root@localhost/db"}, "scheme 'mysql' is not supported"),
+        ({"DATABASE_URL": "postgres://localhost"}, "must name a database"),
+        ({"BATON_MAX_MESSAGE_BYTES": "0"}, "BATON_MAX_MESSAGE_BYTES"),
+        ({"DEBUG": "perhaps"}, "DEBUG"),
+    ],
+)
+def test_bad_values_give_a_readable_error(environ, fragment):
+    with pytest.raises(ConfigurationError, match=fragment):
+        load_environment(environ).database()
+
+
+def test_allowed_hosts_are_a_comma_list():
+    env = load_environment({"ALLOWED_HOSTS": "baton.example.org, api.example.org,"})
+    assert env.effective_allowed_hosts == ["baton.example.org", "api.example.org"]
