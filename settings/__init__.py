@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "backend.tasks",
+    "backend.artifacts",
     "backend.api",
 ]
 
@@ -73,8 +74,19 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    "artifacts": BATON.artifact_storage(),
+}
+
 # Baton's own limits.
 BATON_MAX_MESSAGE_BYTES = BATON.max_message_bytes
+BATON_MAX_RESULT_BYTES = BATON.max_result_bytes
+# Ingestion: text longer than this is stored whole as an artifact; the turn keeps a preview.
+BATON_SPILL_THRESHOLD_CHARS = BATON.spill_threshold_chars
+BATON_PREVIEW_HEAD_CHARS = BATON.preview_head_chars
+BATON_PREVIEW_TAIL_CHARS = BATON.preview_tail_chars
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

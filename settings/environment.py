@@ -8,6 +8,7 @@ a secret key.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from enum import StrEnum
@@ -49,12 +50,48 @@ class BatonEnvironment(BaseModel):
     database_url: str | None = Field(None, alias="DATABASE_URL")
     var_dir: Path = Field(REPO_ROOT / "var", alias="BATON_VAR_DIR")
     max_message_bytes: int = Field(1024 * 1024, alias="BATON_MAX_MESSAGE_BYTES", gt=0)
+    max_result_bytes: int = Field(64 * 1024 * 1024, alias="BATON_MAX_RESULT_BYTES", gt=0)
+    spill_threshold_chars: int = Field(16_000, alias="BATON_SPILL_THRESHOLD_CHARS", gt=0)
+    preview_head_chars: int = Field(2_000, alias="BATON_PREVIEW_HEAD_CHARS", ge=0)
+    preview_tail_chars: int = Field(2_000, alias="BATON_PREVIEW_TAIL_CHARS", ge=0)
+    artifact_storage_backend: str = Field(
+        "django.core.files.storage.FileSystemStorage", alias="BATON_ARTIFACT_STORAGE_BACKEND"
+    )
+    artifact_storage_options: dict[str, object] | None = Field(
+        None, alias="BATON_ARTIFACT_STORAGE_OPTIONS"
+    )
     log_level: str = Field("INFO", alias="BATON_LOG_LEVEL")
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod
     def _parse_hosts(cls, value: object) -> object:
         return _split_csv(value)
+
+    @field_validator("artifact_storage_options", mode="before")
+    @classmethod
+    def _parse_json_object(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"must be a JSON object ({error})") from None
+        return value
+
+    @model_validator(mode="after")
+    def _preview_fits_under_the_threshold(self) -> BatonEnvironment:
+        if self.preview_head_chars + self.preview_tail_chars >= self.spill_threshold_chars:
+            raise ValueError(
+                "BATON_PREVIEW_HEAD_CHARS + BATON_PREVIEW_TAIL_CHARS must be below "
+                "BATON_SPILL_THRESHOLD_CHARS"
+            )
+        return self
+
+    def artifact_storage(self) -> dict[str, object]:
+        """Django's STORAGES['artifacts'] for this environment."""
+        options = self.artifact_storage_options
+        if options is None and self.artifact_storage_backend.endswith("FileSystemStorage"):
+            options = {"location": str(self.var_dir / "artifacts")}
+        return {"BACKEND": self.artifact_storage_backend, "OPTIONS": options or {}}
 
     @field_validator("secret_key", "database_url", mode="before")
     @classmethod

@@ -13,6 +13,8 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 
+from backend.tasks.fields import LosslessJSONField
+
 TASK_TYPE_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 
 task_type_validator = RegexValidator(
@@ -114,9 +116,9 @@ class Subtask(models.Model):
     # USER turns: the message text, stored exactly as sent.
     prompt = models.TextField(blank=True)
     # ASSISTANT turns: the executor's result as sent ({"value": "..."} carries the answer text).
-    result = models.JSONField(null=True, blank=True)
+    result = LosslessJSONField(null=True, blank=True)
     error = models.TextField(blank=True)
-    usage = models.JSONField(null=True, blank=True)
+    usage = LosslessJSONField(null=True, blank=True)
     native_session_id = models.CharField(max_length=200, blank=True)
     # When the turn became eligible for dispatch. Later pipeline steps stay PENDING with no
     # pending_since until the step before them completes.
@@ -124,6 +126,34 @@ class Subtask(models.Model):
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
+
+    # Measured once at ingestion (backend.artifacts.services.ingest_text), when the message or
+    # result is recorded. Prompt building reads only these bounded fields, never `prompt` or
+    # `result` themselves (DESIGN.md, principle 1).
+    # The text the history shows: the whole text, or for spilled text the rendered preview.
+    history_text = models.TextField(blank=True)
+    history_text_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # For spilled text: the kept head and tail of the original.
+    preview_head = models.TextField(blank=True)
+    preview_tail = models.TextField(blank=True)
+    # Size of the whole text.
+    history_chars = models.BigIntegerField(null=True, blank=True)
+    history_bytes = models.BigIntegerField(null=True, blank=True)
+    history_lines = models.BigIntegerField(null=True, blank=True)
+    history_tokens = models.BigIntegerField(null=True, blank=True)
+    # True when history_tokens counts the preview exactly and estimates the spilled middle.
+    history_tokens_estimated = models.BooleanField(default=False)
+    # Lone surrogates and NULs shown as U+FFFD in the history text (the result keeps them).
+    history_replaced_chars = models.PositiveIntegerField(default=0)
+    artifact = models.ForeignKey(
+        "artifacts.Artifact",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="subtasks",
+    )
+    recorded_at = models.DateTimeField(null=True, blank=True)
+
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)

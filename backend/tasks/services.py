@@ -6,8 +6,10 @@ rejected follow-up never leaves a half-written round behind.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -16,6 +18,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from backend.artifacts.services import IngestedText, ingest_text, replace_unstorable_chars
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
@@ -119,17 +122,17 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
     steps = task.pipeline
     first_id = allocate_message_ids(task_id=task.pk, count=1 + len(steps))
     now = timezone.now()
-    turns = [
-        Subtask(
-            task=task,
-            message_id=first_id,
-            role=Role.USER,
-            status=SubtaskStatus.COMPLETED,
-            sender=sender,
-            prompt=message,
-            finished_at=now,
-        )
-    ]
+    user_turn = Subtask(
+        task=task,
+        message_id=first_id,
+        role=Role.USER,
+        status=SubtaskStatus.COMPLETED,
+        sender=sender,
+        prompt=message,
+        finished_at=now,
+    )
+    _apply_ingestion(user_turn, ingest_text(text=message, task=task), recorded_at=now)
+    turns = [user_turn]
     for index, step in enumerate(steps):
         turns.append(
             Subtask(
@@ -237,6 +240,76 @@ def cancel_task(*, task: Task) -> Task:
     return task
 
 
+def _apply_ingestion(subtask: Subtask, ingested: IngestedText, *, recorded_at: Any) -> None:
+    subtask.history_text = ingested.history_text
+    subtask.history_text_tokens = ingested.history_text_tokens
+    subtask.preview_head = ingested.preview_head
+    subtask.preview_tail = ingested.preview_tail
+    subtask.history_chars = ingested.chars
+    subtask.history_bytes = ingested.bytes
+    subtask.history_lines = ingested.lines
+    subtask.history_tokens = ingested.tokens
+    subtask.history_tokens_estimated = ingested.tokens_estimated
+    subtask.history_replaced_chars = ingested.replaced_chars
+    subtask.artifact = ingested.artifact
+    subtask.recorded_at = recorded_at
+
+
+def canonical_json(value: Any) -> str:
+    """Results without a `value` appear in history as this: sorted keys, UTF-8, compact."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def history_text_for_result(*, status: str, result: dict | None, error: str) -> tuple[str, bool]:
+    """The text an ASSISTANT turn contributes to history, and whether it is serialized JSON.
+
+    `result.value` when it is there; otherwise the result as canonical JSON. A FAILED turn
+    contributes its error message.
+    """
+    if status == SubtaskStatus.FAILED:
+        return error, False
+    if result is None:
+        return "", False
+    if "value" in result:
+        return result["value"], False
+    return canonical_json(result), True
+
+
+def _utf8_size_exceeds(text: str, limit: int) -> bool:
+    """Whether `text` is over `limit` UTF-8 bytes, without encoding it all at once."""
+    if len(text) > limit:
+        return True
+    if len(text) * 4 <= limit:
+        return False
+    size = 0
+    chunk = 1 << 20
+    for start in range(0, len(text), chunk):
+        size += len(text[start : start + chunk].encode("utf-8", "surrogatepass"))
+        if size > limit:
+            return True
+    return False
+
+
+def _validate_result_payload(*, status: str, result: Any, error: str, usage: Any) -> None:
+    if status not in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED):
+        raise InvalidInput("status must be COMPLETED or FAILED.", field="status")
+    if result is not None and not isinstance(result, dict):
+        raise InvalidInput(
+            f"result must be a JSON object, not {type(result).__name__}.", field="result"
+        )
+    if isinstance(result, dict) and "value" in result and not isinstance(result["value"], str):
+        raise InvalidInput(
+            f"result.value must be a string, not {type(result['value']).__name__}.",
+            field="result.value",
+        )
+    if status == SubtaskStatus.COMPLETED and result is None:
+        raise InvalidInput("result is required when status is COMPLETED.", field="result")
+    if status == SubtaskStatus.FAILED and not error.strip():
+        raise InvalidInput("error is required when status is FAILED.", field="error")
+    if usage is not None and not isinstance(usage, dict):
+        raise InvalidInput("usage must be a JSON object.", field="usage")
+
+
 def record_result(
     *,
     subtask: Subtask,
@@ -252,12 +325,13 @@ def record_result(
     """
     if subtask.role != Role.ASSISTANT:
         raise InvalidInput("Only ASSISTANT turns have results.", field="subtask")
-    if status not in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED):
-        raise InvalidInput("status must be COMPLETED or FAILED.", field="status")
-    if result is not None and not isinstance(result, dict):
-        raise InvalidInput("result must be a JSON object.", field="result")
-    if status == SubtaskStatus.FAILED and not error.strip():
-        raise InvalidInput("error is required when status is FAILED.", field="error")
+    _validate_result_payload(status=status, result=result, error=error, usage=usage)
+    text, serialized_json = history_text_for_result(status=status, result=result, error=error)
+    limit = settings.BATON_MAX_RESULT_BYTES
+    if _utf8_size_exceeds(text, limit):
+        raise PayloadTooLarge(
+            f"result is larger than the limit of {limit} bytes of UTF-8.", field="result"
+        )
     with transaction.atomic():
         task = lock_task(task_id=subtask.task_id)
         subtask.refresh_from_db()
@@ -266,9 +340,13 @@ def record_result(
                 f"Turn {subtask.message_id} of task {task.pk} is already {subtask.status}."
             )
         now = timezone.now()
+        ingested = ingest_text(text=text, task=task, serialized_json=serialized_json)
+        _apply_ingestion(subtask, ingested, recorded_at=now)
         subtask.status = status
         subtask.result = result
-        subtask.error = error
+        # PostgreSQL text cannot hold NUL or lone surrogates; an error message is diagnostic
+        # text, so those characters are shown as U+FFFD there.
+        subtask.error = replace_unstorable_chars(error)[0]
         subtask.usage = usage
         subtask.native_session_id = native_session_id
         subtask.lease_owner = ""

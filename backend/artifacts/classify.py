@@ -1,0 +1,80 @@
+"""Kind classification for artifact text, from a bounded sample of its head and tail.
+
+The kind tells the agent what the pointer leads to (and lets operators see what fills their
+histories). Rules, first match wins:
+
+1. `json` — the text came from a result without a `value` (Baton serialized the result), or the
+   sample starts with `{` or `[` and ends with `}` or `]` after trimming whitespace.
+2. `web_or_search` — HTML (`<!doctype html`, `<html`, `<body`, `<div` near the start), or search
+   results: at least three lines that hold an `http://` or `https://` URL and make up at least
+   a fifth of the sample's lines.
+3. `command_output` — a shell prompt line (`$ ` or `> ` at line start followed by a command), a
+   Python traceback, ANSI colour escapes, an `exit code`/`exit status` line, or test-runner
+   summaries (`N passed`, `N failed`, `FAILED`, `ERROR:` at line start).
+4. `file_or_code` — a unified diff (`diff --git`, `--- a/`, `+++ b/`, `@@ -`), or at least a fifth
+   of the non-blank sample lines look like source code (definitions, imports, braces or
+   statement endings).
+5. `text` — anything else.
+
+Only the first and last `SAMPLE_CHARS` code points are examined, so classifying a 50 MB log
+costs the same as a 50 KB one.
+"""
+
+from __future__ import annotations
+
+import re
+
+from backend.artifacts.models import ArtifactKind
+
+SAMPLE_CHARS = 8_000
+
+_HTML = re.compile(r"<!doctype html|<html[\s>]|<body[\s>]|<div[\s>]|<head[\s>]", re.IGNORECASE)
+_URL_LINE = re.compile(r"https?://\S+")
+_COMMAND = re.compile(
+    r"^(?:\$|>|#) \S"  # shell prompt
+    r"|^Traceback \(most recent call last\):"
+    r"|\x1b\[[0-9;]*m"  # ANSI colours
+    r"|\bexit (?:code|status)\b"
+    r"|^=+ .*\b\d+ (?:passed|failed)\b"
+    r"|^(?:FAILED|ERROR:|npm ERR!|error\[E\d+\])",
+    re.MULTILINE | re.IGNORECASE,
+)
+_DIFF = re.compile(r"^(?:diff --git |--- a/|\+\+\+ b/|@@ -\d)", re.MULTILINE)
+_CODE_LINE = re.compile(
+    r"^\s*(?:def |class |import |from \S+ import |function |const |let |var |fn |pub |"
+    r"func |package |#include|public |private |return\b|if \(|for \(|while \()"
+    r"|[{};]\s*$"
+)
+
+
+def sample_text(text: str) -> str:
+    """The head and tail that classification looks at."""
+    if len(text) <= 2 * SAMPLE_CHARS:
+        return text
+    return text[:SAMPLE_CHARS] + "\n" + text[-SAMPLE_CHARS:]
+
+
+def classify_text(text: str, *, serialized_json: bool = False) -> str:
+    """The ArtifactKind value for this text (see the module docstring for the rules)."""
+    if serialized_json:
+        return ArtifactKind.JSON
+    sample = sample_text(text)
+    stripped = sample.strip()
+    if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
+        return ArtifactKind.JSON
+    if _HTML.search(sample[:2_000]):
+        return ArtifactKind.WEB_OR_SEARCH
+    lines = sample.splitlines()
+    url_lines = sum(1 for line in lines if _URL_LINE.search(line))
+    if url_lines >= 3 and url_lines * 5 >= len(lines):
+        return ArtifactKind.WEB_OR_SEARCH
+    if _COMMAND.search(sample):
+        return ArtifactKind.COMMAND_OUTPUT
+    if _DIFF.search(sample):
+        return ArtifactKind.FILE_OR_CODE
+    code_lines = [line for line in lines if line.strip()]
+    if code_lines and sum(1 for line in code_lines if _CODE_LINE.search(line)) * 5 >= len(
+        code_lines
+    ):
+        return ArtifactKind.FILE_OR_CODE
+    return ArtifactKind.TEXT

@@ -1,0 +1,53 @@
+"""Artifacts: the whole text of long messages and results, stored once, addressed by content.
+
+The id is a prefix of the content's sha256, so the same text recorded twice is one artifact and
+renders as the same pointer line in every later prompt (DESIGN.md, principle 5). Content lives in
+the `artifacts` storage (filesystem under var/artifacts by default; any Django storage backend,
+such as S3-compatible object storage through django-storages, by setting).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+ARTIFACT_ID_LENGTH = 16
+
+
+class ArtifactKind(models.TextChoices):
+    JSON = "json", "JSON"
+    WEB_OR_SEARCH = "web_or_search", "Web page or search results"
+    COMMAND_OUTPUT = "command_output", "Command output"
+    FILE_OR_CODE = "file_or_code", "File, code or diff"
+    TEXT = "text", "Text"
+
+
+class Artifact(models.Model):
+    id = models.CharField(primary_key=True, max_length=ARTIFACT_ID_LENGTH)
+    sha256 = models.CharField(max_length=64, unique=True)
+    storage_key = models.CharField(max_length=255)
+    size_chars = models.BigIntegerField()
+    size_bytes = models.BigIntegerField()
+    size_lines = models.BigIntegerField()
+    kind = models.CharField(max_length=20, choices=ArtifactKind.choices)
+    # The task whose turn first produced this text; later identical texts share the artifact.
+    task = models.ForeignKey(
+        "tasks.Task", on_delete=models.SET_NULL, null=True, blank=True, related_name="artifacts"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_read_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["created_at"], name="artifact_created")]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.kind}, {self.size_chars} chars)"
+
+    @property
+    def workspace_path(self) -> str:
+        """Where an executor finds the whole text inside its workspace."""
+        return workspace_path(self.id)
+
+
+def workspace_path(artifact_id: str) -> str:
+    return f".baton/artifacts/{artifact_id}.txt"
