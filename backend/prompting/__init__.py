@@ -1,0 +1,110 @@
+"""Baton's prompt builder core: plain typed inputs in, a bounded prompt and its report out.
+
+This package imports nothing from Django (DESIGN.md, principle 4). Modules, one idea each:
+
+* ``units`` — sizes in chars, bytes, approximate and real tokens; the one token counter.
+* ``truncate`` — head + tail cuts with Codex's exact markers; ingestion's previews.
+* ``policy`` — :class:`HistoryPolicy`, every cap, validated; :class:`ContextPassing`.
+* ``inputs`` — the history, current message and previous result as frozen models.
+* ``document`` — the structure of a prompt (sections, messages, omission notice).
+* ``render`` — labels, escaping, pointer lines, the notice; document → text.
+* ``build`` — :func:`build_prompt`: selection, caps, exact token counting, the report.
+* ``parse`` — :func:`parse_prompt`: text → document, the inverse of rendering.
+* ``report`` — :class:`BuildReport`, counts and flags only, never prompt text.
+"""
+
+from backend.prompting.build import (
+    SEAM_SAFE_ENCODINGS,
+    PromptBudgetError,
+    PromptBuild,
+    build_prompt,
+)
+from backend.prompting.document import (
+    OmissionNotice,
+    ParsedPrompt,
+    PromptDocument,
+    RenderedMessage,
+    RenderedSection,
+    Section,
+)
+from backend.prompting.inputs import (
+    ArtifactPointer,
+    CurrentMessage,
+    HistoryMessage,
+    PromptInput,
+    Role,
+)
+from backend.prompting.parse import PromptParseError, parse_prompt
+from backend.prompting.policy import MIN_MAX_TOKENS, ContextPassing, HistoryPolicy
+from backend.prompting.render import (
+    escape_content,
+    omission_notice,
+    pointer_line,
+    render_document,
+    role_label,
+    unescape_content,
+)
+from backend.prompting.report import BuildReport, TruncatedMessage
+from backend.prompting.truncate import (
+    Preview,
+    Truncation,
+    make_preview,
+    render_preview,
+    truncate_middle,
+    truncate_middle_with_count,
+    truncation_marker,
+)
+from backend.prompting.units import (
+    APPROX_BYTES_PER_TOKEN,
+    DEFAULT_TOKEN_ENCODING,
+    Unit,
+    UnknownEncodingError,
+    count_tokens,
+    load_encoding,
+    measure,
+)
+
+__all__ = [
+    "APPROX_BYTES_PER_TOKEN",
+    "DEFAULT_TOKEN_ENCODING",
+    "MIN_MAX_TOKENS",
+    "SEAM_SAFE_ENCODINGS",
+    "ArtifactPointer",
+    "BuildReport",
+    "ContextPassing",
+    "CurrentMessage",
+    "HistoryMessage",
+    "HistoryPolicy",
+    "OmissionNotice",
+    "ParsedPrompt",
+    "Preview",
+    "PromptBudgetError",
+    "PromptBuild",
+    "PromptDocument",
+    "PromptInput",
+    "PromptParseError",
+    "RenderedMessage",
+    "RenderedSection",
+    "Role",
+    "Section",
+    "TruncatedMessage",
+    "Truncation",
+    "Unit",
+    "UnknownEncodingError",
+    "build_prompt",
+    "count_tokens",
+    "escape_content",
+    "load_encoding",
+    "make_preview",
+    "measure",
+    "omission_notice",
+    "parse_prompt",
+    "pointer_line",
+    "render_document",
+    "render_preview",
+    "role_label",
+    "truncate_middle",
+    "truncate_middle_with_count",
+    "truncation_marker",
+    "unescape_content",
+]

@@ -1,0 +1,240 @@
+"""The plain, typed inputs of a prompt build.
+
+The Django side turns rows into these models; the core never sees a model instance or a
+queryset. Everything here is frozen and validated at construction, so the builder can trust it:
+
+* ``history`` is oldest first with strictly increasing ``message_id``s, all older than the
+  current message, and holds only COMPLETED or FAILED turns (the caller filters PENDING, RUNNING
+  and CANCELLED ones).
+* A spilled message carries only its bounded preview: ``preview_head`` and ``preview_tail`` are
+  the first and last code points of the original, ``total_chars`` is the original length and
+  ``text`` must equal the rendered preview ``head + …N chars truncated… + tail`` with
+  ``N = total_chars - len(head) - len(tail)`` (build it with :func:`make_preview`).
+* ``token_count``, when given, is the exact count of ``text`` under ``token_count_encoding``
+  (:func:`count_tokens`); the builder trusts it instead of re-encoding.
+* A FAILED assistant turn has ``failed=True``; its ``error`` (or, when ``error`` is ``None``,
+  its ``text``) is what the prompt shows, marked as failed.
+* Names (``sender``, ``bot``) appear inside ``User[…]`` / ``Assistant[…]`` labels, so they are
+  1–64 printable characters without square brackets.
+
+The O(n) work on the history — checking the order, counting turns by role for the omission
+notice, finding the task's first user message — happens here, once, when the input is built
+(the caller already pays O(n) to build the tuple). :func:`build_prompt` itself then only touches
+the messages it may include, so its cost grows with the budget, not with the history.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from backend.prompting.truncate import Preview, render_preview
+from backend.prompting.units import DEFAULT_TOKEN_ENCODING
+
+NAME_MAX_CHARS = 64
+_ARTIFACT_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_ARTIFACT_KIND = re.compile(r"[a-z0-9_]{1,64}")
+
+
+class Role(StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+
+
+def validate_name(value: str | None) -> str | None:
+    """A sender or bot name that can sit inside a role label's brackets."""
+    if value is None:
+        return None
+    if not 1 <= len(value) <= NAME_MAX_CHARS:
+        raise ValueError(f"must be 1 to {NAME_MAX_CHARS} characters")
+    if not value.isprintable() or "[" in value or "]" in value:
+        raise ValueError("must be printable, on one line and without square brackets")
+    return value
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ArtifactPointer(_Frozen):
+    """Where the executor finds the full text of a message that was spilled into an artifact."""
+
+    artifact_id: str
+    kind: str
+    total_chars: int = Field(ge=0)
+    total_lines: int = Field(ge=0)
+    workspace_path: str
+
+    @field_validator("artifact_id")
+    @classmethod
+    def _id_is_token(cls, value: str) -> str:
+        if not _ARTIFACT_ID.fullmatch(value):
+            raise ValueError("must be 1-128 characters of [A-Za-z0-9_-]")
+        return value
+
+    @field_validator("kind")
+    @classmethod
+    def _kind_is_slug(cls, value: str) -> str:
+        if not _ARTIFACT_KIND.fullmatch(value):
+            raise ValueError("must be 1-64 characters of [a-z0-9_]")
+        return value
+
+    @field_validator("workspace_path")
+    @classmethod
+    def _path_is_one_line(cls, value: str) -> str:
+        if not value or len(value) > 1024 or not value.isprintable():
+            raise ValueError("must be 1-1024 printable characters on one line")
+        return value
+
+
+class HistoryMessage(_Frozen):
+    """One COMPLETED or FAILED turn of the task, as ingestion stored it."""
+
+    message_id: int
+    role: Role
+    text: str
+    sender: str | None = None
+    bot: str | None = None
+    failed: bool = False
+    error: str | None = None
+    token_count: int | None = Field(default=None, ge=0)
+    total_chars: int | None = Field(default=None, ge=0)
+    preview_head: str | None = None
+    preview_tail: str | None = None
+    artifact: ArtifactPointer | None = None
+
+    @field_validator("sender", "bot")
+    @classmethod
+    def _names_fit_labels(cls, value: str | None) -> str | None:
+        return validate_name(value)
+
+    @model_validator(mode="after")
+    def _is_consistent(self) -> HistoryMessage:
+        if self.failed and self.role is not Role.ASSISTANT:
+            raise ValueError("only assistant turns can be failed")
+        if (self.preview_head is None) != (self.preview_tail is None):
+            raise ValueError("preview_head and preview_tail come together")
+        if self.preview_head is not None and self.preview_tail is not None:
+            kept = len(self.preview_head) + len(self.preview_tail)
+            if self.total_chars is None or self.total_chars < kept:
+                raise ValueError("a preview needs total_chars >= len(head) + len(tail)")
+            if self.text != render_preview(self.preview_head, self.preview_tail, self.total_chars):
+                raise ValueError("text must be the rendered preview (see make_preview)")
+        elif self.total_chars is not None and self.total_chars != len(self.text):
+            raise ValueError("total_chars must equal len(text) for a message without preview")
+        return self
+
+    @property
+    def preview(self) -> Preview | None:
+        if self.preview_head is None or self.preview_tail is None or self.total_chars is None:
+            return None
+        return Preview(head=self.preview_head, tail=self.preview_tail, total_chars=self.total_chars)
+
+    @property
+    def shows_error(self) -> bool:
+        """A failed turn shows its error message instead of its text."""
+        return self.failed and self.error is not None
+
+    @property
+    def original_chars(self) -> int:
+        """Length of the full original content, in code points."""
+        if self.shows_error:
+            return len(self.error or "")
+        return self.total_chars if self.total_chars is not None else len(self.text)
+
+
+class CurrentMessage(_Frozen):
+    """The user message this turn answers; it is never dropped, only cut when too long."""
+
+    message_id: int
+    text: str
+    sender: str | None = None
+    token_count: int | None = Field(default=None, ge=0)
+
+    @field_validator("sender")
+    @classmethod
+    def _names_fit_labels(cls, value: str | None) -> str | None:
+        return validate_name(value)
+
+
+class PromptInput(_Frozen):
+    """Everything one build needs besides the policy."""
+
+    history: tuple[HistoryMessage, ...] = ()
+    current: CurrentMessage
+    previous_result: str | None = None
+    previous_result_bot: str | None = None
+    previous_result_token_count: int | None = Field(default=None, ge=0)
+    is_group_chat: bool = False
+    multi_bot: bool = False
+    first_user_message_id: int | None = None
+    earlier_user_messages: int = Field(default=0, ge=0)
+    """USER turns older than ``history`` that the caller did not load (counted as omitted)."""
+    earlier_assistant_messages: int = Field(default=0, ge=0)
+    """ASSISTANT turns older than ``history`` that the caller did not load."""
+    token_count_encoding: str = DEFAULT_TOKEN_ENCODING
+    """The encoding the cached ``token_count``s were computed with."""
+
+    _user_messages: int = PrivateAttr(default=0)
+    _assistant_messages: int = PrivateAttr(default=0)
+    _first_user_index: int | None = PrivateAttr(default=None)
+
+    @field_validator("previous_result_bot")
+    @classmethod
+    def _names_fit_labels(cls, value: str | None) -> str | None:
+        return validate_name(value)
+
+    @model_validator(mode="after")
+    def _history_is_ordered(self) -> PromptInput:
+        previous_id: int | None = None
+        users = 0
+        for message in self.history:
+            if previous_id is not None and message.message_id <= previous_id:
+                raise ValueError("history must be oldest first with increasing message_id")
+            previous_id = message.message_id
+            if message.role is Role.USER:
+                users += 1
+        if previous_id is not None and previous_id >= self.current.message_id:
+            raise ValueError("history must be older than the current message")
+        self._user_messages = users + self.earlier_user_messages
+        self._assistant_messages = len(self.history) - users + self.earlier_assistant_messages
+        self._first_user_index = self._find_first_user_message()
+        return self
+
+    def _find_first_user_message(self) -> int | None:
+        if self.first_user_message_id is None:
+            if self.earlier_user_messages:
+                return None  # the first user message is older than the loaded history
+            return next(
+                (i for i, message in enumerate(self.history) if message.role is Role.USER), None
+            )
+        index = bisect_left(self.history, self.first_user_message_id, key=_message_id)
+        if index == len(self.history) or self.history[index].message_id != (
+            self.first_user_message_id
+        ):
+            return None
+        if self.history[index].role is not Role.USER:
+            raise ValueError("first_user_message_id names an assistant turn")
+        return index
+
+    @property
+    def user_messages(self) -> int:
+        """USER turns of the whole history, loaded or not."""
+        return self._user_messages
+
+    @property
+    def assistant_messages(self) -> int:
+        """ASSISTANT turns of the whole history, loaded or not."""
+        return self._assistant_messages
+
+    @property
+    def first_user_index(self) -> int | None:
+        """Index in ``history`` of the task's first user message, when it is loaded."""
+        return self._first_user_index
+
+
+def _message_id(message: HistoryMessage) -> int:
+    return message.message_id

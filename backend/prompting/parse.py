@@ -1,0 +1,121 @@
+"""Reading a prompt back into its structure.
+
+:func:`parse_prompt` is the inverse of rendering: for every prompt Baton builds,
+``parse_prompt(build.text) == build.document``. It is how tests prove that content cannot forge
+a role boundary, and how tools can show a stored prompt message by message.
+
+Rules it relies on (see ``render``): a prompt whose first line is not a section header is a
+verbatim first-turn prompt (one user message, no label). Otherwise boundaries are lines that
+are exactly a section header, or that start with a role label followed by one space; content
+lines that would look like either are escaped, so every such line is real structure. Every
+piece ends with a blank line except the last, which ends with a single newline. The last line
+of a message is its artifact pointer when it parses as one, and an assistant message whose
+content starts with ``[failed] `` is a failed turn.
+"""
+
+from __future__ import annotations
+
+import re
+
+from backend.prompting.document import (
+    OmissionNotice,
+    PromptDocument,
+    RenderedMessage,
+    RenderedSection,
+    Section,
+)
+from backend.prompting.inputs import ArtifactPointer, Role
+from backend.prompting.render import (
+    FAILED_MARKER,
+    PIECE_END,
+    PROMPT_END,
+    parse_omission_notice,
+    parse_pointer_line,
+    starts_with_header_line,
+    unescape_content,
+)
+
+_BOUNDARY = re.compile(
+    r"^(?:## (?P<section>Conversation History|Current Message|Previous Result)$"
+    r"|(?P<role>User|Assistant)(?:\[(?P<name>[^\[\]\n]+)\])?: )",
+    re.MULTILINE,
+)
+_ORDER = (Section.HISTORY, Section.CURRENT, Section.PREVIOUS_RESULT)
+
+
+class PromptParseError(ValueError):
+    """The text is not a prompt Baton renders."""
+
+
+def _message(role: str, name: str | None, raw: str) -> RenderedMessage:
+    artifact: ArtifactPointer | None = None
+    last_break = raw.rfind("\n")
+    if last_break != -1:
+        artifact = parse_pointer_line(raw[last_break + 1 :])
+        if artifact is not None:
+            raw = raw[:last_break]
+    failed = role == "Assistant" and raw.startswith(FAILED_MARKER)
+    if failed:
+        raw = raw[len(FAILED_MARKER) :]
+    return RenderedMessage(
+        role=Role.USER if role == "User" else Role.ASSISTANT,
+        name=name,
+        content=unescape_content(raw),
+        failed=failed,
+        artifact=artifact,
+    )
+
+
+def _notice(section: Section, rest: str) -> OmissionNotice | None:
+    if not rest:
+        return None
+    notice = None
+    if section is Section.HISTORY and rest.endswith(PIECE_END):
+        notice = parse_omission_notice(rest[: -len(PIECE_END)])
+    if notice is None:
+        raise PromptParseError(f"unexpected text after the {section.value!r} header")
+    return notice
+
+
+def parse_prompt(text: str) -> PromptDocument:
+    """The sections, notice and messages of ``text`` exactly as they were rendered."""
+    if not starts_with_header_line(text):
+        message = RenderedMessage(role=Role.USER, name=None, content=text)
+        return PromptDocument(
+            sections=(RenderedSection(Section.CURRENT, (message,)),), verbatim=True
+        )
+    if not text.endswith(PROMPT_END):
+        raise PromptParseError("a sectioned prompt ends with a newline")
+    # With one more newline, every piece (the last one included) ends with a blank line.
+    body = text + PIECE_END[len(PROMPT_END) :]
+    boundaries = list(_BOUNDARY.finditer(body))
+
+    sections: list[RenderedSection] = []
+    current: Section | None = None
+    notice: OmissionNotice | None = None
+    messages: list[RenderedMessage] = []
+
+    def close() -> None:
+        if current is not None:
+            if not messages and notice is None:
+                raise PromptParseError(f"empty {current.value!r} section")
+            sections.append(RenderedSection(current, tuple(messages), notice))
+
+    for position, boundary in enumerate(boundaries):
+        end = boundaries[position + 1].start() if position + 1 < len(boundaries) else len(body)
+        chunk = body[boundary.end() : end]
+        if boundary["section"] is not None:
+            close()
+            section = Section(boundary["section"])
+            previous_rank = _ORDER.index(current) if current is not None else -1
+            if _ORDER.index(section) <= previous_rank:
+                raise PromptParseError(f"section {section.value!r} out of order")
+            if not chunk.startswith(PIECE_END):
+                raise PromptParseError(f"{section.value!r} header must be followed by a blank line")
+            current, notice, messages = section, _notice(section, chunk[len(PIECE_END) :]), []
+            continue
+        if current is None or not chunk.endswith(PIECE_END):
+            raise PromptParseError("a message must sit in a section and end with a blank line")
+        messages.append(_message(boundary["role"], boundary["name"], chunk[: -len(PIECE_END)]))
+    close()
+    return PromptDocument(sections=tuple(sections))

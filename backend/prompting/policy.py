@@ -1,0 +1,135 @@
+"""The history policy: every cap on what a prompt may carry, validated once.
+
+A :class:`HistoryPolicy` is plain, frozen data. The dispatch app stores one per task type and
+resolves it; the builder only reads it. Validation keeps the caps coherent so a build can never
+be asked the impossible: every cap is positive or ``None`` (no cap), ``per_message_max_chars``
+never exceeds ``max_chars``, a preview is shorter than the spill threshold, ``max_tokens`` leaves
+room for the prompt's own structure (headers, labels, markers, the omission notice), and the
+token encoding loads locally.
+
+Caps apply in this order (DESIGN.md, "Caps and the order they apply"): select newest-first up to
+``max_messages`` → cap each message at ``per_message_max_chars`` → drop oldest until the history
+fits ``max_chars`` and the prompt fits ``max_tokens`` → render oldest-first.
+
+Context passing decides what one pipeline step sees:
+
+=========================  ============================================================
+``none``                   the Current Message only (no history, no previous result)
+``original_user``          history + Current Message
+``previous_bot``           history + Previous Result (no Current Message section)
+``original_and_previous``  history + Current Message + Previous Result
+=========================  ============================================================
+
+With ``enabled=False`` the history is left out and the rest of the mode still applies. When a
+mode would show a Previous Result but there is none (the first step of a pipeline), the Current
+Message is shown instead, so a step never receives a prompt without its new input.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from backend.prompting.units import DEFAULT_TOKEN_ENCODING, UnknownEncodingError, load_encoding
+
+MIN_MAX_TOKENS = 1024
+"""Room the structure of a prompt may need: headers, two labels with 64-char names, markers."""
+
+
+class ContextPassing(StrEnum):
+    """What a pipeline step sees besides the history."""
+
+    NONE = "none"
+    ORIGINAL_USER = "original_user"
+    PREVIOUS_BOT = "previous_bot"
+    ORIGINAL_AND_PREVIOUS = "original_and_previous"
+
+    @property
+    def includes_history(self) -> bool:
+        return self is not ContextPassing.NONE
+
+    @property
+    def includes_current(self) -> bool:
+        return self is not ContextPassing.PREVIOUS_BOT
+
+    @property
+    def includes_previous_result(self) -> bool:
+        return self in (ContextPassing.PREVIOUS_BOT, ContextPassing.ORIGINAL_AND_PREVIOUS)
+
+
+_CAP_FIELDS = (
+    "max_messages",
+    "max_chars",
+    "per_message_max_chars",
+    "max_tokens",
+    "previous_result_max_chars",
+    "current_message_max_chars",
+)
+
+
+class HistoryPolicy(BaseModel):
+    """Caps and switches for one task type's prompts (see the module docstring for the order)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    max_messages: int | None = 20
+    max_chars: int | None = 40_000
+    per_message_max_chars: int | None = 4_000
+    max_tokens: int | None = None
+    token_encoding: str = DEFAULT_TOKEN_ENCODING
+    keep_first_user_message: bool = True
+    previous_result_max_chars: int | None = 8_000
+    current_message_max_chars: int | None = 32_000
+    spill_threshold_chars: int = 16_000
+    preview_head_chars: int = 2_000
+    preview_tail_chars: int = 2_000
+    context_passing: ContextPassing = ContextPassing.ORIGINAL_AND_PREVIOUS
+
+    @field_validator(*_CAP_FIELDS)
+    @classmethod
+    def _cap_is_positive(cls, value: int | None) -> int | None:
+        if value is not None and value <= 0:
+            raise ValueError("must be a positive integer or null (no cap)")
+        return value
+
+    @field_validator("spill_threshold_chars", "preview_head_chars", "preview_tail_chars")
+    @classmethod
+    def _size_is_positive(cls, value: int) -> int:
+        if value <= 0:
+            raise ValueError("must be a positive integer")
+        return value
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _max_tokens_leaves_room_for_structure(cls, value: int | None) -> int | None:
+        if value is not None and value < MIN_MAX_TOKENS:
+            raise ValueError(
+                f"must be at least {MIN_MAX_TOKENS}: headers, labels, markers and the omission "
+                "notice need room"
+            )
+        return value
+
+    @field_validator("token_encoding")
+    @classmethod
+    def _encoding_loads_locally(cls, value: str) -> str:
+        try:
+            load_encoding(value)
+        except UnknownEncodingError as error:
+            raise ValueError(str(error)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _caps_are_coherent(self) -> HistoryPolicy:
+        if (
+            self.per_message_max_chars is not None
+            and self.max_chars is not None
+            and self.per_message_max_chars > self.max_chars
+        ):
+            raise ValueError("per_message_max_chars must not exceed max_chars")
+        if self.preview_head_chars + self.preview_tail_chars >= self.spill_threshold_chars:
+            raise ValueError(
+                "preview_head_chars + preview_tail_chars must be below spill_threshold_chars"
+            )
+        return self
