@@ -10,6 +10,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
     TASK_TYPE_PATTERN,
     ContextPassing,
@@ -18,6 +19,19 @@ from backend.tasks.models import (
     Task,
     TaskStatus,
 )
+
+
+def _label_name(value: str) -> str:
+    try:
+        validate_name(value)
+    except ValueError as error:
+        raise serializers.ValidationError(f"Name {error}.") from None
+    return value
+
+
+def label_name_field(**kwargs: Any) -> serializers.CharField:
+    """A sender or bot name: it appears inside prompt role labels such as `User[alice]:`."""
+    return serializers.CharField(max_length=64, validators=[_label_name], **kwargs)
 
 
 class StrictInput(serializers.Serializer):
@@ -32,7 +46,7 @@ class StrictInput(serializers.Serializer):
 
 
 class PipelineStepInput(StrictInput):
-    bot = serializers.CharField(max_length=100)
+    bot = label_name_field()
     executor = serializers.ChoiceField(choices=ExecutorKind.choices)
     context_passing = serializers.ChoiceField(
         choices=ContextPassing.choices, default=ContextPassing.ORIGINAL_AND_PREVIOUS
@@ -51,8 +65,8 @@ class TaskCreateInput(StrictInput):
     )
     message = serializers.CharField(trim_whitespace=False)
     executor = serializers.ChoiceField(choices=ExecutorKind.choices, required=False)
-    bot = serializers.CharField(max_length=100, required=False)
-    sender = serializers.CharField(max_length=150, required=False, default="")
+    bot = label_name_field(required=False)
+    sender = label_name_field(required=False, default="")
     is_group_chat = serializers.BooleanField(required=False, default=False)
     pipeline = PipelineStepInput(many=True, required=False, allow_empty=False)
 
@@ -76,7 +90,7 @@ class TaskCreateInput(StrictInput):
 
 class MessageInput(StrictInput):
     message = serializers.CharField(trim_whitespace=False)
-    sender = serializers.CharField(max_length=150, required=False, default="")
+    sender = label_name_field(required=False, default="")
 
 
 class TaskListFilters(StrictInput):

@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from backend.artifacts.services import IngestedText, ingest_text, replace_unstorable_chars
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
     ContextPassing,
@@ -85,6 +86,9 @@ def _validate_pipeline(pipeline: Sequence[PipelineStep]) -> None:
             )
         if not step.bot.strip():
             raise InvalidInput(f"pipeline[{index}].bot must not be empty.", field="pipeline")
+        _validate_label_name(
+            value=step.bot, field="bot" if len(pipeline) == 1 else f"pipeline.{index}.bot"
+        )
 
 
 def allocate_message_ids(*, task_id: int, count: int) -> int:
@@ -156,9 +160,19 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
     return turns
 
 
+def _validate_label_name(*, value: str, field: str) -> None:
+    """Sender and bot names appear inside prompt role labels (`User[alice]:`)."""
+    try:
+        validate_name(value)
+    except ValueError as error:
+        raise InvalidInput(f"{field} {error}.", field=field) from None
+
+
 def _validate_sender(*, is_group_chat: bool, sender: str) -> None:
     if is_group_chat and not sender.strip():
         raise InvalidInput("sender is required in a group-chat task.", field="sender")
+    if sender:
+        _validate_label_name(value=sender, field="sender")
 
 
 def create_task(

@@ -140,6 +140,14 @@ def test_create_group_chat_task(api):
         ),
         ({**SINGLE, "exector": "codex"}, "exector", "Unknown field"),
         ({**SINGLE, "is_group_chat": True}, "sender", "required in a group-chat task"),
+        ({**SINGLE, "sender": "al[ice]"}, "sender", "without square brackets"),
+        ({**SINGLE, "sender": "a" * 65}, "sender", "no more than 64"),
+        ({**SINGLE, "bot": "two\nlines"}, "bot", "printable"),
+        (
+            {**PIPELINE, "pipeline": [{"bot": "a]", "executor": "agno"}]},
+            "pipeline.0.bot",
+            "square brackets",
+        ),
     ],
 )
 def test_create_rejects_bad_input_naming_the_field(api, body, field, fragment):
