@@ -1,0 +1,163 @@
+"""The history window: rows → prompt input → the prompt an executor receives."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.prompting import HistoryPolicy, build_prompt, parse_prompt
+from backend.tasks.history import prompt_input_for
+from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
+from backend.tasks.services import PipelineStep, append_message, create_task, record_result
+
+pytestmark = pytest.mark.django_db
+
+
+def chat(user, rounds: int, *, pipeline=None, is_group_chat=False, answer=None) -> Task:
+    """A task with `rounds` answered rounds and one more pending user message."""
+    pipeline = pipeline or [PipelineStep(bot="assistant", executor="agno")]
+    sender = "alice" if is_group_chat else ""
+    task = create_task(
+        owner=user,
+        title="chat",
+        task_type="chat",
+        message="question 1",
+        pipeline=pipeline,
+        sender=sender,
+        is_group_chat=is_group_chat,
+    )
+    for number in range(1, rounds + 1):
+        for turn in pending(task):
+            record_result(
+                subtask=turn,
+                status=SubtaskStatus.COMPLETED,
+                result={"value": answer(number) if answer else f"answer {number} from {turn.bot}"},
+            )
+        append_message(task=task, message=f"question {number + 1}", sender=sender)
+    return task
+
+
+def pending(task: Task) -> list[Subtask]:
+    return list(
+        task.subtasks.filter(role=Role.ASSISTANT, status=SubtaskStatus.PENDING).order_by(
+            "message_id"
+        )
+    )
+
+
+def prompt_for(task: Task, policy: HistoryPolicy, turn: Subtask | None = None):
+    turn = turn or pending(task)[0]
+    return build_prompt(prompt_input_for(subtask=turn, task=task, policy=policy), policy)
+
+
+def test_first_turn_is_the_user_text_verbatim(user):
+    task = chat(user, 0)
+    build = prompt_for(task, HistoryPolicy())
+    assert build.text == "question 1"
+
+
+def test_follow_up_sees_the_conversation(user):
+    task = chat(user, 2)
+    build = prompt_for(task, HistoryPolicy())
+    assert build.text == (
+        "## Conversation History\n\n"
+        "User: question 1\n\n"
+        "Assistant: answer 1 from assistant\n\n"
+        "User: question 2\n\n"
+        "Assistant: answer 2 from assistant\n\n"
+        "## Current Message\n\n"
+        "User: question 3\n"
+    )
+    assert build.report.messages_included == 4
+
+
+def test_window_keeps_the_first_user_message_and_counts_the_rest(user):
+    task = chat(user, 6)  # 12 history turns before "question 7"
+    policy = HistoryPolicy(max_messages=3)
+    build = prompt_for(task, policy)
+    parsed = parse_prompt(build.text)
+    assert build.report.first_user_message_pinned
+    history = build.text.split("## Current Message")[0]
+    assert "User: question 1\n" in history
+    assert "answer 6 from assistant" in history
+    # The pinned message counts against max_messages: q1 + the two newest turns.
+    assert "[omitted earlier messages: 9 (4 user, 5 assistant)]" in history
+    assert build.report.included_message_ids == (1, 11, 12)
+    assert [m.content for m in parsed.sections[0].messages] == [
+        "question 1",
+        "question 6",
+        "answer 6 from assistant",
+    ]
+
+
+def test_window_without_pinning(user):
+    task = chat(user, 4)
+    build = prompt_for(task, HistoryPolicy(max_messages=2, keep_first_user_message=False))
+    assert "question 1\n" not in build.text
+    assert "[omitted earlier messages: 6 (3 user, 3 assistant)]" in build.text
+
+
+def test_unlimited_message_count_reads_only_what_fits(user):
+    task = chat(user, 30, answer=lambda n: f"answer {n} " + "x" * 300)
+    policy = HistoryPolicy(max_messages=None, max_chars=2_000, per_message_max_chars=1_000)
+    build = prompt_for(task, policy)
+    assert build.report.chars < 2_600
+    assert "answer 30 " in build.text
+    assert build.report.messages_omitted > 20
+
+
+def test_disabled_history_is_the_current_message_only(user):
+    task = chat(user, 3)
+    build = prompt_for(task, HistoryPolicy(enabled=False))
+    assert build.text == "question 4"
+
+
+def test_group_chat_labels_senders(user):
+    task = chat(user, 1, is_group_chat=True)
+    build = prompt_for(task, HistoryPolicy())
+    assert "User[alice]: question 1" in build.text
+    assert "User[alice]: question 2" in build.text
+
+
+def test_pipeline_step_sees_the_previous_result(user):
+    steps = [
+        PipelineStep(bot="coder", executor="codex"),
+        PipelineStep(bot="reviewer", executor="claude_code"),
+    ]
+    task = chat(user, 1, pipeline=steps)
+    coder, reviewer = pending(task)
+    record_result(subtask=coder, status=SubtaskStatus.COMPLETED, result={"value": "patch v2"})
+    build = prompt_for(task, HistoryPolicy(), turn=Subtask.objects.get(pk=reviewer.pk))
+    assert "Assistant[coder]: answer 1 from coder" in build.text
+    assert "Assistant[reviewer]: answer 1 from reviewer" in build.text
+    assert build.text.endswith("## Previous Result\n\nAssistant[coder]: patch v2\n")
+
+
+def test_spilled_result_renders_preview_and_pointer(user, settings):
+    settings.BATON_SPILL_THRESHOLD_CHARS = 1_000
+    settings.BATON_PREVIEW_HEAD_CHARS = settings.BATON_PREVIEW_TAIL_CHARS = 20
+    task = chat(user, 1, answer=lambda n: "$ make\n" + "compiling...\n" * 200)
+    build = prompt_for(task, HistoryPolicy())
+    artifact = task.subtasks.get(message_id=2).artifact
+    assert (
+        f"[artifact {artifact.id} · command_output · 2,607 chars, 201 lines · "
+        f"full text: .baton/artifacts/{artifact.id}.txt]"
+    ) in build.text
+    assert "…2567 chars truncated…" in build.text
+    assert build.report.artifacts == (artifact.id,)
+
+
+def test_failed_turn_is_marked(user):
+    task = chat(user, 0)
+    record_result(subtask=pending(task)[0], status=SubtaskStatus.FAILED, error="tool crashed")
+    append_message(task=task, message="try again")
+    build = prompt_for(task, HistoryPolicy())
+    assert "Assistant: [failed] tool crashed" in build.text
+
+
+@pytest.mark.parametrize("rounds", [3, 40])
+def test_query_count_is_constant(user, django_assert_num_queries, rounds):
+    task = chat(user, rounds)
+    turn = pending(task)[0]
+    # anchors, history window, pinned first message, role totals
+    with django_assert_num_queries(4):
+        prompt_input_for(subtask=turn, task=task, policy=HistoryPolicy(max_messages=4))
