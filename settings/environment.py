@@ -145,7 +145,9 @@ def sqlite_database(path: Path) -> dict[str, object]:
             "timeout": 30,
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         },
-        "TEST": {"NAME": str(path.with_name("test-baton.sqlite3"))},
+        # A file (not :memory:) so tests can use several connections; per process, so two
+        # test runs on one machine never share it.
+        "TEST": {"NAME": str(path.with_name(f"test-baton-{os.getpid()}.sqlite3"))},
     }
 
 

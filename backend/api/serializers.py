@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from backend.prompting.inputs import validate_name
+from backend.tasks.selectors import turn_result
 from backend.tasks.models import (
     TASK_TYPE_PATTERN,
     ContextPassing,
@@ -108,6 +111,11 @@ class PipelineStepOutput(serializers.Serializer):
 
 class SubtaskOutput(serializers.ModelSerializer):
     message = serializers.CharField(source="prompt")
+    result = serializers.SerializerMethodField()
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_result(self, subtask: Subtask) -> dict | None:
+        return turn_result(subtask=subtask)
 
     class Meta:
         model = Subtask
@@ -124,6 +132,7 @@ class SubtaskOutput(serializers.ModelSerializer):
             "message",
             "result",
             "error",
+            "artifact",
             "attempts",
             "created_at",
             "started_at",

@@ -84,9 +84,7 @@ def store_text(text: str) -> StoredContent:
     return StoredContent(sha256=sha256, storage_key=key, size_bytes=size)
 
 
-def verified_chunks(
-    *, storage_key: str, sha256: str, artifact_id: str
-) -> Iterator[bytes]:
+def verified_chunks(*, storage_key: str, sha256: str, artifact_id: str) -> Iterator[bytes]:
     """Check the stored content against its sha256, then yield it in chunks.
 
     The whole object is hashed before the first byte is handed out, so a corrupted artifact

@@ -152,6 +152,10 @@ class Subtask(models.Model):
         blank=True,
         related_name="subtasks",
     )
+    # True when `result["value"]` is kept in the artifact instead of this row: `result` then
+    # holds every other key as sent, with `"value": null` in its place. Long results stay out
+    # of the database row, and `selectors.turn_result` puts the value back.
+    result_value_in_artifact = models.BooleanField(default=False)
     recorded_at = models.DateTimeField(null=True, blank=True)
 
     created_at = models.DateTimeField(auto_now_add=True)

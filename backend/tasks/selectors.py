@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser
 from django.db.models import QuerySet
 
+from backend.artifacts.storage import verified_chunks
 from backend.errors import NotFound
 from backend.tasks.models import Subtask, Task
 
@@ -38,4 +39,26 @@ def get_task(*, user: AbstractBaseUser, task_id: int) -> Task:
 
 def task_turns(*, task: Task) -> QuerySet[Subtask]:
     """The task's turns in message_id order."""
-    return Subtask.objects.filter(task_id=task.pk).order_by("message_id")
+    return (
+        Subtask.objects.filter(task_id=task.pk)
+        .select_related("artifact")
+        .defer("history_text", "preview_head", "preview_tail")
+        .order_by("message_id")
+    )
+
+
+def turn_result(*, subtask: Subtask) -> dict | None:
+    """The turn's result exactly as the executor sent it.
+
+    Long values live in the turn's artifact (see `Subtask.result_value_in_artifact`); this
+    reads them back, checked against the artifact's sha256.
+    """
+    if not subtask.result_value_in_artifact or subtask.result is None:
+        return subtask.result
+    artifact = subtask.artifact
+    value = b"".join(
+        verified_chunks(
+            storage_key=artifact.storage_key, sha256=artifact.sha256, artifact_id=artifact.id
+        )
+    ).decode("utf-8")
+    return {key: value if key == "value" else item for key, item in subtask.result.items()}

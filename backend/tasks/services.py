@@ -358,6 +358,16 @@ def record_result(
         _apply_ingestion(subtask, ingested, recorded_at=now)
         subtask.status = status
         subtask.result = result
+        subtask.result_value_in_artifact = False
+        if (
+            ingested.artifact is not None
+            and ingested.replaced_chars == 0
+            and not serialized_json
+            and status == SubtaskStatus.COMPLETED
+        ):
+            # The artifact holds exactly result["value"]; keep the row small.
+            subtask.result = {key: None if key == "value" else item for key, item in result.items()}
+            subtask.result_value_in_artifact = True
         # PostgreSQL text cannot hold NUL or lone surrogates; an error message is diagnostic
         # text, so those characters are shown as U+FFFD there.
         subtask.error = replace_unstorable_chars(error)[0]

@@ -14,6 +14,7 @@ from backend.errors import InvalidInput, PayloadTooLarge
 from backend.prompting.units import count_tokens
 from backend.tasks.fields import dump_lossless_json
 from backend.tasks.models import Role, Subtask, SubtaskStatus
+from backend.tasks.selectors import turn_result
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
 pytestmark = pytest.mark.django_db
@@ -54,7 +55,10 @@ def test_long_result_is_spilled_to_an_artifact_with_a_bounded_preview(user, sett
         subtask=pending_turn(task), status=SubtaskStatus.COMPLETED, result={"value": log}
     )
     turn.refresh_from_db()
-    assert turn.result == {"value": log}  # the result itself is stored whole
+    # The value lives in the artifact, not the row; the result reads back exactly as sent.
+    assert turn.result == {"value": None}
+    assert turn.result_value_in_artifact
+    assert turn_result(subtask=turn) == {"value": log}
     assert turn.preview_head == log[:100]
     assert turn.preview_tail == log[-50:]
     removed = len(log) - 150
@@ -256,3 +260,26 @@ def test_ingest_text_is_exact_below_the_threshold(user):
     ingested = ingest_text(text="short", task=task)
     assert ingested.artifact is None
     assert ingested.tokens == count_tokens("short")
+
+
+def test_result_keys_and_order_survive_the_spill(user, settings):
+    settings.BATON_SPILL_THRESHOLD_CHARS = 100
+    settings.BATON_PREVIEW_HEAD_CHARS = settings.BATON_PREVIEW_TAIL_CHARS = 10
+    task = new_task(user)
+    result = {"thinking": "hm", "value": "v" * 500, "files": ["a.py"]}
+    turn = record_result(subtask=pending_turn(task), status=SubtaskStatus.COMPLETED, result=result)
+    stored = Subtask.objects.get(pk=turn.pk)
+    assert list(turn_result(subtask=stored).items()) == list(result.items())
+
+
+def test_spilled_value_with_replaced_characters_stays_in_the_row(user, settings):
+    settings.BATON_SPILL_THRESHOLD_CHARS = 100
+    settings.BATON_PREVIEW_HEAD_CHARS = settings.BATON_PREVIEW_TAIL_CHARS = 10
+    task = new_task(user)
+    value = "\ud800" + "v" * 500
+    turn = record_result(
+        subtask=pending_turn(task), status=SubtaskStatus.COMPLETED, result={"value": value}
+    )
+    stored = Subtask.objects.get(pk=turn.pk)
+    assert not stored.result_value_in_artifact
+    assert stored.result == {"value": value}

@@ -5,31 +5,51 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('tasks', '0001_initial'),
+        ("tasks", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Artifact',
+            name="Artifact",
             fields=[
-                ('id', models.CharField(max_length=16, primary_key=True, serialize=False)),
-                ('sha256', models.CharField(max_length=64, unique=True)),
-                ('storage_key', models.CharField(max_length=255)),
-                ('size_chars', models.BigIntegerField()),
-                ('size_bytes', models.BigIntegerField()),
-                ('size_lines', models.BigIntegerField()),
-                ('kind', models.CharField(choices=[('json', 'JSON'), ('web_or_search', 'Web page or search results'), ('command_output', 'Command output'), ('file_or_code', 'File, code or diff'), ('text', 'Text')], max_length=20)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('last_read_at', models.DateTimeField(blank=True, null=True)),
-                ('task', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='artifacts', to='tasks.task')),
+                ("id", models.CharField(max_length=16, primary_key=True, serialize=False)),
+                ("sha256", models.CharField(max_length=64, unique=True)),
+                ("storage_key", models.CharField(max_length=255)),
+                ("size_chars", models.BigIntegerField()),
+                ("size_bytes", models.BigIntegerField()),
+                ("size_lines", models.BigIntegerField()),
+                (
+                    "kind",
+                    models.CharField(
+                        choices=[
+                            ("json", "JSON"),
+                            ("web_or_search", "Web page or search results"),
+                            ("command_output", "Command output"),
+                            ("file_or_code", "File, code or diff"),
+                            ("text", "Text"),
+                        ],
+                        max_length=20,
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("last_read_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "task",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="artifacts",
+                        to="tasks.task",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
-                'indexes': [models.Index(fields=['created_at'], name='artifact_created')],
+                "ordering": ["-created_at"],
+                "indexes": [models.Index(fields=["created_at"], name="artifact_created")],
             },
         ),
     ]
