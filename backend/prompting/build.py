@@ -16,7 +16,9 @@ The contract is DESIGN.md's "The prompt" and "Caps and the order they apply":
    dropped, by role.
 5. If the fixed sections alone leave no room under ``max_tokens`` for the history header and its
    notice, the Previous Result and then the Current Message are cut further (in chars, so the
-   marker keeps counting code points of the original).
+   marker keeps counting code points of the original), and the history then carries only its
+   header and notice. (Filling what the cut leaves over would let a larger budget, which cuts
+   the fixed sections less, include fewer history messages.)
 
 What ``max_chars`` bounds: the characters of the history's message pieces (labels, content,
 markers, pointer lines and the blank line after each), not the section header or the notice.
@@ -512,7 +514,8 @@ class _Builder:
         ):
             raise PromptBudgetError(f"max_tokens={self.policy.max_tokens} cannot hold a marker")
         tokens = fixed.verbatim_tokens(self.counter)
-        message = fixed.part.message
+        # A verbatim prompt has no label, so its message has no name either.
+        message = RenderedMessage(role=Role.USER, name=None, content=fixed.part.message.content)
         document = PromptDocument(
             sections=(RenderedSection(Section.CURRENT, (message,)),), verbatim=True
         )
@@ -530,14 +533,19 @@ class _Builder:
 
     def _build_sections(self, fixed: list[_Fixed]) -> PromptBuild:
         history_floor = self._history_overhead(0, 0) if self.show_history else 0
+        squeezed = False
         if self.max_tokens is not None:
+            fixed_total = sum(f.section_tokens(self.counter) for f in fixed)
+            squeezed = fixed_total + history_floor > self.max_tokens
+        if squeezed:
+            assert self.max_tokens is not None
             # Cut the Previous Result first, then the Current Message, until the history's
             # header and notice fit next to them.
             for index in range(len(fixed) - 1, -1, -1):
-                squeezed = fixed[index]
-                others = sum(f.section_tokens(self.counter) for f in fixed if f is not squeezed)
+                cut = fixed[index]
+                others = sum(f.section_tokens(self.counter) for f in fixed if f is not cut)
                 target = self.max_tokens - history_floor - others
-                if _squeeze(squeezed, target, lambda f=squeezed: f.section_tokens(self.counter)):
+                if _squeeze(cut, target, lambda f=cut: f.section_tokens(self.counter)):
                     break
             else:
                 raise PromptBudgetError(
@@ -554,7 +562,9 @@ class _Builder:
         sections: list[RenderedSection] = []
         pieces: list[str] = []
         if self.show_history:
-            selection = self._select_history(token_budget)
+            # Once the fixed sections had to be cut, the history keeps only its header and
+            # notice: filling the crumbs would let a larger budget include fewer messages.
+            selection = _Selection(pinned=None) if squeezed else self._select_history(token_budget)
             selected, pinned = selection.oldest_first(), selection.pin_held
             users = selection.users
             notice = self._notice(users, len(selected) - users)

@@ -1,0 +1,184 @@
+"""Invariants of every build, for arbitrary inputs (content imitating structure included)."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backend.prompting import (
+    HistoryMessage,
+    HistoryPolicy,
+    PromptBuild,
+    PromptInput,
+    Role,
+    Section,
+    build_prompt,
+    count_tokens,
+    parse_prompt,
+    render_document,
+)
+from backend.prompting.render import message_piece
+from tests.prompting.strategies import policies, prompt_inputs, token_policies
+
+BUILD_SETTINGS = settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+def _included(prompt_input: PromptInput, build: PromptBuild) -> list[HistoryMessage]:
+    by_id = {message.message_id: message for message in prompt_input.history}
+    return [by_id[message_id] for message_id in build.report.included_message_ids]
+
+
+def _is_exact_cut(content: str, removed: int, kept: int, head_of: str, tail_of: str) -> bool:
+    """``content`` is X + marker + Y, with X from ``head_of`` and Y from ``tail_of``."""
+    marker = f"…{removed} chars truncated…"
+    start = content.find(marker)
+    while start != -1:
+        head, tail = content[:start], content[start + len(marker) :]
+        if len(head) + len(tail) == kept and head_of.startswith(head) and tail_of.endswith(tail):
+            return True
+        start = content.find(marker, start + 1)
+    return False
+
+
+@BUILD_SETTINGS
+@given(prompt_input=prompt_inputs(), policy=policies())
+def test_parse_recovers_exactly_what_was_rendered(
+    prompt_input: PromptInput, policy: HistoryPolicy
+) -> None:
+    build = build_prompt(prompt_input, policy)
+    assert render_document(build.document) == build.text
+    assert parse_prompt(build.text) == build.document
+
+
+@BUILD_SETTINGS
+@given(prompt_input=prompt_inputs(), policy=policies() | token_policies())
+def test_token_count_is_exact_and_within_budget(
+    prompt_input: PromptInput, policy: HistoryPolicy
+) -> None:
+    build = build_prompt(prompt_input, policy)
+    report = build.report
+    assert report.tokens == count_tokens(build.text)
+    assert report.tokens == (
+        report.history_tokens + report.current_tokens + report.previous_result_tokens
+    )
+    if policy.max_tokens is not None:
+        assert report.tokens <= policy.max_tokens
+    assert report.chars == len(build.text)
+
+
+@BUILD_SETTINGS
+@given(prompt_input=prompt_inputs(), policy=policies())
+def test_output_is_within_every_cap_and_markers_are_exact(
+    prompt_input: PromptInput, policy: HistoryPolicy
+) -> None:
+    build = build_prompt(prompt_input, policy)
+    report = build.report
+    history = build.document.section(Section.HISTORY)
+    rendered = history.messages if history is not None else ()
+
+    if policy.max_messages is not None:
+        assert report.messages_included <= policy.max_messages
+    assert report.history_chars == sum(len(message_piece(m)) for m in rendered)
+    if policy.max_chars is not None:
+        assert report.history_chars <= policy.max_chars
+
+    truncated = {entry.message_id: entry for entry in report.truncated}
+    cap = policy.per_message_max_chars
+    for message, shown in zip(_included(prompt_input, build), rendered, strict=True):
+        entry = truncated.get(message.message_id)
+        source = message.error if message.failed and message.error is not None else message.text
+        if entry is None:
+            assert shown.content == source
+            assert cap is None or len(source) <= cap
+            continue
+        assert cap is None or entry.kept_chars <= cap
+        assert entry.removed_chars == entry.original_chars - entry.kept_chars > 0
+        preview = None if message.failed and message.error is not None else message.preview
+        head_of = preview.head if preview is not None else source
+        tail_of = preview.tail if preview is not None else source
+        assert _is_exact_cut(shown.content, entry.removed_chars, entry.kept_chars, head_of, tail_of)
+
+    current = build.document.section(Section.CURRENT)
+    if current is not None and "Current Message" in report.sections:
+        text = prompt_input.current.text
+        shown = current.messages[0].content
+        if report.current_truncated:
+            kept = len(text) - report.current_removed_chars
+            cap = policy.current_message_max_chars
+            assert cap is None or kept <= cap
+            assert _is_exact_cut(shown, report.current_removed_chars, kept, text, text)
+        else:
+            assert shown == text
+    previous = build.document.section(Section.PREVIOUS_RESULT)
+    if previous is not None:
+        text = prompt_input.previous_result or ""
+        shown = previous.messages[0].content
+        if report.previous_result_truncated:
+            kept = len(text) - report.previous_result_removed_chars
+            cap = policy.previous_result_max_chars
+            assert cap is None or kept <= cap
+            assert _is_exact_cut(shown, report.previous_result_removed_chars, kept, text, text)
+        else:
+            assert shown == text
+
+
+@BUILD_SETTINGS
+@given(prompt_input=prompt_inputs(), policy=policies())
+def test_report_counts_are_consistent(prompt_input: PromptInput, policy: HistoryPolicy) -> None:
+    build = build_prompt(prompt_input, policy)
+    report = build.report
+    assert report.messages_included + report.messages_omitted == report.messages_considered
+    assert report.omitted_user + report.omitted_assistant == report.messages_omitted
+    history = build.document.section(Section.HISTORY)
+    if history is None:
+        assert report.messages_included == 0
+    else:
+        assert len(history.messages) == report.messages_included
+        notice = history.notice
+        assert (notice is not None) == (report.messages_omitted > 0)
+        if notice is not None:
+            assert (notice.omitted, notice.user, notice.assistant) == (
+                report.messages_omitted,
+                report.omitted_user,
+                report.omitted_assistant,
+            )
+    included = _included(prompt_input, build)
+    assert report.included_message_ids == tuple(sorted(report.included_message_ids))
+    artifacts = [m.artifact.artifact_id for m in included if m.artifact is not None]
+    assert report.artifacts == tuple(dict.fromkeys(artifacts))
+    first = prompt_input.first_user_index
+    if policy.keep_first_user_message and first is not None and included:
+        # The pinned message is the last thing dropped.
+        assert report.first_user_message_pinned
+        pinned = prompt_input.history[first]
+        assert pinned.role is Role.USER and pinned.message_id in report.included_message_ids
+
+
+@BUILD_SETTINGS
+@given(prompt_input=prompt_inputs(), policy=policies())
+def test_same_input_gives_the_same_bytes(prompt_input: PromptInput, policy: HistoryPolicy) -> None:
+    first = build_prompt(prompt_input, policy)
+    again = build_prompt(PromptInput.model_validate(prompt_input.model_dump()), policy)
+    assert again.text == first.text
+    assert again.report == first.report
+
+
+@BUILD_SETTINGS
+@given(
+    prompt_input=prompt_inputs(),
+    policy=policies() | token_policies(),
+    field=st.sampled_from(["max_chars", "max_tokens", "max_messages"]),
+    growth=st.integers(1, 3_000),
+)
+def test_a_larger_budget_never_includes_fewer_messages(
+    prompt_input: PromptInput, policy: HistoryPolicy, field: str, growth: int
+) -> None:
+    value = getattr(policy, field)
+    larger = policy.model_copy(update={field: None if value is None else value + growth})
+    small = build_prompt(prompt_input, policy).report.messages_included
+    large = build_prompt(prompt_input, larger).report.messages_included
+    assert large >= small
