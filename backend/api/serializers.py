@@ -13,7 +13,6 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from backend.prompting.inputs import validate_name
-from backend.tasks.selectors import turn_result
 from backend.tasks.models import (
     TASK_TYPE_PATTERN,
     ContextPassing,
@@ -22,6 +21,7 @@ from backend.tasks.models import (
     Task,
     TaskStatus,
 )
+from backend.tasks.selectors import turn_result
 
 
 def _label_name(value: str) -> str:

@@ -1,7 +1,8 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from backend.api import views
+from backend.api import executor_views, views
+from backend.api.artifact_views import ArtifactContentApi, ArtifactDetailApi
 
 urlpatterns = [
     path("tasks/", views.TaskListCreateApi.as_view(), name="task-list"),
@@ -9,6 +10,28 @@ urlpatterns = [
     path("tasks/<int:task_id>/messages/", views.TaskMessagesApi.as_view(), name="task-messages"),
     path("tasks/<int:task_id>/subtasks/", views.TaskSubtasksApi.as_view(), name="task-subtasks"),
     path("tasks/<int:task_id>/cancel/", views.TaskCancelApi.as_view(), name="task-cancel"),
+    path("artifacts/<str:artifact_id>/", ArtifactDetailApi.as_view(), name="artifact-detail"),
+    path(
+        "artifacts/<str:artifact_id>/content/",
+        ArtifactContentApi.as_view(),
+        name="artifact-content",
+    ),
+    path("executor/dispatch/", executor_views.DispatchApi.as_view(), name="executor-dispatch"),
+    path(
+        "executor/subtasks/<int:subtask_id>/heartbeat/",
+        executor_views.HeartbeatApi.as_view(),
+        name="executor-heartbeat",
+    ),
+    path(
+        "executor/subtasks/<int:subtask_id>/progress/",
+        executor_views.ProgressApi.as_view(),
+        name="executor-progress",
+    ),
+    path(
+        "executor/subtasks/<int:subtask_id>/result/",
+        executor_views.ResultApi.as_view(),
+        name="executor-result",
+    ),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),

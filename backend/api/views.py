@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.api.pagination import TaskPagination, TurnPagination
+from backend.api.permissions import IsProductClient
 from backend.api.serializers import (
     MessageInput,
     SubtaskOutput,
@@ -30,6 +31,8 @@ def _with_turns(task: Task, turns: Iterable[Subtask]) -> dict:
 
 
 class TaskListCreateApi(APIView):
+    permission_classes = [IsProductClient]
+
     @extend_schema(
         operation_id="tasks_list",
         parameters=[TaskListFilters],
@@ -79,6 +82,8 @@ class TaskListCreateApi(APIView):
 
 
 class TaskDetailApi(APIView):
+    permission_classes = [IsProductClient]
+
     @extend_schema(operation_id="tasks_retrieve", responses=TaskWithTurnsOutput)
     def get(self, request: Request, task_id: int) -> Response:
         task = selectors.get_task(user=request.user, task_id=task_id)
@@ -86,6 +91,8 @@ class TaskDetailApi(APIView):
 
 
 class TaskMessagesApi(APIView):
+    permission_classes = [IsProductClient]
+
     @extend_schema(
         operation_id="tasks_messages_create",
         request=MessageInput,
@@ -105,6 +112,8 @@ class TaskMessagesApi(APIView):
 
 
 class TaskSubtasksApi(APIView):
+    permission_classes = [IsProductClient]
+
     @extend_schema(
         operation_id="tasks_subtasks_list",
         parameters=[
@@ -122,6 +131,8 @@ class TaskSubtasksApi(APIView):
 
 
 class TaskCancelApi(APIView):
+    permission_classes = [IsProductClient]
+
     @extend_schema(operation_id="tasks_cancel", request=None, responses=TaskOutput)
     def post(self, request: Request, task_id: int) -> Response:
         task = selectors.get_task(user=request.user, task_id=task_id)

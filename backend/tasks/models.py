@@ -123,9 +123,23 @@ class Subtask(models.Model):
     # When the turn became eligible for dispatch. Later pipeline steps stay PENDING with no
     # pending_since until the step before them completes.
     pending_since = models.DateTimeField(null=True, blank=True)
+    # The executor worker holding (or, once finished, last holding) the claim: its account and
+    # the worker_id it gave; `attempts` counts claims, so (claimed_by, lease_owner, attempts)
+    # names one claim.
+    claimed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="claimed_subtasks",
+    )
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # Streamed progress from the executor: the latest events (bounded) and the partial answer.
+    progress_events = LosslessJSONField(null=True, blank=True)
+    partial_text = models.TextField(blank=True)
+    progress_updated_at = models.DateTimeField(null=True, blank=True)
 
     # Measured once at ingestion (backend.artifacts.services.ingest_text), when the message or
     # result is recorded. Prompt building reads only these bounded fields, never `prompt` or
@@ -173,6 +187,10 @@ class Subtask(models.Model):
             models.CheckConstraint(condition=Q(role__in=Role.values), name="subtask_role_valid"),
             models.CheckConstraint(
                 condition=Q(status__in=SubtaskStatus.values), name="subtask_status_valid"
+            ),
+            # At most one running turn per task: a pipeline's next step waits for the previous.
+            models.UniqueConstraint(
+                fields=["task"], condition=Q(status="RUNNING"), name="subtask_one_running_per_task"
             ),
         ]
         indexes = [

@@ -373,7 +373,7 @@ def record_result(
         subtask.error = replace_unstorable_chars(error)[0]
         subtask.usage = usage
         subtask.native_session_id = native_session_id
-        subtask.lease_owner = ""
+        # claimed_by and lease_owner stay: they name who delivered this result.
         subtask.lease_expires_at = None
         subtask.finished_at = now
         subtask.save()

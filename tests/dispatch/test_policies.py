@@ -1,0 +1,68 @@
+"""Policy resolution, validation, versioning and the kill switch."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.dispatch.models import HistoryPolicy
+from backend.dispatch.policies import builder_policy, resolve_policy, save_policy
+from backend.errors import InvalidInput
+
+pytestmark = pytest.mark.django_db
+
+
+def test_shipped_policies():
+    code = resolve_policy(task_type="code")
+    chat = resolve_policy(task_type="chat")
+    assert (code.policy.max_messages, code.policy.max_chars) == (20, 40_000)
+    assert (chat.policy.max_messages, chat.policy.max_chars) == (12, 20_000)
+    assert chat.policy.per_message_max_chars == 4_000
+    assert (code.source, code.row.task_type, code.version) == ("row", "code", 1)
+
+
+def test_unknown_type_uses_the_default_row_then_settings(settings):
+    resolved = resolve_policy(task_type="research")
+    assert resolved.row.task_type == ""
+    HistoryPolicy.objects.filter(task_type="").delete()
+    settings.EXECUTOR_HISTORY_DEFAULTS = {**settings.EXECUTOR_HISTORY_DEFAULTS, "max_messages": 7}
+    resolved = resolve_policy(task_type="research")
+    assert (resolved.source, resolved.row, resolved.policy.max_messages) == ("settings", None, 7)
+
+
+def test_changes_bump_the_version_and_apply_at_once(staff_user):
+    row = HistoryPolicy.objects.get(task_type="chat")
+    save_policy(row=row, changed_by=staff_user, values={"max_messages": 3})
+    row.refresh_from_db()
+    assert (row.version, row.max_messages, row.updated_by) == (2, 3, staff_user)
+    assert resolve_policy(task_type="chat").policy.max_messages == 3
+    save_policy(row=row, changed_by=staff_user, values={"enabled": False})
+    assert resolve_policy(task_type="chat").version == 3
+
+
+@pytest.mark.parametrize(
+    ("values", "field", "fragment"),
+    [
+        ({"per_message_max_chars": 50_000}, None, "per_message_max_chars must not exceed"),
+        ({"max_tokens": 10}, "max_tokens", "at least 1024"),
+        ({"token_encoding": "no_such_encoding"}, "token_encoding", "cannot be loaded"),
+        ({"max_messages": 0}, "max_messages", "positive"),
+    ],
+)
+def test_invalid_combinations_are_refused_with_the_reason(staff_user, values, field, fragment):
+    row = HistoryPolicy.objects.get(task_type="code")
+    with pytest.raises(InvalidInput, match=fragment) as error:
+        save_policy(row=row, changed_by=staff_user, values=values)
+    if field:
+        assert error.value.field == field
+    row.refresh_from_db()
+    assert (row.version, row.max_messages) == (1, 20)
+
+
+def test_global_kill_switch(settings):
+    settings.EXECUTOR_HISTORY_ENABLED = False
+    assert resolve_policy(task_type="code").policy.enabled is False
+
+
+def test_builder_policy_takes_ingestion_sizes_from_settings(settings):
+    settings.BATON_SPILL_THRESHOLD_CHARS = 9_000
+    assert builder_policy({}).spill_threshold_chars == 9_000
