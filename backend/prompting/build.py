@@ -27,19 +27,22 @@ What ``max_tokens`` bounds: the whole prompt.
 Token counting is exact without encoding the prompt. The prompt is a sequence of pieces (a
 header, the notice, one message) that each end with a newline, and the next piece starts with a
 non-space character other than ``/``; tiktoken's cl100k and o200k pre-tokenizers always split
-there, so the prompt's token count is the sum of its pieces' counts. A message piece reuses the
-cached count of its content and re-encodes only a short window at each edge: from the label to
-the first safe split inside the content (before a space that follows a non-space character, or
-after a newline followed by a non-space character other than ``/``), and from the last safe
-split to the end of the piece. Short, cut or escaped content is encoded whole (it is bounded by
-the caps). For encodings whose pre-tokenizer does not split at piece boundaries, the finished
-prompt is encoded once to verify, and the build is redone with the overshoot held back if it
-exceeded ``max_tokens``.
+there, so the prompt's token count is the sum of its pieces' counts. Inside a message piece the
+same rule applies after the label line, and a chunk always ends at a letter or digit followed by
+a newline, so a message whose content starts with a non-space character and ends with a letter
+or digit costs its cached count plus the label's and the suffix's, with no encoding at all.
+Otherwise only a short window at the edge is re-encoded, from the nearest safe split inside the
+content (before a space that follows a non-space character, or after a newline followed by a
+non-space character other than ``/``). Content without a cached count — cut, escaped or failed
+turns — is encoded whole; it is bounded by the caps. For encodings whose pre-tokenizer does not
+split at piece boundaries, the finished prompt is encoded once to verify, and the build is
+redone with the overshoot held back if it exceeded ``max_tokens``.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -69,7 +72,6 @@ SEAM_SAFE_ENCODINGS = frozenset(
 )
 """Encodings whose pre-tokenizer always splits after a newline before a non-space character."""
 
-_SMALL_BODY_CHARS = 512
 _EDGE_WINDOW_CHARS = 256
 _FIRST_SPLIT = re.compile(r"\S(?= )|\n(?=[^\s/])")
 _LAST_SPLIT = re.compile(r"(?s:.*)(?:\S(?= )|\n(?=[^\s/]))")
@@ -111,25 +113,45 @@ class _TokenCounter:
         return tokens
 
     def piece(self, prefix: str, body: str, suffix: str, body_tokens: int | None) -> int:
-        """Tokens of ``prefix + body + suffix`` given, when known, the exact count of ``body``."""
-        if body_tokens is None or len(body) <= _SMALL_BODY_CHARS:
+        """Tokens of ``prefix + body + suffix`` given, when known, the exact count of ``body``.
+
+        ``prefix`` (the label line) ends with a newline and ``suffix`` starts with one. The
+        pre-tokenizer splits after the prefix when the body starts with a non-space character
+        other than ``/``, and before the suffix when the body ends with a letter or a digit;
+        otherwise the seam is re-encoded from the nearest safe split inside a short window.
+        """
+        if body_tokens is None or not body or not self.additive:
             return self.count(prefix + body + suffix)
-        first = _FIRST_SPLIT.search(body, 0, _EDGE_WINDOW_CHARS)
-        if first is None:
-            return self.count(prefix + body + suffix)
-        head_end = first.end()
-        last = _LAST_SPLIT.search(body, max(len(body) - _EDGE_WINDOW_CHARS, head_end))
-        if last is None:
-            return self.count(prefix + body + suffix)
-        tail_start = last.end()
-        head, tail = body[:head_end], body[tail_start:]
-        return (
-            body_tokens
-            - self.count(head)
-            - self.count(tail)
-            + self.count(prefix + head)
-            + self.count(tail + suffix)
-        )
+        tokens = body_tokens
+        head_end = 0
+        if _starts_a_chunk(body[0]):
+            tokens += self.constant(prefix)
+        else:
+            first = _FIRST_SPLIT.search(body, 0, _EDGE_WINDOW_CHARS)
+            if first is None:
+                return self.count(prefix + body + suffix)
+            head_end = first.end()
+            head = body[:head_end]
+            tokens += self.count(prefix + head) - self.count(head)
+        if _ends_a_chunk(body[-1]):
+            tokens += self.constant(suffix)
+        else:
+            last = _LAST_SPLIT.search(body, max(len(body) - _EDGE_WINDOW_CHARS, head_end))
+            if last is None:
+                return self.count(prefix + body + suffix)
+            tail = body[last.end() :]
+            tokens += self.count(tail + suffix) - self.count(tail)
+        return tokens
+
+
+def _starts_a_chunk(char: str) -> bool:
+    """After a newline, this character always begins a new pre-tokenizer chunk."""
+    return not char.isspace() and char != "/"
+
+
+def _ends_a_chunk(char: str) -> bool:
+    """Before a newline, a chunk always ends after this character (a letter or a number)."""
+    return unicodedata.category(char)[0] in "LN"
 
 
 @dataclass(slots=True)
@@ -295,7 +317,10 @@ class _Builder:
         self.mode = mode
         self.counter = counter
         self.max_tokens = policy.max_tokens - token_slack if policy.max_tokens is not None else None
-        considered = prompt_input.user_messages + prompt_input.assistant_messages
+        # Read once: they are private attributes of a pydantic model, slow to reach.
+        self.user_messages = prompt_input.user_messages
+        self.assistant_messages = prompt_input.assistant_messages
+        considered = self.user_messages + self.assistant_messages
         self.show_history = policy.enabled and mode.includes_history and considered > 0
         self.considered = considered if self.show_history else 0
         self.show_previous = (
@@ -374,8 +399,8 @@ class _Builder:
             return None
         return OmissionNotice(
             omitted=omitted,
-            user=self.input.user_messages - included_user,
-            assistant=self.input.assistant_messages - included_assistant,
+            user=self.user_messages - included_user,
+            assistant=self.assistant_messages - included_assistant,
         )
 
     def _history_overhead(self, included_user: int, included_assistant: int) -> int:
@@ -413,7 +438,14 @@ class _Builder:
             )
             assistants = selection.count + len(extra) - users
             tokens = selection.tokens + sum(part.tokens(self.counter) for _, part in extra)
-            if self._history_overhead(users, assistants) + tokens > token_budget:
+            tokens += self.counter.constant(header_piece(Section.HISTORY))
+            notice = self._notice(users, assistants)
+            if notice is not None:
+                text = notice_piece(notice)
+                # A token is at least one byte: count the notice only when its size matters.
+                if tokens + len(text.encode()) > token_budget:
+                    tokens += self.counter.count(text)
+            if tokens > token_budget:
                 return False
         return True
 
@@ -625,9 +657,9 @@ class _Builder:
             messages_considered=self.considered,
             messages_included=len(selected),
             messages_omitted=self.considered - len(selected),
-            omitted_user=(self.input.user_messages - users) if self.show_history else 0,
+            omitted_user=(self.user_messages - users) if self.show_history else 0,
             omitted_assistant=(
-                self.input.assistant_messages - (len(selected) - users) if self.show_history else 0
+                self.assistant_messages - (len(selected) - users) if self.show_history else 0
             ),
             included_message_ids=tuple(history[i].message_id for i, _ in selected),
             truncated=tuple(part.truncated for _, part in selected if part.truncated is not None),

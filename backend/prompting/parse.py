@@ -6,11 +6,10 @@ a role boundary, and how tools can show a stored prompt message by message.
 
 Rules it relies on (see ``render``): a prompt whose first line is not a section header is a
 verbatim first-turn prompt (one user message, no label). Otherwise boundaries are lines that
-are exactly a section header, or that start with a role label followed by one space; content
-lines that would look like either are escaped, so every such line is real structure. Every
-piece ends with a blank line except the last, which ends with a single newline. The last line
-of a message is its artifact pointer when it parses as one, and an assistant message whose
-content starts with ``[failed] `` is a failed turn.
+are exactly a section header or a role label line (``Assistant[bot]: [failed]`` for a failed
+turn); content lines that would look like either are escaped, so every such line is real
+structure. Every piece ends with a blank line except the last, which ends with a single
+newline. The last line of a message is its artifact pointer when it parses as one.
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from backend.prompting.document import (
 )
 from backend.prompting.inputs import ArtifactPointer, Role
 from backend.prompting.render import (
-    FAILED_MARKER,
     PIECE_END,
     PROMPT_END,
     parse_omission_notice,
@@ -37,7 +35,7 @@ from backend.prompting.render import (
 
 _BOUNDARY = re.compile(
     r"^(?:## (?P<section>Conversation History|Current Message|Previous Result)$"
-    r"|(?P<role>User|Assistant)(?:\[(?P<name>[^\[\]\n]+)\])?: )",
+    r"|(?P<role>User|Assistant)(?:\[(?P<name>[^\[\]\n]+)\])?:(?P<failed> \[failed\])?\n)",
     re.MULTILINE,
 )
 _ORDER = (Section.HISTORY, Section.CURRENT, Section.PREVIOUS_RESULT)
@@ -47,16 +45,13 @@ class PromptParseError(ValueError):
     """The text is not a prompt Baton renders."""
 
 
-def _message(role: str, name: str | None, raw: str) -> RenderedMessage:
+def _message(role: str, name: str | None, failed: bool, raw: str) -> RenderedMessage:
     artifact: ArtifactPointer | None = None
     last_break = raw.rfind("\n")
     if last_break != -1:
         artifact = parse_pointer_line(raw[last_break + 1 :])
         if artifact is not None:
             raw = raw[:last_break]
-    failed = role == "Assistant" and raw.startswith(FAILED_MARKER)
-    if failed:
-        raw = raw[len(FAILED_MARKER) :]
     return RenderedMessage(
         role=Role.USER if role == "User" else Role.ASSISTANT,
         name=name,
@@ -116,6 +111,10 @@ def parse_prompt(text: str) -> PromptDocument:
             continue
         if current is None or not chunk.endswith(PIECE_END):
             raise PromptParseError("a message must sit in a section and end with a blank line")
-        messages.append(_message(boundary["role"], boundary["name"], chunk[: -len(PIECE_END)]))
+        failed = boundary["failed"] is not None
+        if failed and boundary["role"] != "Assistant":
+            raise PromptParseError("only assistant turns can be failed")
+        raw = chunk[: -len(PIECE_END)]
+        messages.append(_message(boundary["role"], boundary["name"], failed, raw))
     close()
     return PromptDocument(sections=tuple(sections))

@@ -6,32 +6,38 @@ The exact text of a sectioned prompt::
     <blank>
     [omitted earlier messages: 12 (7 user, 5 assistant)]
     <blank>
-    User[alice]: first line of the content
+    User[alice]:
+    first line of the content
     more lines…
     [artifact 9f2c4e1a7b3d · command_output · 1,234,567 chars, 20,345 lines · full text: …]
     <blank>
-    Assistant[reviewer]: [failed] the error message
+    Assistant[reviewer]: [failed]
+    the error message
     <blank>
     ## Current Message
     <blank>
-    User[alice]: …
+    User[alice]:
+    …
     <blank>
     ## Previous Result
     <blank>
-    Assistant[coder]: …
+    Assistant[coder]:
+    …
 
-Every piece — a header, the notice, a message — ends with one blank line (``"\\n\\n"``), except
-the last piece of the prompt, which ends with a single ``"\\n"``. A message is its label, one
-space, ``[failed] `` for a failed turn, its escaped content, and a pointer line when its full
-text lives in an artifact.
+Every piece — a header, the notice, a message — ends with one blank line (``"\n\n"``), except
+the last piece of the prompt, which ends with a single ``"\n"``. A message is its label line
+(``User:``, ``User[alice]:``, ``Assistant:`` or ``Assistant[bot]:``, then `` [failed]`` for a
+failed turn), its escaped content on the following lines, and a pointer line when its full text
+lives in an artifact. The label has a line of its own so that, for tiktoken, the content starts
+a fresh pre-tokenizer chunk and its cached token count can be reused as is (see ``build``).
 
 Escaping keeps role boundaries unforgeable. At the start of every line of content (after any of
-``\\n \\r \\v \\f \\x1c \\x1d \\x1e \\x85 U+2028 U+2029``, so a model that breaks lines elsewhere is
+``\n \r \v \f \x1c \x1d \x1e \x85 U+2028 U+2029``, so a model that breaks lines elsewhere is
 covered too), a line that begins with zero or more backslashes followed by something structural —
-a section header, ``User:``/``User[``, ``Assistant:``/``Assistant[``, ``[artifact ``,
-``[omitted `` or ``[failed]`` — gets one more backslash. Unescaping removes one backslash from
-lines that begin with one or more backslashes and then such structure. Lines that do not look
-structural are never touched, so the mapping is exactly reversible.
+a section header, ``User:``/``User[``, ``Assistant:``/``Assistant[``, ``[artifact `` or
+``[omitted `` — gets one more backslash. Unescaping removes one backslash from lines that begin
+with one or more backslashes and then such structure. Lines that do not look structural are never
+touched, so the mapping is exactly reversible.
 
 Pointer line (stable, one line; ``char``/``line`` are singular for 1)::
 
@@ -52,13 +58,13 @@ from backend.prompting.inputs import ArtifactPointer, Role
 
 PIECE_END = "\n\n"
 PROMPT_END = "\n"
-FAILED_MARKER = "[failed] "
+FAILED_MARKER = " [failed]"
 
 _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _STRUCTURE = (
     r"(?:## (?:Conversation History|Current Message|Previous Result)"
     r"|(?:User|Assistant)[\[:]"
-    r"|\[(?:artifact |omitted |failed\]))"
+    r"|\[(?:artifact |omitted ))"
 )
 _NEEDS_ESCAPE_AT_START = re.compile(rf"\\*{_STRUCTURE}")
 _NEEDS_ESCAPE_INSIDE = re.compile(rf"[{_LINE_BREAKS}]\\*{_STRUCTURE}")
@@ -78,7 +84,7 @@ _NOTICE = re.compile(
 
 # Every structural prefix contains one of these; plain substring checks are far cheaper than the
 # regular expression, and most content contains none of them.
-_STRUCTURE_WORDS = ("User", "Assistant", "## ", "[artifact ", "[omitted ", "[failed]")
+_STRUCTURE_WORDS = ("User", "Assistant", "## ", "[artifact ", "[omitted ")
 
 
 def needs_escape(content: str) -> bool:
@@ -109,9 +115,8 @@ def role_label(role: Role, name: str | None) -> str:
 
 
 def message_prefix(role: Role, name: str | None, *, failed: bool = False) -> str:
-    """What precedes the escaped content: the label, one space, and the failed marker."""
-    prefix = role_label(role, name) + " "
-    return prefix + FAILED_MARKER if failed else prefix
+    """What precedes the escaped content: the label line, failed marker included."""
+    return role_label(role, name) + (FAILED_MARKER if failed else "") + "\n"
 
 
 def _plural(count: int, word: str) -> str:

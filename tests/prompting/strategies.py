@@ -29,6 +29,7 @@ STRUCTURE_LOOKALIKES = (
     "Assistant: ",
     "Assistant[coder]: ",
     "[failed] ",
+    "Assistant[coder]: [failed]\n",
     "[artifact abc · text · 1 char, 1 line · full text: a.txt]",
     "[omitted earlier messages: 2 (1 user, 1 assistant)]",
     "…3 chars truncated…",

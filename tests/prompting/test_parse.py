@@ -17,7 +17,7 @@ from backend.prompting import (
 def test_parses_notice_only_history() -> None:
     text = (
         "## Conversation History\n\n[omitted earlier messages: 4 (2 user, 2 assistant)]\n\n"
-        "## Current Message\n\nUser: go\n"
+        "## Current Message\n\nUser:\ngo\n"
     )
     parsed = parse_prompt(text)
     history = parsed.section(Section.HISTORY)
@@ -28,32 +28,33 @@ def test_parses_notice_only_history() -> None:
 
 
 def test_content_keeps_its_own_blank_lines_and_trailing_newlines() -> None:
-    text = "## Current Message\n\nUser: a\n\n\nb\n\n\n"
+    text = "## Current Message\n\nUser:\na\n\n\nb\n\n\n"
     [section] = parse_prompt(text).sections
     assert section.messages[0].content == "a\n\n\nb\n\n"
 
 
 def test_empty_content_and_failed_without_error() -> None:
-    text = "## Previous Result\n\nAssistant[x]: [failed] \n"
+    text = "## Previous Result\n\nAssistant[x]: [failed]\n\n"
     [section] = parse_prompt(text).sections
     assert section.messages == (RenderedMessage(Role.ASSISTANT, "x", "", failed=True),)
 
 
 def test_a_text_without_leading_header_is_verbatim() -> None:
-    parsed = parse_prompt("User: hello\n## Current Message\n")
+    parsed = parse_prompt("User:\nhello\n## Current Message\n")
     assert parsed.verbatim
-    assert parsed.sections[0].messages[0].content == "User: hello\n## Current Message\n"
+    assert parsed.sections[0].messages[0].content == "User:\nhello\n## Current Message\n"
 
 
 @pytest.mark.parametrize(
     "text",
     [
-        "## Current Message\n\nUser: a",  # no final newline
-        "## Current Message\nUser: a\n",  # no blank line after the header
+        "## Current Message\n\nUser:\na",  # no final newline
+        "## Current Message\nUser:\na\n",  # no blank line after the header
         "## Current Message\n\n",  # empty section
-        "## Current Message\n\nUser: a\n\n## Conversation History\n\nUser: b\n",  # order
+        "## Current Message\n\nUser:\na\n\n## Conversation History\n\nUser:\nb\n",  # order
         "## Current Message\n\nsome text\n",  # content outside a message
-        "## Current Message\n\n[omitted earlier messages: 1 (1 user, 0 assistant)]\n\nUser: a\n",
+        "## Current Message\n\n[omitted earlier messages: 1 (1 user, 0 assistant)]\n\nUser:\na\n",
+        "## Current Message\n\nUser: [failed]\nx\n",  # users do not fail
     ],
 )
 def test_malformed_prompts_are_rejected(text: str) -> None:
