@@ -1,0 +1,69 @@
+"""Input and output serializers for the artifact API.
+
+The output shapes are the selectors' dicts (`backend.artifacts.selectors`): a manifest entry is
+what the dispatch payload lists per artifact, and the metadata endpoint adds bookkeeping to it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from rest_framework import serializers
+
+from backend.api.serializers import StrictInput
+from backend.artifacts.models import ArtifactKind
+from backend.artifacts.selectors import LineRange
+
+LINES_PATTERN = re.compile(r"^(\d+)-(\d*)$")
+
+
+class ArtifactManifestEntryOutput(serializers.Serializer):
+    id = serializers.CharField()
+    sha256 = serializers.CharField()
+    kind = serializers.ChoiceField(choices=ArtifactKind.choices)
+    size_bytes = serializers.IntegerField()
+    size_chars = serializers.IntegerField()
+    size_lines = serializers.IntegerField()
+    path = serializers.CharField(help_text="Where the executor finds the text in its workspace.")
+    download_url = serializers.CharField(help_text="GET it for the whole text.")
+
+
+class ArtifactOutput(ArtifactManifestEntryOutput):
+    task = serializers.IntegerField(
+        allow_null=True, help_text="The task whose turn first produced this text."
+    )
+    created_at = serializers.DateTimeField()
+    last_read_at = serializers.DateTimeField(allow_null=True)
+
+
+class ArtifactContentQuery(StrictInput):
+    """The content endpoint's query string: an optional line slice."""
+
+    lines = serializers.CharField(
+        required=False,
+        help_text="START-END or START-: a 1-based, inclusive slice of lines.",
+    )
+
+    def validate_lines(self, value: str) -> LineRange:
+        match = LINES_PATTERN.match(value)
+        if match is None:
+            raise serializers.ValidationError(
+                "Use START-END or START- with 1-based line numbers (for example 10-20 or 10-)."
+            )
+        start = int(match.group(1))
+        end = int(match.group(2)) if match.group(2) else None
+        if start < 1:
+            raise serializers.ValidationError("Line numbers start at 1.")
+        if end is not None and end < start:
+            raise serializers.ValidationError(f"END ({end}) is before START ({start}).")
+        return LineRange(start=start, end=end)
+
+
+class ErrorOutput(serializers.Serializer):
+    """Baton's error body (see `backend.api.errors`)."""
+
+    detail = serializers.CharField()
+    code = serializers.CharField()
+    fields = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()), required=False
+    )

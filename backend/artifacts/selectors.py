@@ -1,0 +1,280 @@
+"""Selectors that read artifacts: who may see one, the dispatch manifest, and verified content.
+
+Access follows the tasks: a caller may read an artifact when they may see a task with a turn
+that references it, or the task that first produced it (`visible_tasks`); staff read them all.
+
+Content is served only after the stored object has been hashed whole and matched against the
+recorded sha256, so a damaged or missing file is an error, never wrong bytes (DESIGN.md,
+principle 2). The same pass finds the byte offsets of a requested line slice, so serving
+`?lines=` or a byte range costs one verifying read plus the slice itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Exists, OuterRef, Q
+from django.urls import reverse
+
+from backend.artifacts.models import Artifact, workspace_path
+from backend.artifacts.storage import READ_CHUNK_BYTES, ArtifactIntegrityError, artifact_storage
+from backend.errors import BatonError, NotFound
+from backend.tasks.models import Subtask
+from backend.tasks.selectors import visible_tasks
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_FIELDS = ("id", "sha256", "kind", "size_bytes", "size_chars", "size_lines")
+
+
+class LinesNotSatisfiable(BatonError):
+    """A `?lines=` slice starts after the artifact's last line (the API answers 416)."""
+
+    code = "lines_not_satisfiable"
+
+
+@dataclass(frozen=True)
+class LineRange:
+    """A 1-based, inclusive slice of lines; `end` None means through the last line."""
+
+    start: int
+    end: int | None = None
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """A satisfiable byte slice: `start` inclusive, `end` exclusive."""
+
+    start: int
+    end: int
+
+
+def visible_artifact(*, user: AbstractBaseUser, artifact_id: str) -> Artifact:
+    """The artifact, or NotFound when it does not exist or the user may not see it (one query).
+
+    Staff see every artifact, including orphans whose turns are gone and that wait for
+    `prune_artifacts`; anyone else needs a visible task that produced or references it.
+    """
+    artifacts = Artifact.objects.filter(pk=artifact_id)
+    if not user.is_staff:
+        tasks = visible_tasks(user=user)
+        referenced = Subtask.objects.filter(artifact_id=OuterRef("pk"), task__in=tasks)
+        artifacts = artifacts.filter(Q(task__in=tasks) | Exists(referenced))
+    artifact = artifacts.first()
+    if artifact is None:
+        raise NotFound(f"Artifact {artifact_id} does not exist.")
+    return artifact
+
+
+def artifact_download_url(*, artifact_id: str, request_base_url: str | None = None) -> str:
+    """Where the content is served: a path, or an absolute URL under `request_base_url`.
+
+    `request_base_url` is a scheme and host such as `https://baton.example.com`; the path
+    already carries any script prefix Baton is mounted under.
+    """
+    path = reverse("artifact-content", kwargs={"artifact_id": artifact_id})
+    if request_base_url is None:
+        return path
+    return request_base_url.rstrip("/") + path
+
+
+def manifest_entry(*, artifact: Artifact, request_base_url: str | None = None) -> dict[str, Any]:
+    """What an executor needs to materialize one artifact in its workspace and check it."""
+    return {
+        **{field: getattr(artifact, field) for field in MANIFEST_FIELDS},
+        "path": workspace_path(artifact.id),
+        "download_url": artifact_download_url(
+            artifact_id=artifact.id, request_base_url=request_base_url
+        ),
+    }
+
+
+def artifact_metadata(*, artifact: Artifact, request_base_url: str | None = None) -> dict:
+    """The manifest entry plus the bookkeeping fields the metadata endpoint shows."""
+    return {
+        **manifest_entry(artifact=artifact, request_base_url=request_base_url),
+        "task": artifact.task_id,
+        "created_at": artifact.created_at,
+        "last_read_at": artifact.last_read_at,
+    }
+
+
+def artifact_manifest(
+    *, artifact_ids: Sequence[str], request_base_url: str | None = None
+) -> list[dict[str, Any]]:
+    """Manifest entries for the dispatch payload, in the order given, each artifact once.
+
+    One query. The ids come from turns, whose references are protected, so an unknown id is a
+    bug upstream: it raises NotFound naming the ids rather than sending a prompt whose pointer
+    leads to a file the workspace will not have.
+    """
+    ordered_ids = list(dict.fromkeys(artifact_ids))
+    if not ordered_ids:
+        return []
+    by_id = {
+        artifact.id: artifact
+        for artifact in Artifact.objects.filter(pk__in=ordered_ids).only(*MANIFEST_FIELDS)
+    }
+    missing = [artifact_id for artifact_id in ordered_ids if artifact_id not in by_id]
+    if missing:
+        raise NotFound(f"Artifacts {', '.join(missing)} do not exist.", field="artifact_ids")
+    return [
+        manifest_entry(artifact=by_id[artifact_id], request_base_url=request_base_url)
+        for artifact_id in ordered_ids
+    ]
+
+
+class ArtifactContent:
+    """Verified content, open and positioned: iterate it for the slice's bytes, then close it.
+
+    StreamingHttpResponse calls `close()` when the response is done, sent or not, so the
+    stored object is never left open.
+    """
+
+    def __init__(
+        self,
+        *,
+        stored: IO[bytes],
+        start: int,
+        end: int,
+        size_bytes: int,
+        lines: LineRange | None = None,
+        total_lines: int | None = None,
+    ) -> None:
+        self._stored = stored
+        self.start = start
+        self.end = end
+        self.size_bytes = size_bytes
+        # For a line slice: the lines it covers (`end` clamped to the last line), of how many.
+        self.lines = lines
+        self.total_lines = total_lines
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            self._stored.seek(self.start)
+            remaining = self.length
+            while remaining > 0:
+                chunk = self._stored.read(min(READ_CHUNK_BYTES, remaining))
+                if not chunk:
+                    break
+                remaining -= len(chunk)
+                yield chunk
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._stored.close()
+
+
+def artifact_content(
+    *,
+    artifact: Artifact,
+    byte_range: ByteRange | None = None,
+    line_range: LineRange | None = None,
+) -> ArtifactContent:
+    """The artifact's verified content, or the requested byte or line slice of it.
+
+    Hashes the whole stored object before returning (raising ArtifactIntegrityError, logged with
+    the id, when it is missing or does not match), and in the same pass finds where the
+    requested lines start and end. Lines are counted as at ingestion: split on "\\n", a last
+    line without a trailing newline still counts. Raises LinesNotSatisfiable when `line_range`
+    starts after the last line. (`storage.verified_chunks` streams from the first byte only; a
+    slice needs its offsets before the response headers go out, and a seek to its start.)
+    """
+    storage = artifact_storage()
+    try:
+        stored = storage.open(artifact.storage_key, "rb")
+    except FileNotFoundError:
+        logger.error("artifact %s: content missing from storage", artifact.id)
+        raise ArtifactIntegrityError(
+            f"Artifact {artifact.id} cannot be served: its stored content is missing."
+        ) from None
+    try:
+        digest = hashlib.sha256()
+        finder = _LineOffsets(line_range) if line_range is not None else None
+        size = 0
+        while chunk := stored.read(READ_CHUNK_BYTES):
+            digest.update(chunk)
+            if finder is not None:
+                finder.feed(chunk, offset=size)
+            size += len(chunk)
+        if digest.hexdigest() != artifact.sha256:
+            logger.error("artifact %s: stored content fails its sha256 check", artifact.id)
+            raise ArtifactIntegrityError(
+                f"Artifact {artifact.id} cannot be served: its stored content fails its "
+                "sha256 check."
+            )
+        if finder is not None:
+            start, end, lines, total_lines = finder.result(size_bytes=size, artifact_id=artifact.id)
+        elif byte_range is not None:
+            start, end, lines, total_lines = byte_range.start, byte_range.end, None, None
+        else:
+            start, end, lines, total_lines = 0, size, None, None
+    except BaseException:
+        stored.close()
+        raise
+    return ArtifactContent(
+        stored=stored,
+        start=start,
+        end=end,
+        size_bytes=size,
+        lines=lines,
+        total_lines=total_lines,
+    )
+
+
+class _LineOffsets:
+    """Finds the byte offsets of a line slice while the content streams past once.
+
+    Line N starts after the (N-1)th newline and ends after the Nth (or at the end of the
+    content). A newline byte never occurs inside a multibyte UTF-8 sequence, so offsets on
+    newline boundaries never split a character.
+    """
+
+    def __init__(self, line_range: LineRange) -> None:
+        self.line_range = line_range
+        self.newlines = 0
+        self.last_byte = b""
+        # Byte offsets once found; the start of line 1 is the start of the content.
+        self.start: int | None = 0 if line_range.start == 1 else None
+        self.end: int | None = None
+
+    def feed(self, chunk: bytes, *, offset: int) -> None:
+        self.last_byte = chunk[-1:]
+        found = chunk.count(b"\n")
+        wanted = [self.line_range.start - 1]  # the newline that ends the line before START
+        if self.line_range.end is not None:
+            wanted.append(self.line_range.end)  # the newline that ends line END
+        for target in wanted:
+            if target < 1 or not self.newlines < target <= self.newlines + found:
+                continue
+            position = -1
+            for _ in range(target - self.newlines):
+                position = chunk.index(b"\n", position + 1)
+            if target == self.line_range.start - 1:
+                self.start = offset + position + 1
+            else:
+                self.end = offset + position + 1
+        self.newlines += found
+
+    def result(self, *, size_bytes: int, artifact_id: str) -> tuple[int, int, LineRange, int]:
+        total_lines = self.newlines + (1 if size_bytes and self.last_byte != b"\n" else 0)
+        if self.line_range.start > total_lines:
+            raise LinesNotSatisfiable(
+                f"lines starts at line {self.line_range.start}, but artifact {artifact_id} has "
+                f"{total_lines} lines.",
+                field="lines",
+            )
+        last = total_lines if self.line_range.end is None else min(self.line_range.end, total_lines)
+        start = self.start if self.start is not None else size_bytes
+        end = self.end if self.end is not None else size_bytes
+        return start, end, LineRange(start=self.line_range.start, end=last), total_lines

@@ -1,0 +1,42 @@
+"""Fixtures for artifact tests: spilled turns whose text lives in an artifact."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.artifacts.models import Artifact
+from backend.tasks.models import Role, SubtaskStatus, Task
+from backend.tasks.services import PipelineStep, create_task, record_result
+
+# Over the 16,000-char spill threshold, multibyte UTF-8 on every line, and a last line without
+# a trailing newline.
+LINE_COUNT = 1_000
+SPILLED_TEXT = (
+    "".join(f"line {number:04d} héllo € ✓\n" for number in range(1, LINE_COUNT + 1))
+    + "last line 😀 without newline"
+)
+SPILLED_LINES = SPILLED_TEXT.split("\n")  # the last entry is the unterminated last line
+
+
+def spill(*, owner, text: str = SPILLED_TEXT, title: str = "Spill") -> Artifact:
+    """Create a task whose assistant answers with `text`, and return the artifact it spilled to."""
+    task = create_task(
+        owner=owner,
+        title=title,
+        task_type="code",
+        message="Run the tests.",
+        pipeline=[PipelineStep(bot="assistant", executor="codex")],
+    )
+    turn = task.subtasks.get(role=Role.ASSISTANT, status=SubtaskStatus.PENDING)
+    turn = record_result(subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": text})
+    assert turn.artifact is not None, "the text should have spilled to an artifact"
+    return turn.artifact
+
+
+def task_of(artifact: Artifact) -> Task:
+    return Task.objects.get(pk=artifact.task_id)
+
+
+@pytest.fixture
+def artifact(user) -> Artifact:
+    return spill(owner=user)
