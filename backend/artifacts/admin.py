@@ -1,0 +1,74 @@
+"""Django admin for artifacts: browse, filter by kind, find by id or sha256, open the content.
+
+Read-only: artifacts are written by ingestion and removed by `prune_artifacts`, which checks
+that no turn references them; an admin deletion would bypass that and leave the file behind.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from backend.artifacts.admin_inlines import content_link
+from backend.artifacts.models import Artifact
+
+
+@admin.register(Artifact)
+class ArtifactAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "kind",
+        "size_chars",
+        "size_lines",
+        "size_bytes",
+        "task_link",
+        "created_at",
+        "last_read_at",
+        "content",
+    ]
+    list_filter = ["kind"]
+    # Ids and hashes are hex prefixes of one another: a prefix search finds them by index.
+    search_fields = ["^id", "^sha256"]
+    list_select_related = ["task"]
+    ordering = ["-created_at"]
+    fields = [
+        "id",
+        "sha256",
+        "kind",
+        "size_chars",
+        "size_lines",
+        "size_bytes",
+        "task_link",
+        "referencing_turns",
+        "storage_key",
+        "created_at",
+        "last_read_at",
+        "content",
+    ]
+    readonly_fields = fields
+
+    @admin.display(description="Task", ordering="task")
+    def task_link(self, artifact: Artifact) -> str:
+        if artifact.task_id is None:
+            return "-"
+        url = reverse("admin:tasks_task_change", args=[artifact.task_id])
+        return format_html('<a href="{}">{}</a>', url, artifact.task)
+
+    @admin.display(description="Referencing turns")
+    def referencing_turns(self, artifact: Artifact) -> int:
+        return artifact.subtasks.count()
+
+    @admin.display(description="Content")
+    def content(self, artifact: Artifact) -> str:
+        return content_link(artifact)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Artifact | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Artifact | None = None) -> bool:
+        return False

@@ -1,0 +1,53 @@
+"""The read-only list of artifacts shown on a task's admin page (hooked into TaskAdmin).
+
+Lists the artifacts the task first produced (`Artifact.task`); identical text recorded later by
+another task stays listed under the first one.
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from backend.artifacts.models import Artifact
+
+
+def content_link(artifact: Artifact) -> str:
+    """A link to the artifact's text through the API (admin sessions are accepted there)."""
+    url = reverse("artifact-content", kwargs={"artifact_id": artifact.pk})
+    return format_html('<a href="{}">content</a>', url)
+
+
+class ArtifactInline(admin.TabularInline):
+    model = Artifact
+    fk_name = "task"
+    extra = 0
+    can_delete = False
+    ordering = ["created_at", "id"]
+    fields = [
+        "id",
+        "kind",
+        "size_chars",
+        "size_lines",
+        "size_bytes",
+        "created_at",
+        "last_read_at",
+        "content",
+    ]
+    readonly_fields = fields
+    show_change_link = True
+
+    @admin.display(description="Content")
+    def content(self, artifact: Artifact) -> str:
+        return content_link(artifact)
+
+    def has_add_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+        return False
