@@ -37,7 +37,9 @@ class BuildReport(BaseModel):
     included_message_ids: tuple[int, ...]
     truncated: tuple[TruncatedMessage, ...]
     sections: tuple[str, ...]
+    """Titles of the sections present, in order; a verbatim prompt reports "Current Message"."""
     verbatim: bool
+    """The prompt is the current message's text alone, without headers or labels."""
     context_passing: str
     chars: int
     tokens: int
@@ -45,7 +47,12 @@ class BuildReport(BaseModel):
     history_chars: int
     """Characters of the history's messages (labels, content, pointer lines, blank lines)."""
     history_tokens: int
-    """Tokens of the Conversation History section: header, omission notice and messages."""
+    """Tokens of the Conversation History section: header, omission notice and messages.
+
+    ``history_tokens + current_tokens + previous_result_tokens == tokens`` for the encodings in
+    ``SEAM_SAFE_ENCODINGS``; for others ``tokens`` is the exact count of the whole prompt and
+    the split is the sum of separately counted pieces.
+    """
     current_tokens: int
     previous_result_tokens: int
     artifacts: tuple[str, ...]

