@@ -11,9 +11,11 @@ The contract is DESIGN.md's "The prompt" and "Caps and the order they apply":
    is re-cut from its own head and tail, so its marker still counts against the original).
 4. Messages are dropped oldest first until the history's messages fit ``max_chars`` and the whole
    prompt fits ``max_tokens``. The walk goes newest first and stops at the first message that
-   does not fit, so it never reads a message it will not include; a larger budget therefore
-   never includes fewer messages. One omission notice at the top of the history counts what was
-   dropped, by role.
+   does not fit, so besides the messages it includes it reads only that one: its cost grows
+   with the budget, not with the history, and a larger budget never includes fewer messages.
+   (One exception reads a few more: when including every remaining message would remove the
+   omission notice and so fit after all, they are all included.) One omission notice at the top
+   of the history counts what was dropped, by role.
 5. If the fixed sections alone leave no room under ``max_tokens`` for the history header and its
    notice, the Previous Result and then the Current Message are cut further (in chars, so the
    marker keeps counting code points of the original), and the history then carries only its
