@@ -60,7 +60,11 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         body: dict[str, Any] = {"detail": exc.message, "code": exc.code}
         if exc.field:
             body["fields"] = {exc.field: [exc.message]}
-        return Response(body, status=DOMAIN_STATUS.get(type(exc), status.HTTP_400_BAD_REQUEST))
+        http_status = next(
+            (code for kind, code in DOMAIN_STATUS.items() if isinstance(exc, kind)),
+            status.HTTP_400_BAD_REQUEST,
+        )
+        return Response(body, status=http_status)
 
     if isinstance(exc, exceptions.ValidationError):
         fields = _flatten(exc.detail)

@@ -136,7 +136,9 @@ def _artifact_for(
 ) -> Artifact:
     """The artifact row for this content, created on first sight (concurrency-safe)."""
     artifact_id = stored_sha256[:ARTIFACT_ID_LENGTH]
-    existing = Artifact.objects.filter(pk=artifact_id).first()
+    # Locking the row makes a concurrent prune wait for this transaction, after which it sees
+    # the new reference and keeps the artifact.
+    existing = Artifact.objects.select_for_update().filter(pk=artifact_id).first()
     if existing is None:
         try:
             with transaction.atomic():

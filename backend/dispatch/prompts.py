@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from backend.dispatch.policies import ResolvedPolicy
 from backend.prompting.build import PromptBuild, build_prompt
+from backend.prompting.inputs import PromptInput
 from backend.tasks.history import prompt_input_for
 from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
 
@@ -19,14 +20,22 @@ class TurnPrompt:
     build_ms: float
 
 
-def build_turn_prompt(*, subtask: Subtask, task: Task, resolved: ResolvedPolicy) -> TurnPrompt:
+def build_turn_prompt(
+    *,
+    subtask: Subtask,
+    task: Task,
+    resolved: ResolvedPolicy,
+    prompt_input: PromptInput | None = None,
+) -> TurnPrompt:
     """The prompt the executor receives for `subtask` under `resolved` policy.
 
-    The pipeline step's own context-passing mode wins over the policy's default.
+    The pipeline step's own context-passing mode wins over the policy's default. Batch callers
+    pass the `prompt_input` they loaded with `prompt_inputs_for`.
     """
     started = time.perf_counter()
     mode = subtask.context_passing or resolved.policy.context_passing
-    prompt_input = prompt_input_for(subtask=subtask, task=task, policy=resolved.policy)
+    if prompt_input is None:
+        prompt_input = prompt_input_for(subtask=subtask, task=task, policy=resolved.policy)
     build = build_prompt(prompt_input, resolved.policy, context_passing=mode)
     return TurnPrompt(
         build=build,

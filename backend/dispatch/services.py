@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from backend.artifacts.selectors import artifact_manifest
@@ -29,6 +29,7 @@ from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import policy_rows, resolve_from_rows
 from backend.dispatch.prompts import TurnPrompt, build_turn_prompt
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from backend.tasks.history import prompt_inputs_for
 from backend.tasks.models import Role, Subtask, SubtaskStatus, Task, TaskStatus
 from backend.tasks.selectors import turn_result
 from backend.tasks.services import lock_task, record_result, refresh_task_status
@@ -173,22 +174,32 @@ def _claim_ids(
     return ids
 
 
-def _native_session_to_resume(subtask: Subtask) -> str:
-    """The executor's own session id from this bot's latest finished turn in the task."""
-    return (
-        Subtask.objects.filter(
+def _native_sessions_to_resume(subtasks: Sequence[Subtask]) -> dict[int, str]:
+    """Per subtask id: the executor's own session id from the same bot's latest earlier turn
+    in its task (one query for the batch)."""
+    if not subtasks:
+        return {}
+    condition = Q(pk__in=[])
+    for subtask in subtasks:
+        condition |= Q(
             task_id=subtask.task_id,
-            role=Role.ASSISTANT,
             bot=subtask.bot,
             executor=subtask.executor,
             message_id__lt=subtask.message_id,
         )
+    latest: dict[tuple[int, str, str], str] = {}
+    rows = (
+        Subtask.objects.filter(condition, role=Role.ASSISTANT)
         .exclude(native_session_id="")
-        .order_by("-message_id")
-        .values_list("native_session_id", flat=True)
-        .first()
-        or ""
+        .order_by("task_id", "-message_id")
+        .values_list("task_id", "bot", "executor", "native_session_id")
     )
+    for task_id, bot, executor, session_id in rows:
+        latest.setdefault((task_id, bot, executor), session_id)
+    return {
+        subtask.pk: latest.get((subtask.task_id, subtask.bot, subtask.executor), "")
+        for subtask in subtasks
+    }
 
 
 def _report_row(*, subtask: Subtask, worker_id: str, prompt: TurnPrompt) -> PromptReport:
@@ -252,6 +263,22 @@ def _log_dispatch(row: PromptReport, subtask: Subtask) -> None:
     )
 
 
+def _build_failed(*, subtask: Subtask, worker_id: str, error: Exception) -> None:
+    # The exception text may quote content; log only its type (principle 7).
+    logger.error(
+        json.dumps(
+            {
+                "event": "dispatch_build_failed",
+                "task": subtask.task_id,
+                "subtask": subtask.pk,
+                "attempt": subtask.attempts,
+                "error_type": type(error).__name__,
+            }
+        )
+    )
+    _release_failed_claim(subtask=subtask, worker_id=worker_id, reason=type(error).__name__)
+
+
 def _release_failed_claim(*, subtask: Subtask, worker_id: str, reason: str) -> None:
     """Undo a claim whose payload could not be built; after the last attempt, fail the turn."""
     with transaction.atomic():
@@ -296,39 +323,58 @@ def claim_turns(
         .order_by("pending_since", "id")
     )
     rows = policy_rows(task_types={subtask.task.task_type for subtask in subtasks})
-    claimed: list[ClaimedTurn] = []
+    resolved = {
+        subtask.pk: resolve_from_rows(task_type=subtask.task.task_type, rows=rows)
+        for subtask in subtasks
+    }
+    try:
+        inputs = prompt_inputs_for(
+            requests=[(subtask, subtask.task, resolved[subtask.pk].policy) for subtask in subtasks]
+        )
+    except Exception:  # noqa: BLE001 - fall back to one turn at a time to isolate the failure
+        inputs = {}
+    built: list[tuple[Subtask, TurnPrompt]] = []
     for subtask in subtasks:
         try:
-            resolved = resolve_from_rows(task_type=subtask.task.task_type, rows=rows)
-            prompt = build_turn_prompt(subtask=subtask, task=subtask.task, resolved=resolved)
-            manifest = artifact_manifest(
-                artifact_ids=prompt.build.report.artifacts, request_base_url=request_base_url
+            prompt = build_turn_prompt(
+                subtask=subtask,
+                task=subtask.task,
+                resolved=resolved[subtask.pk],
+                prompt_input=inputs.get(subtask.pk),
             )
-            native_session_id = _native_session_to_resume(subtask)
         except Exception as error:  # noqa: BLE001 - any failure must release the claim
-            # The exception text may quote content; log only its type (principle 7).
-            logger.error(
-                json.dumps(
-                    {
-                        "event": "dispatch_build_failed",
-                        "task": subtask.task_id,
-                        "subtask": subtask.pk,
-                        "attempt": subtask.attempts,
-                        "error_type": type(error).__name__,
-                    }
-                )
-            )
-            _release_failed_claim(subtask=subtask, worker_id=worker_id, reason=type(error).__name__)
+            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
             continue
-        row = _report_row(subtask=subtask, worker_id=worker_id, prompt=prompt)
+        built.append((subtask, prompt))
+    try:
+        manifest_entries = {
+            entry["id"]: entry
+            for entry in artifact_manifest(
+                artifact_ids=[
+                    artifact_id
+                    for _, prompt in built
+                    for artifact_id in prompt.build.report.artifacts
+                ],
+                request_base_url=request_base_url,
+            )
+        }
+        sessions = _native_sessions_to_resume([subtask for subtask, _ in built])
+    except Exception as error:  # noqa: BLE001
+        for subtask, _ in built:
+            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
+        return []
+    claimed: list[ClaimedTurn] = []
+    for subtask, prompt in built:
         claimed.append(
             ClaimedTurn(
                 subtask=subtask,
                 task=subtask.task,
                 prompt=prompt,
-                report=row,
-                manifest=manifest,
-                native_session_id=native_session_id,
+                report=_report_row(subtask=subtask, worker_id=worker_id, prompt=prompt),
+                manifest=[
+                    manifest_entries[artifact_id] for artifact_id in prompt.build.report.artifacts
+                ],
+                native_session_id=sessions[subtask.pk],
             )
         )
     PromptReport.objects.bulk_create([turn.report for turn in claimed])

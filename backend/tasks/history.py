@@ -13,8 +13,11 @@ policy pins it. Older turns are only counted (by role) so the omission notice st
 
 from __future__ import annotations
 
-from django.db.models import Count, Q
-from django.db.models.functions import Length
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.db.models import Count, F, Q, Window
+from django.db.models.functions import Length, RowNumber
 
 from backend.artifacts.models import Artifact, workspace_path
 from backend.prompting.inputs import (
@@ -119,72 +122,179 @@ def _window_size(*, task_id: int, before: int, policy: HistoryPolicy) -> int | N
     return count
 
 
-def prompt_input_for(*, subtask: Subtask, task: Task, policy: HistoryPolicy) -> PromptInput:
-    """The builder's input for an ASSISTANT turn (a constant number of queries)."""
-    if subtask.role != Role.ASSISTANT or subtask.parent_message_id is None:
-        raise HistoryUnavailable(f"turn {subtask.pk} is not an ASSISTANT turn answering a message")
-    current_id = subtask.parent_message_id
-    step = subtask.pipeline_step or 0
-    # The user message being answered and, for a later pipeline step, the step before it
-    # (steps are numbered right after their user message).
-    wanted = [current_id] + ([current_id + step] if step > 0 else [])
-    anchors = {
-        turn.message_id: turn
-        for turn in Subtask.objects.filter(task_id=task.pk, message_id__in=wanted)
-        .select_related("artifact")
-        .only(*_HISTORY_FIELDS, "prompt", "parent_message_id")
-    }
-    user_turn = anchors.get(current_id)
-    if user_turn is None or user_turn.role != Role.USER:
-        raise HistoryUnavailable(f"message {current_id} of task {task.pk} is not a user message")
-    previous_turn = anchors.get(current_id + step) if step > 0 else None
+@dataclass(frozen=True)
+class _Request:
+    subtask: Subtask
+    task: Task
+    policy: HistoryPolicy
 
-    history: list[HistoryMessage] = []
-    earlier_user = earlier_assistant = 0
-    if policy.enabled:
-        history_rows = Subtask.objects.filter(
-            task_id=task.pk, message_id__lt=current_id, status__in=HISTORY_STATUSES
+    @property
+    def current_id(self) -> int:
+        return self.subtask.parent_message_id
+
+    @property
+    def previous_step_id(self) -> int | None:
+        # Pipeline steps are numbered right after their user message.
+        step = self.subtask.pipeline_step or 0
+        return self.current_id + step if step > 0 else None
+
+    @property
+    def anchor_ids(self) -> list[int]:
+        """The user message answered, the previous pipeline step, and the pinned first
+        user message: fetched together in one query."""
+        ids = [self.current_id]
+        if self.previous_step_id:
+            ids.append(self.previous_step_id)
+        if self.wants_history and self.policy.keep_first_user_message:
+            ids.append(FIRST_USER_MESSAGE_ID)
+        return ids
+
+    @property
+    def wants_history(self) -> bool:
+        return self.policy.enabled and self.current_id > FIRST_USER_MESSAGE_ID
+
+
+def _any_of(conditions: list[Q]) -> Q:
+    combined = Q(pk__in=[])
+    for condition in conditions:
+        combined |= condition
+    return combined
+
+
+def prompt_inputs_for(
+    *, requests: Sequence[tuple[Subtask, Task, HistoryPolicy]]
+) -> dict[int, PromptInput]:
+    """Builder inputs for several ASSISTANT turns at once, keyed by subtask id.
+
+    A constant number of queries for the whole batch (anchors, history windows, pinned first
+    messages, per-role totals), so dispatching ten turns costs about what one does.
+    """
+    batch = [_Request(subtask, task, policy) for subtask, task, policy in requests]
+    for request in batch:
+        if request.subtask.role != Role.ASSISTANT or request.subtask.parent_message_id is None:
+            raise HistoryUnavailable(
+                f"turn {request.subtask.pk} is not an ASSISTANT turn answering a message"
+            )
+    if not batch:
+        return {}
+
+    anchor_rows = Subtask.objects.filter(
+        _any_of(
+            [Q(task_id=request.task.pk, message_id__in=request.anchor_ids) for request in batch]
         )
-        window = _window_size(task_id=task.pk, before=current_id, policy=policy)
-        rows = (
-            history_rows.order_by("-message_id").select_related("artifact").only(*_HISTORY_FIELDS)
+    )
+    anchors = {
+        (turn.task_id, turn.message_id): turn
+        for turn in anchor_rows.select_related("artifact").only(
+            *_HISTORY_FIELDS, "task_id", "prompt", "parent_message_id"
         )
-        newest = list(rows[:window] if window is not None else rows)
+    }
+
+    with_history = [request for request in batch if request.wants_history]
+    windows, totals = _history_windows(with_history, anchors=anchors)
+
+    inputs: dict[int, PromptInput] = {}
+    for request in batch:
+        task = request.task
+        user_turn = anchors.get((task.pk, request.current_id))
+        if user_turn is None or user_turn.role != Role.USER:
+            raise HistoryUnavailable(
+                f"message {request.current_id} of task {task.pk} is not a user message"
+            )
+        previous_turn = (
+            anchors.get((task.pk, request.previous_step_id)) if request.previous_step_id else None
+        )
+        newest = windows.get(request.subtask.pk, [])
+        users, assistants = totals.get(request.subtask.pk, (0, 0))
+        loaded_users = sum(1 for turn in newest if turn.role == Role.USER)
+        inputs[request.subtask.pk] = PromptInput(
+            history=tuple(history_message(turn) for turn in newest),
+            current=CurrentMessage(
+                message_id=request.current_id,
+                text=user_turn.prompt,
+                sender=_name(user_turn.sender),
+                token_count=None if user_turn.artifact_id else user_turn.history_text_tokens,
+            ),
+            previous_result=previous_turn.history_text if previous_turn is not None else None,
+            previous_result_bot=_name(previous_turn.bot) if previous_turn is not None else None,
+            previous_result_token_count=(
+                previous_turn.history_text_tokens if previous_turn is not None else None
+            ),
+            is_group_chat=task.is_group_chat,
+            multi_bot=task.is_multi_bot,
+            first_user_message_id=(
+                FIRST_USER_MESSAGE_ID if request.policy.keep_first_user_message else None
+            ),
+            earlier_user_messages=users - loaded_users,
+            earlier_assistant_messages=assistants - (len(newest) - loaded_users),
+            token_count_encoding=DEFAULT_TOKEN_ENCODING,
+        )
+    return inputs
+
+
+def _history_condition(request: _Request) -> Q:
+    return Q(
+        task_id=request.task.pk,
+        message_id__lt=request.current_id,
+        status__in=HISTORY_STATUSES,
+    )
+
+
+def _history_windows(
+    batch: list[_Request], *, anchors: dict[tuple[int, int], Subtask]
+) -> tuple[dict[int, list[Subtask]], dict[int, tuple[int, int]]]:
+    """Per subtask id: its window of history turns (oldest first, pinned first message
+    included) and the (user, assistant) totals of its whole history — one query."""
+    if not batch:
+        return {}, {}
+    sizes = {
+        request.subtask.pk: _window_size(
+            task_id=request.task.pk, before=request.current_id, policy=request.policy
+        )
+        for request in batch
+    }
+    # Rank every candidate turn newest first within its task (one task has one turn in a
+    # batch: a task never has two dispatchable turns at once), and count the task's history
+    # by role over the same partition.
+    per_task = {"partition_by": [F("task_id")]}
+    ranked = (
+        Subtask.objects.filter(_any_of([_history_condition(request) for request in batch]))
+        .annotate(
+            rank=Window(RowNumber(), order_by=F("message_id").desc(), **per_task),
+            users_total=Window(Count("id", filter=Q(role=Role.USER)), **per_task),
+            assistants_total=Window(Count("id", filter=Q(role=Role.ASSISTANT)), **per_task),
+        )
+        .select_related("artifact")
+        .only(*_HISTORY_FIELDS, "task_id")
+    )
+    largest = max((size for size in sizes.values() if size is not None), default=0)
+    if all(size is not None for size in sizes.values()):
+        ranked = ranked.filter(rank__lte=largest)
+    by_task: dict[int, list[Subtask]] = {}
+    totals_by_task: dict[int, tuple[int, int]] = {}
+    for turn in ranked.order_by("task_id", "-message_id"):
+        by_task.setdefault(turn.task_id, []).append(turn)
+        totals_by_task[turn.task_id] = (turn.users_total, turn.assistants_total)
+
+    windows: dict[int, list[Subtask]] = {}
+    totals: dict[int, tuple[int, int]] = {}
+    for request in batch:
+        size = sizes[request.subtask.pk]
+        newest = by_task.get(request.task.pk, [])
+        newest = newest[:size] if size is not None else newest
+        first = anchors.get((request.task.pk, FIRST_USER_MESSAGE_ID))
         if (
-            policy.keep_first_user_message
+            request.policy.keep_first_user_message
+            and first is not None
             and newest
             and newest[-1].message_id > FIRST_USER_MESSAGE_ID
         ):
-            pinned = rows.filter(message_id=FIRST_USER_MESSAGE_ID, role=Role.USER).first()
-            if pinned is not None:
-                newest.append(pinned)
-        newest.reverse()
-        history = [history_message(turn) for turn in newest]
-        totals = history_rows.aggregate(
-            users=Count("id", filter=Q(role=Role.USER)),
-            assistants=Count("id", filter=Q(role=Role.ASSISTANT)),
-        )
-        loaded_users = sum(1 for turn in newest if turn.role == Role.USER)
-        earlier_user = totals["users"] - loaded_users
-        earlier_assistant = totals["assistants"] - (len(newest) - loaded_users)
+            newest = [*newest, first]
+        windows[request.subtask.pk] = list(reversed(newest))
+        totals[request.subtask.pk] = totals_by_task.get(request.task.pk, (0, 0))
+    return windows, totals
 
-    return PromptInput(
-        history=tuple(history),
-        current=CurrentMessage(
-            message_id=current_id,
-            text=user_turn.prompt,
-            sender=_name(user_turn.sender),
-            token_count=None if user_turn.artifact_id else user_turn.history_text_tokens,
-        ),
-        previous_result=previous_turn.history_text if previous_turn is not None else None,
-        previous_result_bot=_name(previous_turn.bot) if previous_turn is not None else None,
-        previous_result_token_count=(
-            previous_turn.history_text_tokens if previous_turn is not None else None
-        ),
-        is_group_chat=task.is_group_chat,
-        multi_bot=task.is_multi_bot,
-        first_user_message_id=FIRST_USER_MESSAGE_ID if policy.keep_first_user_message else None,
-        earlier_user_messages=earlier_user,
-        earlier_assistant_messages=earlier_assistant,
-        token_count_encoding=DEFAULT_TOKEN_ENCODING,
-    )
+
+def prompt_input_for(*, subtask: Subtask, task: Task, policy: HistoryPolicy) -> PromptInput:
+    """The builder's input for one ASSISTANT turn."""
+    return prompt_inputs_for(requests=[(subtask, task, policy)])[subtask.pk]

@@ -85,7 +85,7 @@ def test_pipeline_step_waits_for_the_previous_one(api, worker_api):
     assert report(worker_api, coder, result={"value": "patched"}).status_code == 200
     [reviewer] = dispatch(worker_api, kinds=["codex", "claude_code"])
     assert reviewer["bot"] == "reviewer"
-    assert reviewer["prompt"].endswith("## Previous Result\n\nAssistant[coder]: patched\n")
+    assert reviewer["prompt"].endswith("## Previous Result\n\nAssistant[coder]:\npatched\n")
 
 
 def test_result_is_idempotent_and_conflicts_are_refused(api, worker_api):

@@ -60,12 +60,12 @@ def test_follow_up_sees_the_conversation(user):
     build = prompt_for(task, HistoryPolicy())
     assert build.text == (
         "## Conversation History\n\n"
-        "User: question 1\n\n"
-        "Assistant: answer 1 from assistant\n\n"
-        "User: question 2\n\n"
-        "Assistant: answer 2 from assistant\n\n"
+        "User:\nquestion 1\n\n"
+        "Assistant:\nanswer 1 from assistant\n\n"
+        "User:\nquestion 2\n\n"
+        "Assistant:\nanswer 2 from assistant\n\n"
         "## Current Message\n\n"
-        "User: question 3\n"
+        "User:\nquestion 3\n"
     )
     assert build.report.messages_included == 4
 
@@ -77,7 +77,7 @@ def test_window_keeps_the_first_user_message_and_counts_the_rest(user):
     parsed = parse_prompt(build.text)
     assert build.report.first_user_message_pinned
     history = build.text.split("## Current Message")[0]
-    assert "User: question 1\n" in history
+    assert "User:\nquestion 1\n" in history
     assert "answer 6 from assistant" in history
     # The pinned message counts against max_messages: q1 + the two newest turns.
     assert "[omitted earlier messages: 9 (4 user, 5 assistant)]" in history
@@ -114,8 +114,8 @@ def test_disabled_history_is_the_current_message_only(user):
 def test_group_chat_labels_senders(user):
     task = chat(user, 1, is_group_chat=True)
     build = prompt_for(task, HistoryPolicy())
-    assert "User[alice]: question 1" in build.text
-    assert "User[alice]: question 2" in build.text
+    assert "User[alice]:\nquestion 1" in build.text
+    assert "User[alice]:\nquestion 2" in build.text
 
 
 def test_pipeline_step_sees_the_previous_result(user):
@@ -127,9 +127,9 @@ def test_pipeline_step_sees_the_previous_result(user):
     coder, reviewer = pending(task)
     record_result(subtask=coder, status=SubtaskStatus.COMPLETED, result={"value": "patch v2"})
     build = prompt_for(task, HistoryPolicy(), turn=Subtask.objects.get(pk=reviewer.pk))
-    assert "Assistant[coder]: answer 1 from coder" in build.text
-    assert "Assistant[reviewer]: answer 1 from reviewer" in build.text
-    assert build.text.endswith("## Previous Result\n\nAssistant[coder]: patch v2\n")
+    assert "Assistant[coder]:\nanswer 1 from coder" in build.text
+    assert "Assistant[reviewer]:\nanswer 1 from reviewer" in build.text
+    assert build.text.endswith("## Previous Result\n\nAssistant[coder]:\npatch v2\n")
 
 
 def test_spilled_result_renders_preview_and_pointer(user, settings):
@@ -151,13 +151,13 @@ def test_failed_turn_is_marked(user):
     record_result(subtask=pending(task)[0], status=SubtaskStatus.FAILED, error="tool crashed")
     append_message(task=task, message="try again")
     build = prompt_for(task, HistoryPolicy())
-    assert "Assistant: [failed] tool crashed" in build.text
+    assert "Assistant: [failed]\ntool crashed" in build.text
 
 
 @pytest.mark.parametrize("rounds", [3, 40])
 def test_query_count_is_constant(user, django_assert_num_queries, rounds):
     task = chat(user, rounds)
     turn = pending(task)[0]
-    # anchors, history window, pinned first message, role totals
-    with django_assert_num_queries(4):
+    # anchors (with the pinned first message), history window with per-role totals
+    with django_assert_num_queries(2):
         prompt_input_for(subtask=turn, task=task, policy=HistoryPolicy(max_messages=4))
