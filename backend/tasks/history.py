@@ -166,8 +166,9 @@ def prompt_inputs_for(
 ) -> dict[int, PromptInput]:
     """Builder inputs for several ASSISTANT turns at once, keyed by subtask id.
 
-    A constant number of queries for the whole batch (anchors, history windows, pinned first
-    messages, per-role totals), so dispatching ten turns costs about what one does.
+    Three queries for the whole batch (anchors with the pinned first messages; the ranked
+    window ids with per-role totals; the window rows), so dispatching ten turns costs about
+    what one does.
     """
     batch = [_Request(subtask, task, policy) for subtask, task, policy in requests]
     for request in batch:
@@ -244,7 +245,7 @@ def _history_windows(
     batch: list[_Request], *, anchors: dict[tuple[int, int], Subtask]
 ) -> tuple[dict[int, list[Subtask]], dict[int, tuple[int, int]]]:
     """Per subtask id: its window of history turns (oldest first, pinned first message
-    included) and the (user, assistant) totals of its whole history — one query."""
+    included) and the (user, assistant) totals of its whole history — two queries."""
     if not batch:
         return {}, {}
     sizes = {
@@ -255,7 +256,9 @@ def _history_windows(
     }
     # Rank every candidate turn newest first within its task (one task has one turn in a
     # batch: a task never has two dispatchable turns at once), and count the task's history
-    # by role over the same partition.
+    # by role over the same partition. This pass reads ids and numbers only: the texts of
+    # the turns that made the window are fetched afterwards, so a long history costs no more
+    # than a short one.
     per_task = {"partition_by": [F("task_id")]}
     ranked = (
         Subtask.objects.filter(_any_of([_history_condition(request) for request in batch]))
@@ -264,17 +267,25 @@ def _history_windows(
             users_total=Window(Count("id", filter=Q(role=Role.USER)), **per_task),
             assistants_total=Window(Count("id", filter=Q(role=Role.ASSISTANT)), **per_task),
         )
-        .select_related("artifact")
-        .only(*_HISTORY_FIELDS, "task_id")
+        .values_list("id", "task_id", "users_total", "assistants_total")
     )
     largest = max((size for size in sizes.values() if size is not None), default=0)
     if all(size is not None for size in sizes.values()):
         ranked = ranked.filter(rank__lte=largest)
-    by_task: dict[int, list[Subtask]] = {}
+    window_ids: list[int] = []
     totals_by_task: dict[int, tuple[int, int]] = {}
-    for turn in ranked.order_by("task_id", "-message_id"):
+    for subtask_id, task_id, users_total, assistants_total in ranked:
+        window_ids.append(subtask_id)
+        totals_by_task[task_id] = (users_total, assistants_total)
+    by_task: dict[int, list[Subtask]] = {}
+    rows = (
+        Subtask.objects.filter(pk__in=window_ids)
+        .select_related("artifact")
+        .only(*_HISTORY_FIELDS, "task_id")
+        .order_by("task_id", "-message_id")
+    )
+    for turn in rows:
         by_task.setdefault(turn.task_id, []).append(turn)
-        totals_by_task[turn.task_id] = (turn.users_total, turn.assistants_total)
 
     windows: dict[int, list[Subtask]] = {}
     totals: dict[int, tuple[int, int]] = {}

@@ -158,6 +158,7 @@ def test_failed_turn_is_marked(user):
 def test_query_count_is_constant(user, django_assert_num_queries, rounds):
     task = chat(user, rounds)
     turn = pending(task)[0]
-    # anchors (with the pinned first message), history window with per-role totals
-    with django_assert_num_queries(2):
+    # anchors (with the pinned first message), ranked window ids with per-role totals,
+    # the window's rows
+    with django_assert_num_queries(3):
         prompt_input_for(subtask=turn, task=task, policy=HistoryPolicy(max_messages=4))
