@@ -1,7 +1,9 @@
 """Selectors that read artifacts: who may see one, the dispatch manifest, and verified content.
 
 Access follows the tasks: a caller may read an artifact when they may see a task with a turn
-that references it, or the task that first produced it (`visible_tasks`); staff read them all.
+that references it, or the task that first produced it (`visible_tasks`); an executor worker,
+while it holds a claim on a task's turn, reads the artifacts that task's turns reference; staff
+read them all.
 
 Content is served only after the stored object has been hashed whole and matched against the
 recorded sha256, so a damaged or missing file is an error, never wrong bytes (DESIGN.md,
@@ -24,7 +26,7 @@ from django.urls import reverse
 from backend.artifacts.models import Artifact, workspace_path
 from backend.artifacts.storage import READ_CHUNK_BYTES, ArtifactIntegrityError, artifact_storage
 from backend.errors import BatonError, NotFound
-from backend.tasks.models import Subtask
+from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.selectors import visible_tasks
 
 logger = logging.getLogger(__name__)
@@ -63,7 +65,13 @@ def visible_artifact(*, user: AbstractBaseUser, artifact_id: str) -> Artifact:
     artifacts = Artifact.objects.filter(pk=artifact_id)
     if not user.is_staff:
         tasks = visible_tasks(user=user)
-        referenced = Subtask.objects.filter(artifact_id=OuterRef("pk"), task__in=tasks)
+        # An executor worker reads the artifacts of the tasks whose turns it holds right now.
+        claimed = Task.objects.filter(
+            subtasks__claimed_by=user, subtasks__status=SubtaskStatus.RUNNING
+        )
+        referenced = Subtask.objects.filter(artifact_id=OuterRef("pk")).filter(
+            Q(task__in=tasks) | Q(task__in=claimed)
+        )
         artifacts = artifacts.filter(Q(task__in=tasks) | Exists(referenced))
     artifact = artifacts.first()
     if artifact is None:

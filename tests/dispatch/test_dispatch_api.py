@@ -313,3 +313,24 @@ def test_spilled_history_comes_with_its_manifest(api, worker_api, settings):
     assert entry["size_chars"] == 4_500
     assert entry["download_url"].endswith(f"/api/artifacts/{entry['id']}/content/")
     assert f"full text: .baton/artifacts/{entry['id']}.txt]" in turn["prompt"]
+
+
+def test_workers_read_artifacts_only_of_tasks_they_hold(
+    api, worker_api, other_worker_api, settings
+):
+    settings.BATON_SPILL_THRESHOLD_CHARS = 1_000
+    settings.BATON_PREVIEW_HEAD_CHARS = settings.BATON_PREVIEW_TAIL_CHARS = 50
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    report(worker_api, turn, result={"value": "log line\n" * 500})
+    [entry] = [Subtask.objects.get(pk=turn["subtask_id"]).artifact_id]
+    url = f"/api/artifacts/{entry}/content/"
+    # Finished claim: the worker holds nothing on this task any more.
+    assert worker_api.get(url).status_code == 404
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "and?"}, format="json")
+    [turn] = dispatch(worker_api)
+    response = worker_api.get(url)
+    assert response.status_code == 200
+    assert b"".join(response.streaming_content) == ("log line\n" * 500).encode()
+    assert other_worker_api.get(url).status_code == 404
+    assert api.get(url).status_code == 200  # the task's owner
