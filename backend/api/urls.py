@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from backend.api import executor_views, views
+from backend.api import executor_views, policy_views, views
 from backend.api.artifact_views import ArtifactContentApi, ArtifactDetailApi
 
 urlpatterns = [
@@ -32,6 +32,8 @@ urlpatterns = [
         executor_views.ResultApi.as_view(),
         name="executor-result",
     ),
+    path("policies/", policy_views.PolicyListApi.as_view(), name="policy-list"),
+    path("policies/<str:name>/", policy_views.PolicyDetailApi.as_view(), name="policy-detail"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),

@@ -1,0 +1,109 @@
+"""The history policy API for operators (staff): read and change per-task-type caps.
+
+The same validation as the admin: values are checked by the prompt builder's own policy and
+an invalid combination is refused with the reason, naming the field. Every change bumps the
+row's version and applies to the next dispatch.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status
+from rest_framework.permissions import IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from backend.api.serializers import StrictInput
+from backend.dispatch.models import DEFAULT_TASK_TYPE, HistoryPolicy
+from backend.dispatch.policies import POLICY_FIELDS, save_policy
+from backend.errors import InvalidInput, NotFound
+from backend.prompting.policy import ContextPassing
+from backend.tasks.models import TASK_TYPE_PATTERN
+
+# How the default row (empty task type) is named in URLs.
+DEFAULT_POLICY_NAME = "default"
+
+
+def _task_type(name: str) -> str:
+    return DEFAULT_TASK_TYPE if name == DEFAULT_POLICY_NAME else name
+
+
+class PolicyOutput(serializers.ModelSerializer):
+    name = serializers.SerializerMethodField()
+    updated_by = serializers.CharField(source="updated_by.get_username", default=None)
+
+    class Meta:
+        model = HistoryPolicy
+        fields = ["name", "task_type", *POLICY_FIELDS, "version", "updated_by", "updated_at"]
+        read_only_fields = fields
+
+    def get_name(self, row: HistoryPolicy) -> str:
+        return row.task_type or DEFAULT_POLICY_NAME
+
+
+def _optional_cap() -> serializers.IntegerField:
+    return serializers.IntegerField(required=False, allow_null=True)
+
+
+class PolicyInput(StrictInput):
+    """Any subset of the caps; omitted ones keep their value."""
+
+    enabled = serializers.BooleanField(required=False)
+    max_messages = _optional_cap()
+    max_chars = _optional_cap()
+    per_message_max_chars = _optional_cap()
+    max_tokens = _optional_cap()
+    token_encoding = serializers.CharField(required=False, max_length=64)
+    keep_first_user_message = serializers.BooleanField(required=False)
+    previous_result_max_chars = _optional_cap()
+    current_message_max_chars = _optional_cap()
+    context_passing = serializers.ChoiceField(
+        choices=[mode.value for mode in ContextPassing], required=False
+    )
+
+
+class PolicyListApi(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(operation_id="policies_list", responses=PolicyOutput(many=True))
+    def get(self, request: Request) -> Response:
+        rows = HistoryPolicy.objects.select_related("updated_by").order_by("task_type")
+        return Response(PolicyOutput(rows, many=True).data)
+
+
+class PolicyDetailApi(APIView):
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(operation_id="policies_retrieve", responses=PolicyOutput)
+    def get(self, request: Request, name: str) -> Response:
+        row = HistoryPolicy.objects.filter(task_type=_task_type(name)).first()
+        if row is None:
+            raise NotFound(f"No history policy for task type {name!r}.")
+        return Response(PolicyOutput(row).data)
+
+    @extend_schema(
+        operation_id="policies_update",
+        request=PolicyInput,
+        responses={200: PolicyOutput, 201: PolicyOutput},
+        summary="Change a task type's caps (creates the row if the type has none)",
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        task_type = _task_type(name)
+        if task_type and not re.fullmatch(TASK_TYPE_PATTERN, task_type):
+            raise InvalidInput(f"{name!r} is not a valid task type.", field="task_type")
+        payload = PolicyInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        row = HistoryPolicy.objects.filter(task_type=task_type).first()
+        created = row is None
+        values: dict[str, Any] = dict(payload.validated_data)
+        row = save_policy(
+            row=row or HistoryPolicy(task_type=task_type), changed_by=request.user, values=values
+        )
+        return Response(
+            PolicyOutput(row).data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+        )

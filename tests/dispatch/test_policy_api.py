@@ -1,0 +1,74 @@
+"""The history policy API: staff read and change caps; invalid combinations name the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.dispatch.models import HistoryPolicy
+
+pytestmark = pytest.mark.django_db
+
+
+def test_staff_list_the_shipped_policies(staff_api):
+    body = staff_api.get("/api/policies/").json()
+    assert [(row["name"], row["max_messages"], row["max_chars"]) for row in body] == [
+        ("default", 20, 40_000),
+        ("chat", 12, 20_000),
+        ("code", 20, 40_000),
+    ]
+
+
+def test_change_bumps_the_version(staff_api, staff_user):
+    response = staff_api.patch("/api/policies/chat/", {"max_messages": 5}, format="json")
+    assert response.status_code == 200, response.json()
+    assert (response.json()["max_messages"], response.json()["version"]) == (5, 2)
+    assert response.json()["updated_by"] == staff_user.username
+    assert HistoryPolicy.objects.get(task_type="chat").max_messages == 5
+
+
+def test_new_task_type_gets_a_row(staff_api):
+    response = staff_api.patch(
+        "/api/policies/research/", {"max_messages": 4, "max_chars": 9_000}, format="json"
+    )
+    assert response.status_code == 201
+    assert staff_api.get("/api/policies/research/").json()["max_chars"] == 9_000
+
+
+def test_default_row_by_name(staff_api):
+    response = staff_api.patch("/api/policies/default/", {"enabled": False}, format="json")
+    assert response.status_code == 200
+    assert HistoryPolicy.objects.get(task_type="").enabled is False
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "fragment"),
+    [
+        ({"per_message_max_chars": 90_000}, "policy", "per_message_max_chars must not exceed"),
+        ({"max_tokens": 100}, "max_tokens", "at least 1024"),
+        ({"token_encoding": "nope"}, "token_encoding", "cannot be loaded"),
+        ({"max_messages": -1}, "max_messages", "positive"),
+        ({"context_passing": "everything"}, "context_passing", "not a valid choice"),
+        ({"max_mesages": 3}, "max_mesages", "Unknown field"),
+    ],
+)
+def test_invalid_values_are_refused_with_the_reason(staff_api, body, field, fragment):
+    response = staff_api.patch("/api/policies/code/", body, format="json")
+    assert response.status_code == 400
+    error = response.json()
+    assert fragment in error["detail"] or fragment in " ".join(error["fields"].get(field, []))
+    row = HistoryPolicy.objects.get(task_type="code")
+    assert (row.version, row.max_messages) == (1, 20)
+
+
+def test_only_staff(api, worker_api):
+    assert api.get("/api/policies/").status_code == 403
+    assert (
+        worker_api.patch("/api/policies/code/", {"max_messages": 1}, format="json").status_code
+        == 403
+    )
+
+
+def test_bad_task_type_in_the_url(staff_api):
+    response = staff_api.patch("/api/policies/Not%20A%20Type/", {"enabled": False}, format="json")
+    assert response.status_code == 400
+    assert "task_type" in response.json()["fields"]
