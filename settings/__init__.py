@@ -141,6 +141,7 @@ SPECTACULAR_SETTINGS = {
         # Tasks and turns share one set of statuses.
         "StatusEnum": "backend.tasks.models.TaskStatus",
         "ReportedStatusEnum": ["COMPLETED", "FAILED"],
+        "ContextPassingEnum": "backend.tasks.models.ContextPassing",
     },
 }
 

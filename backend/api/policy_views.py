@@ -21,8 +21,7 @@ from backend.api.serializers import StrictInput
 from backend.dispatch.models import DEFAULT_TASK_TYPE, HistoryPolicy
 from backend.dispatch.policies import POLICY_FIELDS, save_policy
 from backend.errors import InvalidInput, NotFound
-from backend.prompting.policy import ContextPassing
-from backend.tasks.models import TASK_TYPE_PATTERN
+from backend.tasks.models import TASK_TYPE_PATTERN, ContextPassing
 
 # How the default row (empty task type) is named in URLs.
 DEFAULT_POLICY_NAME = "default"
@@ -61,9 +60,7 @@ class PolicyInput(StrictInput):
     keep_first_user_message = serializers.BooleanField(required=False)
     previous_result_max_chars = _optional_cap()
     current_message_max_chars = _optional_cap()
-    context_passing = serializers.ChoiceField(
-        choices=[mode.value for mode in ContextPassing], required=False
-    )
+    context_passing = serializers.ChoiceField(choices=ContextPassing.choices, required=False)
 
 
 class PolicyListApi(APIView):

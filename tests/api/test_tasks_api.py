@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from rest_framework.test import APIClient
@@ -388,6 +389,12 @@ def test_openapi_schema_and_docs_are_served(client):
     docs = client.get("/api/docs/")
     assert docs.status_code == 200
     assert b"swagger-ui" in docs.content
+
+
+def test_openapi_schema_validates_without_warnings():
+    from django.core.management import call_command
+
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", os.devnull)
 
 
 def test_session_authentication_serves_the_browsable_api(client, user):
