@@ -79,13 +79,9 @@ def staff_api(staff_user) -> APIClient:
 
 
 def make_worker(username: str):
-    from django.contrib.auth.models import Group
+    from backend.dispatch.workers import ensure_worker_account
 
-    from backend.dispatch.services import EXECUTOR_GROUP
-
-    worker = get_user_model().objects.create_user(username=username)
-    worker.groups.add(Group.objects.get_or_create(name=EXECUTOR_GROUP)[0])
-    return worker
+    return ensure_worker_account(username=username)[0]
 
 
 @pytest.fixture

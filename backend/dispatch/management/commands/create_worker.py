@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandParser
-from rest_framework.authtoken.models import Token
 
-from backend.dispatch.services import EXECUTOR_GROUP
+from backend.dispatch.workers import ensure_worker_account
 
 
 class Command(BaseCommand):
@@ -22,13 +19,5 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, name: str, rotate: bool, **options: Any) -> None:
-        user, created = get_user_model().objects.get_or_create(username=name)
-        if created:
-            user.set_unusable_password()
-            user.save()
-        group, _ = Group.objects.get_or_create(name=EXECUTOR_GROUP)
-        user.groups.add(group)
-        if rotate:
-            Token.objects.filter(user=user).delete()
-        token, _ = Token.objects.get_or_create(user=user)
-        self.stdout.write(token.key)
+        _, token = ensure_worker_account(username=name, rotate_token=rotate)
+        self.stdout.write(token)

@@ -14,10 +14,12 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token
 
+from backend.dispatch.workers import ensure_worker_account
 from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
 ADMIN_USERNAME = "admin"
+DEMO_WORKER_USERNAME = "demo-worker"
 GROUP_CHAT_TITLE = "Demo: release planning chat"
 PIPELINE_TITLE = "Demo: fix the flaky upload test"
 
@@ -53,6 +55,7 @@ class Command(BaseCommand):
         admin.set_password(password)
         admin.save()
         token, _ = Token.objects.get_or_create(user=admin)
+        _, worker_token = ensure_worker_account(username=DEMO_WORKER_USERNAME)
 
         if not Task.objects.filter(title=GROUP_CHAT_TITLE).exists():
             self._group_chat(admin)
@@ -66,6 +69,7 @@ class Command(BaseCommand):
             f"  API token: {token.key}\n"
             "  Try:       curl -H 'Authorization: Token "
             f"{token.key}' http://127.0.0.1:8000/api/tasks/\n"
+            f"  Worker token (executor API): {worker_token}\n"
             "  API docs:  http://127.0.0.1:8000/api/docs/\n"
         )
 
