@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -79,6 +81,16 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         return Response(
             {"detail": _summary(fields), "code": "invalid", "fields": fields},
             status=status.HTTP_400_BAD_REQUEST,
+        )
+
+    if isinstance(exc, RequestDataTooBig):
+        return Response(
+            {
+                "detail": "The request body is larger than this server accepts "
+                f"({settings.BATON_MAX_REQUEST_BODY_BYTES} bytes).",
+                "code": "too_large",
+            },
+            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
         )
 
     if isinstance(exc, Http404):

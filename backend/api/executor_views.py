@@ -24,9 +24,6 @@ from backend.dispatch import services
 from backend.errors import PayloadTooLarge
 from backend.tasks.models import Subtask
 
-# Room for the JSON around a result's text (keys, escapes, usage).
-RESULT_BODY_OVERHEAD_BYTES = 1 << 20
-
 
 def _turn_payload(turn: services.ClaimedTurn) -> dict[str, Any]:
     subtask = turn.subtask
@@ -131,11 +128,12 @@ class ResultApi(ExecutorApi):
     @extend_schema(operation_id="executor_result", request=ResultInput, responses=ResultOutput)
     def post(self, request: Request, subtask_id: int) -> Response:
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        limit = settings.BATON_MAX_RESULT_BYTES
-        if declared > limit + RESULT_BODY_OVERHEAD_BYTES:
+        if declared > settings.BATON_MAX_REQUEST_BODY_BYTES:
             # Refuse before reading the body at all.
             raise PayloadTooLarge(
-                f"result is larger than the limit of {limit} bytes of UTF-8.", field="result"
+                f"result is larger than the limit of {settings.BATON_MAX_RESULT_BYTES} bytes "
+                "of UTF-8.",
+                field="result",
             )
         payload = ResultInput(data=request.data)
         payload.is_valid(raise_exception=True)

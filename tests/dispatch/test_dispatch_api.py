@@ -191,7 +191,7 @@ def test_bad_results_are_400_and_leave_the_claim_running(api, worker_api):
     assert (stored.status, stored.result) == ("RUNNING", None)
 
 
-def test_result_over_the_limit_is_413_before_parsing(api, worker_api, settings):
+def test_result_over_the_limit_is_413(api, worker_api, settings):
     settings.BATON_MAX_RESULT_BYTES = 1_000
     create(api)
     [turn] = dispatch(worker_api)
@@ -334,3 +334,31 @@ def test_workers_read_artifacts_only_of_tasks_they_hold(
     assert b"".join(response.streaming_content) == ("log line\n" * 500).encode()
     assert other_worker_api.get(url).status_code == 404
     assert api.get(url).status_code == 200  # the task's owner
+
+
+def test_a_50_mb_result_is_accepted_and_reads_back_whole(api, worker_api):
+    create(api)
+    [turn] = dispatch(worker_api)
+    value = ("0123456789abcdef" * 4 + "\n") * (50 * 1024 * 1024 // 65)
+    response = report(worker_api, turn, result={"value": value, "exit_code": 0})
+    assert response.status_code == 200, response.json()
+    stored = Subtask.objects.get(pk=turn["subtask_id"])
+    assert stored.result == {"value": None, "exit_code": 0}  # the row stays small
+    assert stored.history_chars == len(value)
+    assert len(stored.history_text) < 5_000
+    body = api.get(f"/api/tasks/{turn['task_id']}/subtasks/").json()
+    assert body["results"][1]["result"] == {"value": value, "exit_code": 0}
+
+
+def test_body_over_the_request_limit_is_413_json(api, worker_api, settings):
+    settings.BATON_MAX_REQUEST_BODY_BYTES = 2_000
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2_000
+    create(api)
+    [turn] = dispatch(worker_api)
+    response = report(worker_api, turn, result={"value": "x" * 3_000})
+    assert response.status_code == 413
+    assert response.json()["code"] == "too_large"
+    response = api.post("/api/tasks/", {**SINGLE, "message": "y" * 3_000}, format="json")
+    assert response.status_code == 413
+    assert response.json()["code"] == "too_large"
+    assert Subtask.objects.get(pk=turn["subtask_id"]).status == "RUNNING"
