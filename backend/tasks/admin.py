@@ -1,10 +1,16 @@
-"""Django admin for tasks and their turns: browse, filter and search; turns are read-only."""
+"""Django admin for tasks and their turns: browse, filter and search; turns are read-only.
+
+A task's page also lists its prompt reports and artifacts, and links to the prompt preview of
+its next dispatch (the button comes from `admin/dispatch/task_change_form.html`).
+"""
 
 from __future__ import annotations
 
 from django.contrib import admin
 from django.http import HttpRequest
 
+from backend.artifacts.admin_inlines import ArtifactInline
+from backend.dispatch.admin_inlines import PromptReportInline
 from backend.tasks.models import Subtask, Task
 
 
@@ -44,7 +50,8 @@ class TaskAdmin(admin.ModelAdmin):
     search_fields = ["title"]
     list_select_related = ["owner"]
     readonly_fields = ["next_message_id", "created_at", "updated_at"]
-    inlines = [SubtaskInline]
+    inlines = [SubtaskInline, PromptReportInline, ArtifactInline]
+    change_form_template = "admin/dispatch/task_change_form.html"
 
 
 @admin.register(Subtask)

@@ -1,0 +1,66 @@
+"""The read-only list of prompt reports shown on a task's admin page (hooked into TaskAdmin).
+
+One row per dispatch of the task's turns, newest first: which policy version built it, what it
+included, omitted and cut, its size and build time. Counts only; a prompt's text is never stored
+(see the preview page to see what a dispatch would send now).
+"""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from backend.dispatch.models import PromptReport
+
+
+def report_policy_label(report: PromptReport) -> str:
+    """The policy a report was built with: "code v3", "default v1", or "settings"."""
+    if report.policy_source != "row":
+        return report.policy_source
+    if report.policy is None:
+        return f"deleted row v{report.policy_version}"
+    return f"{report.policy.task_type or 'default'} v{report.policy_version}"
+
+
+class PromptReportInline(admin.TabularInline):
+    model = PromptReport
+    fk_name = "task"
+    extra = 0
+    can_delete = False
+    ordering = ["-created_at", "-id"]
+    fields = [
+        "created_at",
+        "subtask",
+        "attempt",
+        "worker_id",
+        "policy_label",
+        "history_enabled",
+        "context_passing",
+        "messages_included",
+        "messages_omitted",
+        "truncated_count",
+        "chars",
+        "tokens",
+        "build_ms",
+    ]
+    readonly_fields = fields
+    show_change_link = True
+    verbose_name_plural = "prompt reports (one per dispatch)"
+
+    @admin.display(description="Policy")
+    def policy_label(self, report: PromptReport) -> str:
+        return report_policy_label(report)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[PromptReport]:
+        # The subtask and policy columns would otherwise cost one query per row.
+        return super().get_queryset(request).select_related("subtask", "policy")
+
+    def has_add_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
+        return False

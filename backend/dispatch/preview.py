@@ -1,0 +1,250 @@
+"""The prompt preview: what the next dispatch of a task would send, under a saved or draft policy.
+
+Operators tune history caps on real tasks before they save them (the admin's preview page) or
+from a terminal (`manage.py preview_prompt`). Both call `preview_prompt`, which builds through
+the same path as dispatch (`build_turn_prompt`, the same policy resolution and kill switch) so
+the preview is the prompt byte for byte. It only reads: it claims nothing, records no
+PromptReport and saves no policy, so previewing is safe on a live system.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+from django.conf import settings
+
+from backend.dispatch.models import HistoryPolicy
+from backend.dispatch.policies import (
+    POLICY_FIELDS,
+    ResolvedPolicy,
+    resolve_from_rows,
+    resolve_policy,
+    row_values,
+    settings_policy,
+)
+from backend.dispatch.prompts import TurnPrompt, build_turn_prompt, next_turn_to_dispatch
+from backend.errors import InvalidInput, NotFound
+from backend.prompting.build import PromptBudgetError
+from backend.prompting.report import BuildReport
+from backend.tasks.history import HISTORY_STATUSES, HistoryUnavailable
+from backend.tasks.models import Role, Subtask, Task
+
+# The history list under the prompt names turns by id and role only, but a task can have
+# thousands: list the newest ones (and any older turn the prompt includes, the pinned first
+# user message) and count the rest.
+HISTORY_LIST_LIMIT = 500
+
+UNSAVED_SOURCE = "unsaved"
+
+
+class TurnMark(StrEnum):
+    """What became of one history turn in the previewed prompt."""
+
+    INCLUDED = "included"
+    TRUNCATED = "truncated"
+    OMITTED = "omitted"
+    HISTORY_OFF = "history off"
+
+
+@dataclass(frozen=True)
+class HistoryTurn:
+    message_id: int
+    role: str
+    status: str
+    mark: TurnMark
+    removed_chars: int = 0
+
+
+@dataclass(frozen=True)
+class BudgetSegment:
+    """One part of the token budget bar; `share` is its fraction of the bar's width."""
+
+    name: str
+    label: str
+    tokens: int
+    share: float
+
+    @property
+    def width_css(self) -> str:
+        # Preformatted so a localized template never writes a decimal comma into CSS.
+        return f"{self.share * 100:.2f}%"
+
+
+@dataclass(frozen=True)
+class PromptPreview:
+    task: Task
+    subtask: Subtask
+    turn_prompt: TurnPrompt
+    policy_label: str
+    policy_version: int | None
+    unsaved: bool
+    values: dict[str, Any]
+    """The cap values previewed (before the global kill switch), for pre-filling a form."""
+    kill_switch: bool
+    """EXECUTOR_HISTORY_ENABLED=false turned history off whatever the policy says."""
+    budget: tuple[BudgetSegment, ...]
+    history_turns: tuple[HistoryTurn, ...]
+    history_turns_not_listed: int
+
+    @property
+    def text(self) -> str:
+        return self.turn_prompt.build.text
+
+    @property
+    def report(self) -> BuildReport:
+        return self.turn_prompt.build.report
+
+    @property
+    def resolved(self) -> ResolvedPolicy:
+        return self.turn_prompt.resolved
+
+    @property
+    def max_tokens(self) -> int | None:
+        return self.resolved.policy.max_tokens
+
+
+def _base_values(resolved: ResolvedPolicy) -> dict[str, Any]:
+    if resolved.row is not None:
+        return row_values(resolved.row)
+    return settings_policy().model_dump(mode="json", include=set(POLICY_FIELDS))
+
+
+def _resolve(
+    *, task: Task, values_or_row: HistoryPolicy | Mapping[str, Any] | None
+) -> tuple[ResolvedPolicy, dict[str, Any], str]:
+    """The policy to preview, the cap values behind it and its label."""
+    if values_or_row is None:
+        resolved = resolve_policy(task_type=task.task_type)
+        return resolved, _base_values(resolved), resolved.label
+    if isinstance(values_or_row, HistoryPolicy):
+        # Resolved as if this row were the task type's own, so the kill switch applies as at
+        # dispatch; the row may belong to another task type (try `chat` caps on a code task).
+        resolved = resolve_from_rows(task_type=task.task_type, rows={task.task_type: values_or_row})
+        return resolved, row_values(values_or_row), resolved.label
+    unknown = sorted(set(values_or_row) - set(POLICY_FIELDS))
+    if unknown:
+        raise InvalidInput(
+            f"{unknown[0]}: not a policy field (known: {', '.join(POLICY_FIELDS)})",
+            field=unknown[0],
+        )
+    base = resolve_policy(task_type=task.task_type)
+    values = {**_base_values(base), **values_or_row}
+    # A draft row that is never saved, resolved like a real one: the same validation
+    # (InvalidInput naming the field) and the same kill switch.
+    draft = HistoryPolicy(task_type=task.task_type, **values)
+    resolved = resolve_from_rows(task_type=task.task_type, rows={task.task_type: draft})
+    resolved = replace(resolved, row=None, source=UNSAVED_SOURCE)
+    label = f"unsaved edit (based on {base.label})"
+    return resolved, values, label
+
+
+def _budget(report: BuildReport, max_tokens: int | None) -> tuple[BudgetSegment, ...]:
+    parts = [
+        ("history", "Conversation history", report.history_tokens),
+        ("current", "Current message", report.current_tokens),
+        ("previous_result", "Previous result", report.previous_result_tokens),
+    ]
+    structure = report.tokens - sum(tokens for _, _, tokens in parts)
+    if structure > 0:
+        parts.append(("structure", "Headers and markers", structure))
+    if max_tokens is not None and max_tokens > report.tokens:
+        parts.append(("unused", "Unused budget", max_tokens - report.tokens))
+    whole = sum(tokens for _, _, tokens in parts)
+    return tuple(
+        BudgetSegment(name=name, label=label, tokens=tokens, share=tokens / whole if whole else 0)
+        for name, label, tokens in parts
+        if tokens > 0
+    )
+
+
+def _history_turns(
+    *, task: Task, subtask: Subtask, report: BuildReport
+) -> tuple[tuple[HistoryTurn, ...], int]:
+    """The task's history turns (ids, roles, statuses only), newest first, each marked."""
+    if subtask.parent_message_id is None:
+        return (), 0
+    rows = Subtask.objects.filter(
+        task_id=task.pk, message_id__lt=subtask.parent_message_id, status__in=HISTORY_STATUSES
+    ).order_by("-message_id")
+    columns = ("message_id", "role", "status")
+    listed = list(rows.values_list(*columns)[: HISTORY_LIST_LIMIT + 1])
+    not_listed = 0
+    if len(listed) > HISTORY_LIST_LIMIT:
+        listed = listed[:HISTORY_LIST_LIMIT]
+        not_listed = rows.count() - HISTORY_LIST_LIMIT
+        older_included = set(report.included_message_ids) - {row[0] for row in listed}
+        if older_included:
+            listed += list(rows.filter(message_id__in=older_included).values_list(*columns))
+            not_listed -= len(older_included)
+    included = set(report.included_message_ids)
+    removed = {item.message_id: item.removed_chars for item in report.truncated}
+    in_play = report.messages_considered > 0
+    turns = []
+    for message_id, role, status in listed:
+        if not in_play:
+            mark = TurnMark.HISTORY_OFF
+        elif message_id in removed:
+            mark = TurnMark.TRUNCATED
+        elif message_id in included:
+            mark = TurnMark.INCLUDED
+        else:
+            mark = TurnMark.OMITTED
+        turns.append(
+            HistoryTurn(
+                message_id=message_id,
+                role=Role(role).label,
+                status=status,
+                mark=mark,
+                removed_chars=removed.get(message_id, 0),
+            )
+        )
+    return tuple(turns), not_listed
+
+
+def preview_prompt(
+    *,
+    task: Task,
+    values_or_row: HistoryPolicy | Mapping[str, Any] | None = None,
+    subtask: Subtask | None = None,
+) -> PromptPreview:
+    """The prompt the next dispatch of `task` would send, and its report, without dispatching.
+
+    `values_or_row`: None previews the policy dispatch would resolve for the task's type; a
+    `HistoryPolicy` row previews that saved row; a mapping of cap values previews an unsaved
+    edit (values not given come from the task type's resolved policy). `subtask` picks the
+    turn; by default the next one to dispatch (`next_turn_to_dispatch`).
+
+    Raises InvalidInput naming the field for invalid values or a turn that cannot be
+    prompted, and NotFound when the task has no assistant turn.
+    """
+    if subtask is None:
+        subtask = next_turn_to_dispatch(task=task)
+        if subtask is None:
+            raise NotFound(f"Task {task.pk} has no assistant turn to preview.", field="task")
+    elif subtask.task_id != task.pk:
+        raise InvalidInput(f"Turn {subtask.pk} is not a turn of task {task.pk}.", field="subtask")
+    resolved, values, label = _resolve(task=task, values_or_row=values_or_row)
+    try:
+        turn_prompt = build_turn_prompt(subtask=subtask, task=task, resolved=resolved)
+    except HistoryUnavailable as error:
+        raise InvalidInput(str(error), field="subtask") from None
+    except PromptBudgetError as error:
+        raise InvalidInput(f"max_tokens: {error}", field="max_tokens") from None
+    report = turn_prompt.build.report
+    history_turns, not_listed = _history_turns(task=task, subtask=subtask, report=report)
+    return PromptPreview(
+        task=task,
+        subtask=subtask,
+        turn_prompt=turn_prompt,
+        policy_label=label,
+        policy_version=resolved.version,
+        unsaved=resolved.source == UNSAVED_SOURCE,
+        values=values,
+        kill_switch=not settings.EXECUTOR_HISTORY_ENABLED,
+        budget=_budget(report, resolved.policy.max_tokens),
+        history_turns=history_turns,
+        history_turns_not_listed=not_listed,
+    )

@@ -1,0 +1,552 @@
+"""The history policy and prompt report admin, and the prompt preview page."""
+
+from __future__ import annotations
+
+import html
+import re
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from backend.dispatch.models import CAP_HELP, HistoryPolicy, PromptReport
+from backend.dispatch.policies import POLICY_FIELDS, resolve_policy, row_values
+from backend.dispatch.prompts import build_turn_prompt, next_turn_to_dispatch
+from backend.dispatch.services import claim_turns
+from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
+from backend.tasks.services import PipelineStep, append_message, create_task, record_result
+
+pytestmark = pytest.mark.django_db
+
+PREVIEW_URL = "/admin/dispatch/historypolicy/preview/"
+
+# A known small task: one answered question and a follow-up waiting for its answer.
+SMALL_TASK_PROMPT = (
+    "## Conversation History\n"
+    "\n"
+    "User:\n"
+    "What is 2+2?\n"
+    "\n"
+    "Assistant:\n"
+    "4\n"
+    "\n"
+    "## Current Message\n"
+    "\n"
+    "User:\n"
+    "And 3+3?\n"
+)
+
+
+def converse(*, owner, exchanges: list[tuple[str, str]], follow_up: str, task_type="code") -> Task:
+    """A task with answered `(question, answer)` exchanges and a pending `follow_up`."""
+    (first_question, _), *_ = exchanges
+    task = create_task(
+        owner=owner,
+        title="Preview me",
+        task_type=task_type,
+        message=first_question,
+        pipeline=[PipelineStep(bot="assistant", executor="codex")],
+    )
+    for index, (_, answer) in enumerate(exchanges):
+        pending = Subtask.objects.get(task=task, role=Role.ASSISTANT, status=SubtaskStatus.PENDING)
+        record_result(subtask=pending, status="COMPLETED", result={"value": answer})
+        next_question = exchanges[index + 1][0] if index + 1 < len(exchanges) else follow_up
+        append_message(task=task, message=next_question)
+    return task
+
+
+def long_task(*, owner, rounds: int = 6) -> Task:
+    return converse(
+        owner=owner,
+        exchanges=[(f"Question {n}?", f"Answer {n}.") for n in range(1, rounds + 1)],
+        follow_up="Last question?",
+    )
+
+
+@pytest.fixture
+def superuser(db):
+    return get_user_model().objects.create_superuser(
+        username="root", password="root-password", email="root@example.com"
+    )
+
+
+@pytest.fixture
+def admin_client(client, superuser):
+    client.force_login(superuser)
+    return client
+
+
+def form_data(values: dict[str, Any]) -> dict[str, str]:
+    """Cap values as a browser submits them (unchecked boxes are absent, None is blank)."""
+    data = {}
+    for name, value in values.items():
+        if value is True:
+            data[name] = "on"
+        elif value is None:
+            data[name] = ""
+        elif value is not False:
+            data[name] = str(value)
+    return data
+
+
+def change_data(row: HistoryPolicy, **changes: Any) -> dict[str, str]:
+    return {**form_data({**row_values(row), **changes}), "_save": "Save"}
+
+
+def shown_prompt(page: str) -> str:
+    match = re.search(r'<pre id="prompt-text">\n(.*?)</pre>', page, re.DOTALL)
+    assert match, "no prompt on the page"
+    return html.unescape(match.group(1))
+
+
+def data_snapshot() -> dict[str, Any]:
+    """Everything a preview could conceivably write."""
+    return {
+        "reports": PromptReport.objects.count(),
+        "policies": sorted(
+            HistoryPolicy.objects.values_list(
+                "task_type", "version", "max_messages", "updated_by", "updated_at"
+            )
+        ),
+        "turns": sorted(
+            Subtask.objects.values_list(
+                "id", "status", "attempts", "lease_owner", "pending_since", "updated_at"
+            )
+        ),
+        "tasks": sorted(Task.objects.values_list("id", "status", "updated_at")),
+    }
+
+
+# --- HistoryPolicy admin -----------------------------------------------------------------------
+
+
+def test_changelist_lists_the_policies_with_a_preview_button(admin_client):
+    response = admin_client.get("/admin/dispatch/historypolicy/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert ">default</a>" in page
+    assert ">code</a>" in page
+    assert ">chat</a>" in page
+    assert f'href="{PREVIEW_URL}"' in page
+
+
+def test_change_page_groups_the_caps_with_their_help(admin_client):
+    row = HistoryPolicy.objects.get(task_type="code")
+    response = admin_client.get(f"/admin/dispatch/historypolicy/{row.pk}/change/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    for help_text in CAP_HELP.values():
+        assert help_text in html.unescape(page)
+    for heading in ("History selection", "Tokens", "Change record"):
+        assert heading in page
+    assert f"{PREVIEW_URL}?policy={row.pk}" in page
+    # Renaming would move the caps to another task type; version and author are recorded.
+    assert 'name="task_type"' not in page
+    assert 'name="version"' not in page
+    assert 'name="max_messages"' in page
+
+
+def test_add_page_renders_and_adds_a_row_at_version_one(admin_client, superuser):
+    assert admin_client.get("/admin/dispatch/historypolicy/add/").status_code == 200
+    data = {**form_data(row_values(HistoryPolicy(task_type="research"))), "_save": "Save"}
+    response = admin_client.post(
+        "/admin/dispatch/historypolicy/add/", {**data, "task_type": "research"}
+    )
+    assert response.status_code == 302
+    row = HistoryPolicy.objects.get(task_type="research")
+    assert (row.version, row.updated_by) == (1, superuser)
+
+
+def test_add_refuses_a_task_type_that_is_not_a_slug(admin_client):
+    data = {**form_data(row_values(HistoryPolicy())), "task_type": "Not A Slug", "_save": "Save"}
+    response = admin_client.post("/admin/dispatch/historypolicy/add/", data)
+    assert response.status_code == 200
+    assert "task_type must be 1-64 characters" in response.content.decode()
+    assert not HistoryPolicy.objects.filter(task_type="Not A Slug").exists()
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "reason"),
+    [
+        ({"max_tokens": 10}, "max_tokens", "must be at least 1024"),
+        ({"max_messages": 0}, "max_messages", "positive"),
+        ({"token_encoding": "no_such_encoding"}, "token_encoding", "cannot be loaded"),
+        ({"per_message_max_chars": 50_000}, None, "per_message_max_chars must not exceed"),
+    ],
+)
+def test_invalid_values_are_refused_with_the_reason(admin_client, changes, field, reason):
+    row = HistoryPolicy.objects.get(task_type="code")
+    response = admin_client.post(
+        f"/admin/dispatch/historypolicy/{row.pk}/change/", change_data(row, **changes)
+    )
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    errors = form.errors[field] if field else form.non_field_errors()
+    assert any(reason in error for error in errors), form.errors
+    assert reason in html.unescape(response.content.decode())
+    row.refresh_from_db()
+    assert (row.version, row.max_messages, row.max_tokens) == (1, 20, None)
+
+
+def test_a_valid_save_bumps_the_version_and_records_the_admin(admin_client, superuser):
+    row = HistoryPolicy.objects.get(task_type="code")
+    url = f"/admin/dispatch/historypolicy/{row.pk}/change/"
+    response = admin_client.post(url, change_data(row, max_messages=5, max_tokens=4096))
+    assert response.status_code == 302
+    row.refresh_from_db()
+    assert (row.version, row.max_messages, row.max_tokens) == (2, 5, 4096)
+    assert row.updated_by == superuser
+    assert resolve_policy(task_type="code").policy.max_messages == 5
+    # Saving the page unchanged is not a change: no new version.
+    assert admin_client.post(url, change_data(row)).status_code == 302
+    row.refresh_from_db()
+    assert row.version == 2
+
+
+def test_the_default_row_cannot_be_deleted(admin_client):
+    default = HistoryPolicy.objects.get(task_type="")
+    chat = HistoryPolicy.objects.get(task_type="chat")
+    assert admin_client.get(f"/admin/dispatch/historypolicy/{default.pk}/delete/").status_code == (
+        403
+    )
+    assert admin_client.post(f"/admin/dispatch/historypolicy/{default.pk}/delete/").status_code == (
+        403
+    )
+    # Nor through the bulk action.
+    response = admin_client.post(
+        "/admin/dispatch/historypolicy/",
+        {"action": "delete_selected", "_selected_action": [default.pk], "post": "yes"},
+    )
+    assert response.status_code == 403
+    assert HistoryPolicy.objects.filter(pk=default.pk).exists()
+    # Other rows can go (their task type then falls back to the default row).
+    assert admin_client.get(f"/admin/dispatch/historypolicy/{chat.pk}/delete/").status_code == 200
+    admin_client.post(f"/admin/dispatch/historypolicy/{chat.pk}/delete/", {"post": "yes"})
+    assert not HistoryPolicy.objects.filter(pk=chat.pk).exists()
+
+
+# --- PromptReport admin and the task page -----------------------------------------------------
+
+
+@pytest.fixture
+def dispatched(user, worker) -> PromptReport:
+    converse(owner=user, exchanges=[("What is 2+2?", "4")], follow_up="And 3+3?")
+    [claimed] = claim_turns(worker=worker, worker_id="w-1", kinds=["codex"], limit=1)
+    return PromptReport.objects.get(subtask=claimed.subtask)
+
+
+def test_prompt_report_admin_is_a_read_only_list(admin_client, dispatched):
+    response = admin_client.get("/admin/dispatch/promptreport/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "code v1" in page
+    assert str(dispatched.task) in page
+    for query in ("policy_source=row", "history_enabled__exact=1", "context_passing=none"):
+        assert admin_client.get(f"/admin/dispatch/promptreport/?{query}").status_code == 200
+    response = admin_client.get(f"/admin/dispatch/promptreport/{dispatched.pk}/change/")
+    assert response.status_code == 200
+    assert 'name="_save"' not in response.content.decode()
+    for search in (str(dispatched.task_id), "w-1", "not-a-number"):
+        assert admin_client.get("/admin/dispatch/promptreport/", {"q": search}).status_code == 200
+    assert admin_client.get("/admin/dispatch/promptreport/add/").status_code == 403
+    assert admin_client.post(
+        f"/admin/dispatch/promptreport/{dispatched.pk}/change/", {"tokens": "1"}
+    ).status_code == (403)
+
+
+def test_task_page_shows_reports_artifacts_and_the_preview_button(admin_client, dispatched):
+    response = admin_client.get(f"/admin/tasks/task/{dispatched.task_id}/change/")
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "prompt reports (one per dispatch)" in page.lower()
+    assert "w-1" in page  # the report's worker
+    assert "code v1" in page
+    assert "artifacts" in page.lower()
+    assert f"{PREVIEW_URL}?task={dispatched.task_id}" in page
+
+
+def test_task_page_query_count_does_not_grow_with_reports(
+    admin_client, dispatched, django_assert_max_num_queries, worker
+):
+    task = dispatched.task
+    with django_assert_max_num_queries(60) as few:
+        admin_client.get(f"/admin/tasks/task/{task.pk}/change/")
+    for n in range(3):
+        pending = Subtask.objects.get(task=task, status=SubtaskStatus.RUNNING)
+        record_result(subtask=pending, status="COMPLETED", result={"value": f"{n}"})
+        append_message(task=task, message=f"More {n}?")
+        claim_turns(worker=worker, worker_id="w-1", kinds=["codex"], limit=1)
+    assert PromptReport.objects.filter(task=task).count() == 4
+    baseline = len(few.captured_queries)
+    # Each extra turn costs nothing per report; the subtask inline shows two more rows per round.
+    with django_assert_max_num_queries(baseline):
+        admin_client.get(f"/admin/tasks/task/{task.pk}/change/")
+
+
+# --- the prompt preview page ------------------------------------------------------------------
+
+
+def test_preview_shows_the_exact_prompt_of_the_next_dispatch(admin_client, user):
+    task = converse(owner=user, exchanges=[("What is 2+2?", "4")], follow_up="And 3+3?")
+    response = admin_client.get(PREVIEW_URL, {"task": task.pk})
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert shown_prompt(page) == SMALL_TASK_PROMPT
+    # The same bytes dispatch would build.
+    subtask = next_turn_to_dispatch(task=task)
+    built = build_turn_prompt(
+        subtask=subtask, task=task, resolved=resolve_policy(task_type=task.task_type)
+    )
+    assert shown_prompt(page) == built.build.text
+    assert "code v1" in page
+    assert "2 considered, 2 included, 0 omitted" in page
+    # The budget bar: history, current message (and no previous result for a first step).
+    report = built.build.report
+    share = report.history_tokens / report.tokens * 100
+    assert f'class="segment segment-history" style="width: {share:.2f}%"' in page
+    assert "segment-current" in page
+    assert 'class="segment segment-previous_result"' not in page
+    assert 'class="segment segment-unused"' not in page  # no max_tokens
+    # Each history turn marked.
+    assert 'class="turn mark-included" data-message-id="1"' in page
+    assert 'class="turn mark-included" data-message-id="2"' in page
+
+
+def test_preview_escapes_the_prompt(admin_client, user):
+    task = converse(
+        owner=user, exchanges=[("<script>alert(1)</script> & co", "ok")], follow_up="Then?"
+    )
+    page = admin_client.get(PREVIEW_URL, {"task": task.pk}).content.decode()
+    assert "<script>alert(1)</script>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; &amp; co" in page
+    assert "<script>alert(1)</script> & co" in shown_prompt(page)
+
+
+def test_preview_is_prefilled_from_the_task_and_policy_links(admin_client, user):
+    task = converse(owner=user, exchanges=[("Hi", "Hello")], follow_up="Bye")
+    chat = HistoryPolicy.objects.get(task_type="chat")
+    response = admin_client.get(PREVIEW_URL, {"policy": chat.pk})
+    assert response.status_code == 200
+    assert response.context["values_form"]["max_messages"].value() == 12
+    assert response.context["preview"] is None
+    response = admin_client.get(PREVIEW_URL, {"task": task.pk, "policy": chat.pk})
+    preview = response.context["preview"]
+    assert preview.policy_label == "chat v1"
+    assert response.context["values_form"]["max_chars"].value() == 20_000
+
+
+def test_preview_of_unsaved_values_marks_omitted_and_truncated_turns(admin_client, user):
+    task = converse(
+        owner=user,
+        exchanges=[("First?", "x" * 300), ("Second?", "Two."), ("Third?", "Three.")],
+        follow_up="Fourth?",
+    )
+    code = HistoryPolicy.objects.get(task_type="code")
+    values = {**row_values(code), "max_messages": 3, "per_message_max_chars": 100}
+    before = data_snapshot()
+    response = admin_client.get(
+        PREVIEW_URL, {"task": task.pk, "policy": "unsaved", **form_data(values)}
+    )
+    assert response.status_code == 200
+    page = response.content.decode()
+    prompt = shown_prompt(page)
+    assert "unsaved edit (based on code v1)" in page
+    # Pinned first question + the two newest turns; three turns dropped, one cut.
+    assert prompt.startswith(
+        "## Conversation History\n\n[omitted earlier messages: 3 (1 user, 2 assistant)]\n\n"
+    )
+    assert prompt.count("User:\n") == 3  # pinned first, newest history, current
+    assert "chars truncated…" not in prompt  # the long answer was dropped, not cut
+    assert 'class="turn mark-included" data-message-id="1"' in page
+    assert 'class="turn mark-omitted" data-message-id="2"' in page
+    assert 'class="turn mark-included" data-message-id="6"' in page
+    assert data_snapshot() == before
+
+    values["max_messages"] = 20
+    response = admin_client.get(
+        PREVIEW_URL, {"task": task.pk, "policy": "unsaved", **form_data(values)}
+    )
+    page = response.content.decode()
+    [cut] = response.context["preview"].report.truncated
+    assert (cut.message_id, cut.original_chars) == (2, 300)
+    assert 'class="turn mark-truncated" data-message-id="2"' in page
+    assert f"message 2: {cut.removed_chars} of 300 chars removed" in page
+    assert f"…{cut.removed_chars} chars truncated…" in shown_prompt(page)
+    assert data_snapshot() == before
+
+
+def test_preview_of_a_pipeline_step_shows_the_previous_result(admin_client, user):
+    task = create_task(
+        owner=user,
+        title="Review",
+        task_type="code",
+        message="Add retries.",
+        pipeline=[
+            PipelineStep(bot="coder", executor="codex"),
+            PipelineStep(bot="reviewer", executor="claude_code"),
+        ],
+    )
+    coder = task.subtasks.get(bot="coder")
+    record_result(subtask=coder, status="COMPLETED", result={"value": "patched"})
+    response = admin_client.get(PREVIEW_URL, {"task": task.pk})
+    preview = response.context["preview"]
+    assert preview.subtask.bot == "reviewer"
+    assert shown_prompt(response.content.decode()).endswith(
+        "## Previous Result\n\nAssistant[coder]:\npatched\n"
+    )
+    assert [segment.name for segment in preview.budget] == ["current", "previous_result"]
+    assert 'class="segment segment-previous_result"' in response.content.decode()
+
+
+def test_preview_query_count_does_not_grow_with_the_history(
+    admin_client, user, django_assert_num_queries
+):
+    short = long_task(owner=user, rounds=2)
+    long = long_task(owner=user, rounds=12)
+    admin_client.get(PREVIEW_URL, {"task": short.pk})  # warm the session and caches
+    with CaptureQueriesContext(connection) as short_queries:
+        admin_client.get(PREVIEW_URL, {"task": short.pk})
+    with django_assert_num_queries(len(short_queries.captured_queries)):
+        response = admin_client.get(PREVIEW_URL, {"task": long.pk})
+    assert len(response.context["preview"].history_turns) == 24
+
+
+def test_preview_lists_a_bounded_number_of_history_turns(admin_client, user, monkeypatch):
+    monkeypatch.setattr("backend.dispatch.preview.HISTORY_LIST_LIMIT", 3)
+    task = long_task(owner=user, rounds=4)  # 8 history turns
+    values = {**row_values(HistoryPolicy.objects.get(task_type="code")), "max_messages": 3}
+    response = admin_client.get(
+        PREVIEW_URL, {"task": task.pk, "policy": "unsaved", **form_data(values)}
+    )
+    preview = response.context["preview"]
+    # The three newest, then the pinned first question (included although older).
+    assert [turn.message_id for turn in preview.history_turns] == [8, 7, 6, 1]
+    assert preview.history_turns_not_listed == 4
+    assert "4 older turns not listed." in response.content.decode()
+
+
+def test_preview_with_max_tokens_shows_the_unused_budget(admin_client, user):
+    task = converse(owner=user, exchanges=[("What is 2+2?", "4")], follow_up="And 3+3?")
+    values = {**row_values(HistoryPolicy.objects.get(task_type="code")), "max_tokens": 2048}
+    response = admin_client.get(
+        PREVIEW_URL, {"task": task.pk, "policy": "unsaved", **form_data(values)}
+    )
+    preview = response.context["preview"]
+    unused = next(segment for segment in preview.budget if segment.name == "unused")
+    assert unused.tokens == 2048 - preview.report.tokens
+    assert sum(segment.tokens for segment in preview.budget) == 2048
+    assert f'class="segment segment-unused" style="width: {unused.width_css}"' in (
+        response.content.decode()
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "reason"),
+    [
+        ({"max_tokens": 10}, "max_tokens", "must be at least 1024"),
+        ({"max_chars": -5}, "max_chars", "greater than or equal to 0"),
+        ({"per_message_max_chars": 50_000}, None, "per_message_max_chars must not exceed"),
+    ],
+)
+def test_preview_shows_why_edited_values_are_invalid(admin_client, user, changes, field, reason):
+    task = converse(owner=user, exchanges=[("Hi", "Hello")], follow_up="Bye")
+    values = {**row_values(HistoryPolicy.objects.get(task_type="code")), **changes}
+    before = data_snapshot()
+    response = admin_client.get(
+        PREVIEW_URL, {"task": task.pk, "policy": "unsaved", **form_data(values)}
+    )
+    assert response.status_code == 200
+    assert response.context["preview"] is None
+    form = response.context["values_form"]
+    errors = form.errors[field] if field else form.non_field_errors()
+    assert any(reason in error for error in errors), form.errors
+    page = response.content.decode()
+    assert 'id="prompt-text"' not in page
+    if field:
+        # Next to its field.
+        assert re.search(
+            rf'field-{field} errors">\s*<ul class="errorlist"[^>]*><li>[^<]*{re.escape(reason)}',
+            page,
+        )
+    assert data_snapshot() == before
+
+
+def test_preview_of_a_first_turn_is_the_message_verbatim(admin_client, user):
+    task = create_task(
+        owner=user,
+        title="New",
+        task_type="chat",
+        message="Only this.",
+        pipeline=[PipelineStep(bot="assistant", executor="codex")],
+    )
+    page = admin_client.get(PREVIEW_URL, {"task": task.pk}).content.decode()
+    assert shown_prompt(page) == "Only this."
+    assert "none (the user's message verbatim)" in page
+    assert "This turn has no earlier turns." in page
+
+
+def test_preview_reports_unknown_tasks_and_tasks_without_turns(admin_client, user):
+    response = admin_client.get(PREVIEW_URL, {"task": 999_999})
+    assert response.status_code == 200
+    assert "No task with this id." in response.content.decode()
+    task = Task.objects.create(owner=user, title="Empty", task_type="code")
+    response = admin_client.get(PREVIEW_URL, {"task": task.pk})
+    assert "has no assistant turn to preview" in response.content.decode()
+
+
+def test_preview_never_changes_data(admin_client, user, worker):
+    task = long_task(owner=user)
+    code = HistoryPolicy.objects.get(task_type="code")
+    before = data_snapshot()
+    pending = next_turn_to_dispatch(task=task)
+    assert pending.status == SubtaskStatus.PENDING
+    queries = [
+        {},
+        {"task": task.pk},
+        {"task": task.pk, "policy": code.pk},
+        {
+            "task": task.pk,
+            "policy": "unsaved",
+            **form_data({**row_values(code), "max_messages": 1}),
+        },
+        {"task": task.pk, "policy": "unsaved", **form_data({**row_values(code), "max_tokens": 1})},
+    ]
+    for query in queries:
+        assert admin_client.get(PREVIEW_URL, query).status_code == 200
+    # The page is a GET form; anything else is refused before it could write.
+    response = admin_client.post(f"{PREVIEW_URL}?task={task.pk}", {"max_messages": "1"})
+    assert response.status_code == 405
+    assert data_snapshot() == before
+    pending.refresh_from_db()
+    assert (pending.status, pending.attempts, pending.lease_owner) == ("PENDING", 0, "")
+    # And the turn is still there for a worker to claim.
+    [claimed] = claim_turns(worker=worker, worker_id="w-1", kinds=["codex"], limit=1)
+    assert claimed.subtask.pk == pending.pk
+
+
+def test_preview_is_staff_only(client, user, staff_user):
+    login = "/admin/login/"
+    response = client.get(PREVIEW_URL)
+    assert response.status_code == 302
+    assert response["Location"].startswith(login)
+    client.force_login(user)  # not staff
+    response = client.get(PREVIEW_URL, {"task": 1})
+    assert response.status_code == 302
+    assert response["Location"].startswith(login)
+    # Staff need the right to view tasks and policies: the page shows task content.
+    client.force_login(staff_user)
+    assert client.get(PREVIEW_URL).status_code == 403
+    staff_user.user_permissions.add(
+        Permission.objects.get(codename="view_historypolicy"),
+        Permission.objects.get(codename="view_task"),
+    )
+    assert client.get(PREVIEW_URL).status_code == 200
+
+
+def test_policy_fields_are_all_on_the_preview_form(admin_client):
+    page = admin_client.get(PREVIEW_URL).content.decode()
+    for name in POLICY_FIELDS:
+        assert f'name="{name}"' in page

@@ -1,0 +1,1 @@
+"""End-to-end tests: real processes (a browser, executors) against a live Baton server."""

@@ -1,0 +1,153 @@
+"""An operator tunes a history policy in the admin and sees the prompt change, in a real browser.
+
+Headless Chromium from Debian's `chromium` and `chromium-driver` packages (`.ci/install-browser`
+installs them), driven by Selenium with both paths given, so Selenium Manager never downloads a
+browser or a driver. The browser talks to pytest-django's live server over HTTP; the database is
+transactional because the server answers from another thread.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.apps import apps
+from django.contrib.auth import get_user_model
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+
+from backend.dispatch.models import HistoryPolicy
+from tests.dispatch.test_admin import long_task
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+CHROMIUM_OPTIONS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1280,1024",
+)
+WAIT_SECONDS = 20
+ROLE_LABEL = re.compile(r"^(?:User|Assistant)(?:\[[^\]]*\])?:", re.MULTILINE)
+OMISSION_NOTICE = re.compile(r"^\[omitted earlier messages: .*\]$", re.MULTILINE)
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(
+        not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()),
+        reason=(
+            f"headless browser test needs {CHROMIUM} and {CHROMEDRIVER} "
+            "(Debian packages chromium and chromium-driver; run .ci/install-browser)"
+        ),
+    ),
+]
+
+
+@pytest.fixture
+def shipped_policies(transactional_db) -> None:
+    """The shipped policy rows, which an earlier transactional test's flush may have removed."""
+    migration = importlib.import_module("backend.dispatch.migrations.0002_shipped_policies")
+    migration.create_shipped_policies(apps, None)
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    with tempfile.TemporaryDirectory(prefix="baton-chromium-") as profile:
+        options = webdriver.ChromeOptions()
+        options.binary_location = str(CHROMIUM)
+        for argument in (*CHROMIUM_OPTIONS, f"--user-data-dir={profile}"):
+            options.add_argument(argument)
+        driver = webdriver.Chrome(
+            service=Service(executable_path=str(CHROMEDRIVER)), options=options
+        )
+        driver.set_page_load_timeout(WAIT_SECONDS)
+        try:
+            yield driver
+        finally:
+            driver.quit()
+
+
+def wait_for(browser: WebDriver, element_id: str):
+    return WebDriverWait(browser, WAIT_SECONDS).until(
+        expected_conditions.presence_of_element_located((By.ID, element_id))
+    )
+
+
+def click_and_wait(browser: WebDriver, element, element_id: str):
+    """Click something that loads a new page, then wait for an element of that page."""
+    old_page = browser.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(browser, WAIT_SECONDS).until(expected_conditions.staleness_of(old_page))
+    return wait_for(browser, element_id)
+
+
+def shown_prompt(browser: WebDriver) -> str:
+    # textContent is the exact text of the <pre>, with no layout applied.
+    return wait_for(browser, "prompt-text").get_attribute("textContent")
+
+
+def test_changing_max_messages_changes_the_previewed_prompt(live_server, browser, shipped_policies):
+    get_user_model().objects.create_superuser(
+        username="operator", password="operator-password", email="operator@example.com"
+    )
+    owner = get_user_model().objects.create_user(username="alice")
+    # 12 history turns (6 questions and answers) and a 7th question waiting for its answer.
+    task = long_task(owner=owner, rounds=6)
+
+    # Log in through the admin's login form.
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
+    browser.find_element(By.ID, "id_username").send_keys("operator")
+    browser.find_element(By.ID, "id_password").send_keys("operator-password")
+    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"), "content")
+    assert "/admin/login/" not in browser.current_url
+
+    # Before: the task page's button previews the whole conversation under `code` v1.
+    browser.get(f"{live_server.url}/admin/tasks/task/{task.pk}/change/")
+    click_and_wait(browser, wait_for(browser, "prompt-preview-link"), "prompt-text")
+    before = shown_prompt(browser)
+    assert len(ROLE_LABEL.findall(before)) == 13  # 12 history turns + the current message
+    assert not OMISSION_NOTICE.search(before)
+    assert "code v1" in browser.find_element(By.ID, "preview-policy").text
+
+    # Change the `code` policy's max_messages to 3 and save.
+    browser.get(f"{live_server.url}/admin/dispatch/historypolicy/")
+    code_link = browser.find_element(By.LINK_TEXT, "code")
+    max_messages = click_and_wait(browser, code_link, "id_max_messages")
+    max_messages.clear()
+    max_messages.send_keys("3")
+    click_and_wait(browser, browser.find_element(By.NAME, "_save"), "result_list")
+    assert "was changed successfully" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    code = HistoryPolicy.objects.get(task_type="code")
+    assert (code.max_messages, code.version) == (3, 2)
+
+    # After: from the policy's page, preview the same task under the saved row.
+    browser.get(f"{live_server.url}/admin/dispatch/historypolicy/{code.pk}/change/")
+    click_and_wait(browser, wait_for(browser, "prompt-preview-link"), "prompt-preview-form")
+    browser.find_element(By.ID, "id_task").send_keys(str(task.pk))
+    click_and_wait(browser, browser.find_element(By.ID, "preview-submit"), "prompt-text")
+    after = shown_prompt(browser)
+    assert "code v2" in browser.find_element(By.ID, "preview-policy").text
+    # The pinned first question and the two newest turns, then the current message.
+    assert len(ROLE_LABEL.findall(after)) == 4
+    assert OMISSION_NOTICE.findall(after) == ["[omitted earlier messages: 9 (4 user, 5 assistant)]"]
+    assert after.startswith("## Conversation History\n\n[omitted earlier messages: 9")
+    assert after.endswith("## Current Message\n\nUser:\nLast question?\n")
+    assert before.endswith("## Current Message\n\nUser:\nLast question?\n")
+    assert "9 omitted (4 user, 5 assistant)" in browser.find_element(By.ID, "preview-messages").text
+    omitted = browser.find_elements(By.CSS_SELECTOR, "#history-turns tr.mark-omitted")
+    assert len(omitted) == 9
+    assert browser.find_element(By.ID, "budget-bar").find_elements(By.CLASS_NAME, "segment")
