@@ -78,8 +78,11 @@ def builder_policy(values: Mapping[str, Any]) -> BuilderPolicy:
         return BuilderPolicy.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or None
         reason = first["msg"].removeprefix("Value error, ")
+        field = ".".join(str(part) for part in first["loc"]) or None
+        if field is None:
+            # A rule across fields: name the field the reason starts with.
+            field = next((name for name in POLICY_FIELDS if reason.startswith(name)), None)
         message = f"{field}: {reason}" if field else reason
         raise InvalidInput(message, field=field or "policy") from None
 

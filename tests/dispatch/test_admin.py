@@ -174,7 +174,11 @@ def test_add_refuses_a_task_type_that_is_not_a_slug(admin_client):
         ({"max_tokens": 10}, "max_tokens", "must be at least 1024"),
         ({"max_messages": 0}, "max_messages", "positive"),
         ({"token_encoding": "no_such_encoding"}, "token_encoding", "cannot be loaded"),
-        ({"per_message_max_chars": 50_000}, None, "per_message_max_chars must not exceed"),
+        (
+            {"per_message_max_chars": 50_000},
+            "per_message_max_chars",
+            "per_message_max_chars must not exceed",
+        ),
     ],
 )
 def test_invalid_values_are_refused_with_the_reason(admin_client, changes, field, reason):
@@ -448,7 +452,11 @@ def test_preview_with_max_tokens_shows_the_unused_budget(admin_client, user):
     [
         ({"max_tokens": 10}, "max_tokens", "must be at least 1024"),
         ({"max_chars": -5}, "max_chars", "greater than or equal to 0"),
-        ({"per_message_max_chars": 50_000}, None, "per_message_max_chars must not exceed"),
+        (
+            {"per_message_max_chars": 50_000},
+            "per_message_max_chars",
+            "per_message_max_chars must not exceed",
+        ),
     ],
 )
 def test_preview_shows_why_edited_values_are_invalid(admin_client, user, changes, field, reason):

@@ -42,7 +42,11 @@ def test_changes_bump_the_version_and_apply_at_once(staff_user):
 @pytest.mark.parametrize(
     ("values", "field", "fragment"),
     [
-        ({"per_message_max_chars": 50_000}, None, "per_message_max_chars must not exceed"),
+        (
+            {"per_message_max_chars": 50_000},
+            "per_message_max_chars",
+            "per_message_max_chars must not exceed",
+        ),
         ({"max_tokens": 10}, "max_tokens", "at least 1024"),
         ({"token_encoding": "no_such_encoding"}, "token_encoding", "cannot be loaded"),
         ({"max_messages": 0}, "max_messages", "positive"),

@@ -43,7 +43,11 @@ def test_default_row_by_name(staff_api):
 @pytest.mark.parametrize(
     ("body", "field", "fragment"),
     [
-        ({"per_message_max_chars": 90_000}, "policy", "per_message_max_chars must not exceed"),
+        (
+            {"per_message_max_chars": 90_000},
+            "per_message_max_chars",
+            "per_message_max_chars must not exceed",
+        ),
         ({"max_tokens": 100}, "max_tokens", "at least 1024"),
         ({"token_encoding": "nope"}, "token_encoding", "cannot be loaded"),
         ({"max_messages": -1}, "max_messages", "positive"),
