@@ -90,6 +90,8 @@ def reclaim_expired_leases(*, now: datetime | None = None) -> ReclaimSummary:
     requeued = failed = 0
     for subtask_id in expired_ids:
         with transaction.atomic():
+            task_id = Subtask.objects.filter(pk=subtask_id).values_list("task_id", flat=True)
+            lock_task(task_id=task_id.get())  # task first, then the turn: the writers' order
             subtask = (
                 Subtask.objects.select_for_update()
                 .filter(pk=subtask_id, status=SubtaskStatus.RUNNING, lease_expires_at__lt=now)
@@ -167,10 +169,13 @@ def _claim_ids(
                     **claim
                 ):
                     ids.append(candidate)
-        if ids:
-            Task.objects.filter(pk__in=Subtask.objects.filter(pk__in=ids).values("task_id")).update(
-                status=TaskStatus.RUNNING, updated_at=now
-            )
+    if ids:
+        # After the claim commits, not inside it: the claim holds turn locks, and taking task
+        # locks after them would invert the order of follow-ups and cancel (task, then turns).
+        # A task cancelled meanwhile keeps its status.
+        Task.objects.filter(pk__in=Subtask.objects.filter(pk__in=ids).values("task_id")).exclude(
+            status=TaskStatus.CANCELLED
+        ).update(status=TaskStatus.RUNNING, updated_at=now)
     return ids
 
 
@@ -386,18 +391,39 @@ def claim_turns(
 # --- heartbeat, progress, result ------------------------------------------------------------
 
 
+def _claimed_turn(*, worker: AbstractBaseUser, subtask_id: int) -> Subtask:
+    """The turn, locked, if this worker account holds or last held its claim; else NotFound.
+
+    Locks the task row first, then the turn: the order every writer of a task's turns uses
+    (follow-ups, cancel, results), so concurrent writers queue instead of deadlocking.
+    """
+    task_id = (
+        Subtask.objects.filter(pk=subtask_id, claimed_by=worker, role=Role.ASSISTANT)
+        .values_list("task_id", flat=True)
+        .first()
+    )
+    if task_id is not None:
+        lock_task(task_id=task_id)
+        subtask = (
+            Subtask.objects.select_for_update().filter(pk=subtask_id, claimed_by=worker).first()
+        )
+        if subtask is not None:
+            return subtask
+    raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
+
+
 def _held_claim(
     *, worker: AbstractBaseUser, worker_id: str, attempt: int, subtask_id: int
 ) -> Subtask:
     """The turn this claim holds, locked. NotFound if the worker never claimed it; Conflict if
     the claim is no longer theirs."""
-    subtask = (
-        Subtask.objects.select_for_update()
-        .filter(pk=subtask_id, claimed_by=worker, role=Role.ASSISTANT)
-        .first()
-    )
-    if subtask is None:
-        raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
+    subtask = _claimed_turn(worker=worker, subtask_id=subtask_id)
+    _check_claim(subtask, worker_id=worker_id, attempt=attempt)
+    return subtask
+
+
+def _check_claim(subtask: Subtask, *, worker_id: str, attempt: int) -> None:
+    subtask_id = subtask.pk
     if subtask.status != SubtaskStatus.RUNNING:
         raise Conflict(f"Turn {subtask_id} is {subtask.status}; the lease is gone.")
     if subtask.lease_owner != worker_id or subtask.attempts != attempt:
@@ -405,7 +431,6 @@ def _held_claim(
             f"The lease on turn {subtask_id} was lost: it is now held by attempt "
             f"{subtask.attempts}."
         )
-    return subtask
 
 
 def heartbeat(
@@ -482,19 +507,13 @@ def report_result(
     that was lost, is a Conflict.
     """
     with transaction.atomic():
-        subtask = (
-            Subtask.objects.select_for_update()
-            .filter(pk=subtask_id, claimed_by=worker, role=Role.ASSISTANT)
-            .first()
-        )
-        if subtask is None:
-            raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
+        subtask = _claimed_turn(worker=worker, subtask_id=subtask_id)
         same_claim = subtask.lease_owner == worker_id and subtask.attempts == attempt
         if subtask.status in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED) and same_claim:
             if _same_report(subtask, status=status, result=result, error=error, usage=usage):
                 return subtask, False
             raise Conflict(f"Turn {subtask_id} already has a different result recorded.")
-        _held_claim(worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id)
+        _check_claim(subtask, worker_id=worker_id, attempt=attempt)
         recorded = record_result(
             subtask=subtask,
             status=status,

@@ -50,3 +50,58 @@ def test_every_turn_is_claimed_exactly_once(limit):
     by_worker = dict(running.values_list("id", "lease_owner"))
     for index, outcome in enumerate(outcomes):
         assert all(by_worker[subtask_id] == f"w{index}" for subtask_id in outcome)
+
+
+def test_cancel_and_report_at_once_never_deadlock():
+    """Cancel takes the task, then its turns; reports and reclaims must take them in the same
+    order, or PostgreSQL aborts one side with a deadlock error."""
+    from backend.dispatch.services import report_result
+    from backend.errors import Conflict, NotFound
+    from backend.tasks.models import Task
+    from backend.tasks.services import cancel_task
+
+    owner = get_user_model().objects.create_user(username="owner")
+    worker = make_worker("worker")
+    tasks = [
+        create_task(
+            owner=owner,
+            title=f"t{number}",
+            task_type="code",
+            message="go",
+            pipeline=[PipelineStep(bot="assistant", executor="codex")],
+        )
+        for number in range(THREADS // 2)
+    ]
+    claimed = claim_turns(worker=worker, worker_id="w", kinds=["codex"], limit=THREADS)
+    by_task = {turn.task.pk: turn.subtask.pk for turn in claimed}
+
+    def act(index: int) -> object:
+        task = tasks[index // 2]
+        if index % 2:
+            return cancel_task(task=Task.objects.get(pk=task.pk))
+        try:
+            return report_result(
+                worker=worker,
+                worker_id="w",
+                attempt=1,
+                subtask_id=by_task[task.pk],
+                status="COMPLETED",
+                result={"value": "done"},
+                error="",
+                usage=None,
+                native_session_id="",
+            )
+        except (Conflict, NotFound) as refused:  # cancelled first: a clear refusal
+            return refused
+
+    outcomes = run_in_threads(act)
+    unexpected = [
+        outcome
+        for outcome in outcomes
+        if isinstance(outcome, Exception) and not isinstance(outcome, (Conflict, NotFound))
+    ]
+    assert not unexpected, unexpected
+    for task in tasks:
+        task.refresh_from_db()
+        assert task.status == "CANCELLED"
+        assert Subtask.objects.get(pk=by_task[task.pk]).status in ("COMPLETED", "CANCELLED")
