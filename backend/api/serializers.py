@@ -109,9 +109,29 @@ class PipelineStepOutput(serializers.Serializer):
     context_passing = serializers.CharField()
 
 
+class HistoryMeasureOutput(serializers.Serializer):
+    """What ingestion measured of the turn's text (None until it is recorded)."""
+
+    chars = serializers.IntegerField(source="history_chars")
+    bytes = serializers.IntegerField(source="history_bytes")
+    lines = serializers.IntegerField(source="history_lines")
+    tokens = serializers.IntegerField(source="history_tokens")
+    tokens_estimated = serializers.BooleanField(source="history_tokens_estimated")
+    # Lone surrogates and NULs shown to the model as U+FFFD (the stored result keeps them).
+    replaced_chars = serializers.IntegerField(source="history_replaced_chars")
+    artifact = serializers.CharField(source="artifact_id", allow_null=True)
+
+
 class SubtaskOutput(serializers.ModelSerializer):
     message = serializers.CharField(source="prompt")
     result = serializers.SerializerMethodField()
+    history = serializers.SerializerMethodField()
+
+    @extend_schema_field(HistoryMeasureOutput(allow_null=True))
+    def get_history(self, subtask: Subtask) -> dict | None:
+        if subtask.recorded_at is None:
+            return None
+        return HistoryMeasureOutput(subtask).data
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_result(self, subtask: Subtask) -> dict | None:
@@ -133,6 +153,7 @@ class SubtaskOutput(serializers.ModelSerializer):
             "result",
             "error",
             "artifact",
+            "history",
             "attempts",
             "created_at",
             "started_at",

@@ -362,3 +362,28 @@ def test_body_over_the_request_limit_is_413_json(api, worker_api, settings):
     assert response.status_code == 413
     assert response.json()["code"] == "too_large"
     assert Subtask.objects.get(pk=turn["subtask_id"]).status == "RUNNING"
+
+
+def test_turns_report_what_ingestion_measured(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = {"worker_id": "w1", "attempt": 1, "status": "COMPLETED"}
+    body["result"] = {"value": "bad \ud800 char\nline two"}
+    response = worker_api.post(
+        f"/api/executor/subtasks/{turn['subtask_id']}/result/",
+        json.dumps(body),  # ASCII escapes: the lone surrogate travels as \ud800
+        content_type="application/json",
+    )
+    assert response.status_code == 200, response.json()
+    user_turn, answer = api.get(f"/api/tasks/{task['id']}/subtasks/").json()["results"]
+    assert user_turn["history"]["chars"] == len("CI is red.")
+    assert answer["history"] == {
+        "chars": 19,
+        "bytes": 21,
+        "lines": 2,
+        "tokens": answer["history"]["tokens"],
+        "tokens_estimated": False,
+        "replaced_chars": 1,
+        "artifact": None,
+    }
+    assert answer["result"] == {"value": "bad \ud800 char\nline two"}
