@@ -51,8 +51,9 @@ class StrictInput(serializers.Serializer):
 class PipelineStepInput(StrictInput):
     bot = label_name_field()
     executor = serializers.ChoiceField(choices=ExecutorKind.choices)
+    # Omitted: the task type's history policy decides (its context_passing) at dispatch.
     context_passing = serializers.ChoiceField(
-        choices=ContextPassing.choices, default=ContextPassing.ORIGINAL_AND_PREVIOUS
+        choices=ContextPassing.choices, required=False, allow_null=True, default=None
     )
 
 
@@ -106,7 +107,8 @@ class TaskListFilters(StrictInput):
 class PipelineStepOutput(serializers.Serializer):
     bot = serializers.CharField()
     executor = serializers.CharField()
-    context_passing = serializers.CharField()
+    # null: the task type's history policy decides.
+    context_passing = serializers.CharField(allow_null=True)
 
 
 class HistoryMeasureOutput(serializers.Serializer):

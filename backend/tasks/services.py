@@ -42,7 +42,8 @@ class PipelineStep:
 
     bot: str
     executor: str
-    context_passing: str = ContextPassing.ORIGINAL_AND_PREVIOUS
+    # None: the history policy of the task's type decides when the step is dispatched.
+    context_passing: str | None = None
 
     def as_json(self) -> dict[str, str]:
         return {"bot": self.bot, "executor": self.executor, "context_passing": self.context_passing}
@@ -78,7 +79,7 @@ def _validate_pipeline(pipeline: Sequence[PipelineStep]) -> None:
                 f"{', '.join(ExecutorKind.values)}.",
                 field="executor" if len(pipeline) == 1 else "pipeline",
             )
-        if step.context_passing not in ContextPassing.values:
+        if step.context_passing is not None and step.context_passing not in ContextPassing.values:
             raise InvalidInput(
                 f"pipeline[{index}].context_passing {step.context_passing!r} is not one of "
                 f"{', '.join(ContextPassing.values)}.",
@@ -148,7 +149,7 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
                 bot=step["bot"],
                 pipeline_step=index,
                 executor=step["executor"],
-                context_passing=step["context_passing"],
+                context_passing=step["context_passing"] or "",
                 # Only the first step is dispatchable now; each later step becomes eligible
                 # when the step before it completes.
                 pending_since=now if index == 0 else None,

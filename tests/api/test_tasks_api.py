@@ -84,7 +84,7 @@ def test_create_single_agent_task(api):
     assert body["status"] == "PENDING"
     assert body["owner"] == "alice"
     assert body["pipeline"] == [
-        {"bot": "builder", "executor": "codex", "context_passing": "original_and_previous"}
+        {"bot": "builder", "executor": "codex", "context_passing": None}
     ]
     assert [(t["message_id"], t["role"], t["status"], t["message"]) for t in body["turns"]] == [
         (1, "USER", "COMPLETED", "CI is red."),

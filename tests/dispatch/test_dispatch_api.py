@@ -387,3 +387,23 @@ def test_turns_report_what_ingestion_measured(api, worker_api):
         "artifact": None,
     }
     assert answer["result"] == {"value": "bad \ud800 char\nline two"}
+
+
+def test_policy_decides_context_passing_unless_the_step_sets_it(api, worker_api):
+    steps = [{"bot": "coder", "executor": "codex"}, {"bot": "reviewer", "executor": "codex"}]
+    create(api, {**PIPELINE, "pipeline": steps})
+    HistoryPolicy.objects.filter(task_type="code").update(context_passing="previous_bot")
+    [coder] = dispatch(worker_api)
+    report(worker_api, coder, result={"value": "patched"})
+    [reviewer] = dispatch(worker_api)
+    assert reviewer["bot_config"]["context_passing"] == "previous_bot"
+    assert "## Current Message" not in reviewer["prompt"]
+    assert reviewer["prompt"].endswith("## Previous Result\n\nAssistant[coder]:\npatched\n")
+
+    steps[1]["context_passing"] = "original_and_previous"
+    create(api, {**PIPELINE, "pipeline": steps})
+    [coder] = dispatch(worker_api)
+    report(worker_api, coder, result={"value": "patched"})
+    [reviewer] = dispatch(worker_api)
+    assert reviewer["bot_config"]["context_passing"] == "original_and_previous"
+    assert "## Current Message" in reviewer["prompt"]
