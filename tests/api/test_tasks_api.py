@@ -83,9 +83,7 @@ def test_create_single_agent_task(api):
     assert body["title"] == "Fix the build"
     assert body["status"] == "PENDING"
     assert body["owner"] == "alice"
-    assert body["pipeline"] == [
-        {"bot": "builder", "executor": "codex", "context_passing": None}
-    ]
+    assert body["pipeline"] == [{"bot": "builder", "executor": "codex", "context_passing": None}]
     assert [(t["message_id"], t["role"], t["status"], t["message"]) for t in body["turns"]] == [
         (1, "USER", "COMPLETED", "CI is red."),
         (2, "ASSISTANT", "PENDING", ""),
