@@ -5,8 +5,17 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
+
+# Timing is not what property tests check: a loaded CI machine (or the first example loading a
+# tiktoken encoding) must not turn into a DeadlineExceeded or a too_slow health check.
+hypothesis_settings.register_profile(
+    "baton", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+hypothesis_settings.load_profile("baton")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
