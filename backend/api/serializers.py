@@ -128,6 +128,7 @@ class SubtaskOutput(serializers.ModelSerializer):
     message = serializers.CharField(source="prompt")
     result = serializers.SerializerMethodField()
     history = serializers.SerializerMethodField()
+    progress_events = serializers.JSONField(allow_null=True)
 
     @extend_schema_field(HistoryMeasureOutput(allow_null=True))
     def get_history(self, subtask: Subtask) -> dict | None:
@@ -156,6 +157,9 @@ class SubtaskOutput(serializers.ModelSerializer):
             "error",
             "artifact",
             "history",
+            "partial_text",
+            "progress_events",
+            "progress_updated_at",
             "attempts",
             "created_at",
             "started_at",

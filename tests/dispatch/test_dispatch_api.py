@@ -172,6 +172,11 @@ def test_progress_appends_events_and_keeps_the_partial_text(api, worker_api):
     stored = Subtask.objects.get(pk=turn["subtask_id"])
     assert [event["n"] for event in stored.progress_events] == [0, 1, 2]
     assert stored.partial_text == "working 2"
+    # The product sees the progress while the turn runs.
+    shown = api.get(f"/api/tasks/{turn['task_id']}/subtasks/").json()["results"][1]
+    assert shown["status"] == "RUNNING"
+    assert shown["partial_text"] == "working 2"
+    assert [event["n"] for event in shown["progress_events"]] == [0, 1, 2]
 
 
 def test_bad_results_are_400_and_leave_the_claim_running(api, worker_api):
