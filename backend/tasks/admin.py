@@ -6,12 +6,25 @@ its next dispatch (the button comes from `admin/dispatch/task_change_form.html`)
 
 from __future__ import annotations
 
+import json
+
 from django.contrib import admin
 from django.http import HttpRequest
 
 from backend.artifacts.admin_inlines import ArtifactInline
 from backend.dispatch.admin_inlines import PromptReportInline
+from backend.prompting.truncate import truncate_middle
+from backend.prompting.units import Unit
 from backend.tasks.models import Subtask, Task
+from backend.tasks.selectors import turn_result
+
+# The admin shows bounded text: a task page lists every turn, and a turn may be megabytes.
+INLINE_TEXT_CHARS = 600
+DETAIL_TEXT_CHARS = 100_000
+
+
+def _bounded(text: str, limit: int) -> str:
+    return truncate_middle(text, limit, Unit.CHARS)
 
 
 class SubtaskInline(admin.TabularInline):
@@ -27,14 +40,19 @@ class SubtaskInline(admin.TabularInline):
         "sender",
         "bot",
         "executor",
-        "prompt",
-        "result",
+        "text_shown",
+        "history_chars",
+        "artifact",
         "error",
         "attempts",
         "finished_at",
     ]
     readonly_fields = fields
     show_change_link = True
+
+    @admin.display(description="text (as history shows it)")
+    def text_shown(self, subtask: Subtask) -> str:
+        return _bounded(subtask.history_text, INLINE_TEXT_CHARS)
 
     def has_add_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
         return False
@@ -61,6 +79,27 @@ class SubtaskAdmin(admin.ModelAdmin):
     search_fields = ["task__title"]
     list_select_related = ["task"]
     ordering = ["-created_at"]
+    exclude = ["prompt", "result", "usage", "progress_events", "history_text"]
+    readonly_fields = ["message_text", "result_as_sent", "usage_json", "history_text_shown"]
+
+    @admin.display(description="message")
+    def message_text(self, subtask: Subtask) -> str:
+        return _bounded(subtask.prompt, DETAIL_TEXT_CHARS)
+
+    @admin.display(description="result (as sent)")
+    def result_as_sent(self, subtask: Subtask) -> str:
+        result = turn_result(subtask=subtask)
+        if result is None:
+            return "-"
+        return _bounded(json.dumps(result, ensure_ascii=False, indent=2), DETAIL_TEXT_CHARS)
+
+    @admin.display(description="usage")
+    def usage_json(self, subtask: Subtask) -> str:
+        return "-" if subtask.usage is None else json.dumps(subtask.usage, indent=2)
+
+    @admin.display(description="history text")
+    def history_text_shown(self, subtask: Subtask) -> str:
+        return _bounded(subtask.history_text, DETAIL_TEXT_CHARS)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -558,3 +558,27 @@ def test_policy_fields_are_all_on_the_preview_form(admin_client):
     page = admin_client.get(PREVIEW_URL).content.decode()
     for name in POLICY_FIELDS:
         assert f'name="{name}"' in page
+
+
+def test_turn_pages_show_bounded_text_and_the_result_as_sent(admin_client, user, settings):
+    from backend.tasks.models import Subtask
+    from backend.tasks.services import PipelineStep, create_task, record_result
+
+    settings.BATON_SPILL_THRESHOLD_CHARS = 1_000
+    settings.BATON_PREVIEW_HEAD_CHARS = settings.BATON_PREVIEW_TAIL_CHARS = 100
+    task = create_task(
+        owner=user,
+        title="big",
+        task_type="code",
+        message="go",
+        pipeline=[PipelineStep(bot="assistant", executor="codex")],
+    )
+    turn = task.subtasks.get(role="ASSISTANT")
+    value = "START " + "x" * 5_000 + " END"
+    record_result(subtask=turn, status="COMPLETED", result={"value": value})
+    page = admin_client.get(f"/admin/tasks/task/{task.pk}/change/").content.decode()
+    assert "chars truncated" in page
+    assert "x" * 1_000 not in page  # the task page lists turns, bounded
+    detail = admin_client.get(f"/admin/tasks/subtask/{turn.pk}/change/").content.decode()
+    assert value in detail  # the result as sent, not {"value": null}
+    assert Subtask.objects.get(pk=turn.pk).result == {"value": None}
