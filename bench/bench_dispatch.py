@@ -103,9 +103,9 @@ def worker_loop(index: int, limit: int, start_at: float, queue) -> None:
 
     django.setup()
     from backend.dispatch.services import claim_turns
-    from tests.conftest import make_worker
+    from backend.dispatch.workers import ensure_worker_account
 
-    worker = make_worker(f"bench-worker-{index}")
+    worker, _ = ensure_worker_account(username=f"bench-worker-{index}")
     while time.time() < start_at:
         time.sleep(0.001)
     claimed: list[int] = []

@@ -81,18 +81,7 @@ class DispatchApi(ExecutorApi):
             limit=data["limit"],
             request_base_url=request.build_absolute_uri("/"),
         )
-        # The worker's lease clock is Baton's: reclaim with the payload's lease_expires_at.
-        refreshed = {
-            subtask.pk: subtask.lease_expires_at
-            for subtask in Subtask.objects.filter(
-                pk__in=[turn.subtask.pk for turn in claimed]
-            ).only("id", "lease_expires_at")
-        }
-        turns = []
-        for turn in claimed:
-            body = _turn_payload(turn)
-            body["lease_expires_at"] = refreshed.get(turn.subtask.pk)
-            turns.append(body)
+        turns = [_turn_payload(turn) for turn in claimed]
         return Response(DispatchOutput({"turns": turns}).data)
 
 

@@ -28,11 +28,16 @@ from backend.artifacts.services import replace_unstorable_chars
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import policy_rows, resolve_from_rows
 from backend.dispatch.prompts import TurnPrompt, build_turn_prompt
-from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
-from backend.tasks.history import prompt_inputs_for
+from backend.errors import Conflict, InvalidInput, NotFound
+from backend.tasks.history import any_of, prompt_inputs_for
 from backend.tasks.models import Role, Subtask, SubtaskStatus, Task, TaskStatus
 from backend.tasks.selectors import turn_result
-from backend.tasks.services import lock_task, record_result, refresh_task_status
+from backend.tasks.services import (
+    check_text_size,
+    lock_task,
+    record_result,
+    refresh_task_status,
+)
 
 logger = logging.getLogger("baton.dispatch")
 
@@ -184,14 +189,17 @@ def _native_sessions_to_resume(subtasks: Sequence[Subtask]) -> dict[int, str]:
     in its task (one query for the batch)."""
     if not subtasks:
         return {}
-    condition = Q(pk__in=[])
-    for subtask in subtasks:
-        condition |= Q(
-            task_id=subtask.task_id,
-            bot=subtask.bot,
-            executor=subtask.executor,
-            message_id__lt=subtask.message_id,
-        )
+    condition = any_of(
+        [
+            Q(
+                task_id=subtask.task_id,
+                bot=subtask.bot,
+                executor=subtask.executor,
+                message_id__lt=subtask.message_id,
+            )
+            for subtask in subtasks
+        ]
+    )
     latest: dict[tuple[int, str, str], str] = {}
     rows = (
         Subtask.objects.filter(condition, role=Role.ASSISTANT)
@@ -457,12 +465,9 @@ def record_progress(
 ) -> Subtask:
     """Append streamed progress events (the latest MAX_PROGRESS_EVENTS are kept) and replace the
     partial answer. Progress also counts as a heartbeat."""
-    if partial_text is not None and len(partial_text.encode("utf-8", "surrogatepass")) > (
-        settings.BATON_MAX_MESSAGE_BYTES
-    ):
-        raise PayloadTooLarge(
-            f"partial_text is above the limit of {settings.BATON_MAX_MESSAGE_BYTES} bytes.",
-            field="partial_text",
+    if partial_text is not None:
+        check_text_size(
+            text=partial_text, limit=settings.BATON_MAX_MESSAGE_BYTES, field="partial_text"
         )
     with transaction.atomic():
         subtask = _held_claim(

@@ -154,7 +154,8 @@ class _Request:
         return self.policy.enabled and self.current_id > FIRST_USER_MESSAGE_ID
 
 
-def _any_of(conditions: list[Q]) -> Q:
+def any_of(conditions: list[Q]) -> Q:
+    """The OR of `conditions` (matches nothing when there are none): one query per batch."""
     combined = Q(pk__in=[])
     for condition in conditions:
         combined |= condition
@@ -180,9 +181,7 @@ def prompt_inputs_for(
         return {}
 
     anchor_rows = Subtask.objects.filter(
-        _any_of(
-            [Q(task_id=request.task.pk, message_id__in=request.anchor_ids) for request in batch]
-        )
+        any_of([Q(task_id=request.task.pk, message_id__in=request.anchor_ids) for request in batch])
     )
     anchors = {
         (turn.task_id, turn.message_id): turn
@@ -261,7 +260,7 @@ def _history_windows(
     # than a short one.
     per_task = {"partition_by": [F("task_id")]}
     ranked = (
-        Subtask.objects.filter(_any_of([_history_condition(request) for request in batch]))
+        Subtask.objects.filter(any_of([_history_condition(request) for request in batch]))
         .annotate(
             rank=Window(RowNumber(), order_by=F("message_id").desc(), **per_task),
             users_total=Window(Count("id", filter=Q(role=Role.USER)), **per_task),

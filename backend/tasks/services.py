@@ -7,6 +7,7 @@ rejected follow-up never leaves a half-written round behind.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,7 @@ from backend.tasks.models import (
 )
 
 DEFAULT_BOT_NAME = "assistant"
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -49,24 +51,36 @@ class PipelineStep:
         return {"bot": self.bot, "executor": self.executor, "context_passing": self.context_passing}
 
 
+def check_text_size(*, text: str, limit: int, field: str) -> None:
+    """PayloadTooLarge naming `field` when `text` is over `limit` bytes of UTF-8.
+
+    Measures in 1 MiB slices, so a 50 MB result is never encoded as a whole copy; text that
+    cannot reach the limit (4 bytes per code point at most) is not encoded at all.
+    """
+    if len(text) * 4 <= limit:
+        return
+    size = 0
+    for start in range(0, len(text), 1 << 20):
+        size += len(text[start : start + (1 << 20)].encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise PayloadTooLarge(
+            f"{field} is {size} bytes of UTF-8; the limit is {limit} bytes.", field=field
+        )
+
+
 def validate_message_text(*, text: str, field: str = "message") -> None:
     """Reject text Baton cannot store losslessly or that is above the hard size limit."""
     if not text.strip():
         raise InvalidInput(f"{field} must not be empty.", field=field)
     if "\x00" in text:
         raise InvalidInput(f"{field} must not contain NUL characters.", field=field)
-    try:
-        size = len(text.encode("utf-8"))
-    except UnicodeEncodeError as error:
+    surrogate = _LONE_SURROGATE.search(text)
+    if surrogate is not None:
         raise InvalidInput(
-            f"{field} is not valid Unicode (lone surrogate at position {error.start}).",
+            f"{field} is not valid Unicode (lone surrogate at position {surrogate.start()}).",
             field=field,
-        ) from None
-    limit = settings.BATON_MAX_MESSAGE_BYTES
-    if size > limit:
-        raise PayloadTooLarge(
-            f"{field} is {size} bytes of UTF-8; the limit is {limit} bytes.", field=field
         )
+    check_text_size(text=text, limit=settings.BATON_MAX_MESSAGE_BYTES, field=field)
 
 
 def _validate_pipeline(pipeline: Sequence[PipelineStep]) -> None:
@@ -290,21 +304,6 @@ def history_text_for_result(*, status: str, result: dict | None, error: str) -> 
     return canonical_json(result), True
 
 
-def _utf8_size_exceeds(text: str, limit: int) -> bool:
-    """Whether `text` is over `limit` UTF-8 bytes, without encoding it all at once."""
-    if len(text) > limit:
-        return True
-    if len(text) * 4 <= limit:
-        return False
-    size = 0
-    chunk = 1 << 20
-    for start in range(0, len(text), chunk):
-        size += len(text[start : start + chunk].encode("utf-8", "surrogatepass"))
-        if size > limit:
-            return True
-    return False
-
-
 def _validate_result_payload(*, status: str, result: Any, error: str, usage: Any) -> None:
     if status not in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED):
         raise InvalidInput("status must be COMPLETED or FAILED.", field="status")
@@ -342,11 +341,7 @@ def record_result(
         raise InvalidInput("Only ASSISTANT turns have results.", field="subtask")
     _validate_result_payload(status=status, result=result, error=error, usage=usage)
     text, serialized_json = history_text_for_result(status=status, result=result, error=error)
-    limit = settings.BATON_MAX_RESULT_BYTES
-    if _utf8_size_exceeds(text, limit):
-        raise PayloadTooLarge(
-            f"result is larger than the limit of {limit} bytes of UTF-8.", field="result"
-        )
+    check_text_size(text=text, limit=settings.BATON_MAX_RESULT_BYTES, field="result")
     with transaction.atomic():
         task = lock_task(task_id=subtask.task_id)
         subtask.refresh_from_db()
