@@ -8,7 +8,7 @@ import os
 import pytest
 from rest_framework.test import APIClient
 
-from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
+from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.services import record_result
 
 pytestmark = pytest.mark.django_db
@@ -399,4 +399,8 @@ def test_session_authentication_serves_the_browsable_api(client, user):
     client.force_login(user)
     response = client.get("/api/tasks/", HTTP_ACCEPT="application/json")
     assert response.status_code == 200
-    assert Role.USER == "USER"
+    assert response.json()["count"] == 0
+    page = client.get("/api/tasks/", HTTP_ACCEPT="text/html")
+    assert page.status_code == 200
+    assert page["Content-Type"].startswith("text/html")
+    assert b"Django REST framework" in page.content
