@@ -14,11 +14,11 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 $(VENV)/.installed: pyproject.toml | $(PY)
-	$(PIP) install --quiet -e .
+	$(PIP) install --quiet -e ".[executors]"
 	@touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(PY)
-	$(PIP) install --quiet -e ".[test,bench]"
+	$(PIP) install --quiet -e ".[test,bench,executors]"
 	@touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed

@@ -41,3 +41,15 @@ class PayloadTooLarge(BatonError):
     """A message or result is above the configured hard limit (413)."""
 
     code = "too_large"
+
+
+class TurnCancelled(Conflict):
+    """The turn a worker holds was cancelled by the product: stop the executor (409)."""
+
+    code = "cancelled"
+
+
+class LeaseLost(Conflict):
+    """The worker's claim on a turn is gone (expired and reclaimed, or finished) (409)."""
+
+    code = "lease_lost"

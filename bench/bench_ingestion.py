@@ -62,7 +62,7 @@ def bench_record(runs: int) -> tuple[float, float]:
             title="record",
             task_type="code",
             message="go",
-            pipeline=[PipelineStep(bot="assistant", executor="codex")],
+            pipeline=[PipelineStep(executor="codex")],
         )
         turn = task.subtasks.get(role=Role.ASSISTANT)
         result = {"value": text}
@@ -88,7 +88,7 @@ def seed_history(result_size: int, turns: int, title: str):
         title=title,
         task_type="code",
         message="start",
-        pipeline=[PipelineStep(bot="assistant", executor="codex")],
+        pipeline=[PipelineStep(executor="codex")],
     )
     base = make_text(result_size, seed=result_size)
     for number in range(turns):

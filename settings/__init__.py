@@ -109,6 +109,10 @@ EXECUTOR_HISTORY_DEFAULTS = {
 # gets before it fails.
 BATON_LEASE_SECONDS = BATON.lease_seconds
 BATON_MAX_ATTEMPTS = BATON.max_attempts
+# A retryable failure (HTTP 429 / 5xx from the model, a network error) requeues the turn after
+# base * 2^(attempt - 1) seconds, at most the maximum.
+BATON_RETRY_BACKOFF_SECONDS = BATON.retry_backoff_seconds
+BATON_RETRY_BACKOFF_MAX_SECONDS = BATON.retry_backoff_max_seconds
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -144,7 +148,7 @@ SPECTACULAR_SETTINGS = {
         "ExecutorKindEnum": "backend.tasks.models.ExecutorKind",
         # Tasks and turns share one set of statuses.
         "StatusEnum": "backend.tasks.models.TaskStatus",
-        "ReportedStatusEnum": ["COMPLETED", "FAILED"],
+        "ReportedStatusEnum": ["COMPLETED", "FAILED", "RETRY", "RELEASE"],
         "ContextPassingEnum": "backend.tasks.models.ContextPassing",
     },
 }

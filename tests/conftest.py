@@ -106,3 +106,35 @@ def worker_api(worker) -> APIClient:
 @pytest.fixture
 def other_worker_api(db) -> APIClient:
     return token_client(make_worker("worker-2"))
+
+
+def register_bot(name: str, executor: str, **settings):
+    """A registered bot, as an operator would add it in the admin."""
+    from backend.tasks.models import Bot
+
+    return Bot.objects.update_or_create(name=name, defaults={"executor": executor, **settings})[0]
+
+
+@pytest.fixture
+def shipped_bots(transactional_db):
+    """The default bots the migrations ship, again: transactional tests flush every table."""
+    import importlib
+
+    shipped = importlib.import_module("backend.tasks.migrations.0006_shipped_bots").SHIPPED
+    return [register_bot(**{**values, "is_default": True}) for values in shipped]
+
+
+@pytest.fixture
+def pipeline_bots(db):
+    """The bots the pipeline tests name: coder and builder on Codex, reviewer on Claude Code,
+    planner and runner on Agno."""
+    return {
+        name: register_bot(name, executor)
+        for name, executor in [
+            ("coder", "codex"),
+            ("builder", "codex"),
+            ("reviewer", "claude_code"),
+            ("planner", "agno"),
+            ("runner", "agno"),
+        ]
+    }

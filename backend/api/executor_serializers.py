@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from backend.api.serializers import StrictInput
-from backend.dispatch.services import MAX_CLAIM_LIMIT
+from backend.api.serializers import ResultField, StrictInput, UsageFields
+from backend.dispatch.services import MAX_CLAIM_LIMIT, REPORT_STATUSES
 from backend.tasks.models import ExecutorKind
+
+ERROR_CODE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 
 
 class DispatchInput(StrictInput):
@@ -22,6 +24,16 @@ class ClaimInput(StrictInput):
     attempt = serializers.IntegerField(min_value=1)
 
 
+class ClaimRef(StrictInput):
+    subtask_id = serializers.IntegerField(min_value=1)
+    attempt = serializers.IntegerField(min_value=1)
+
+
+class HeartbeatInput(StrictInput):
+    worker_id = serializers.CharField(max_length=200)
+    turns = ClaimRef(many=True, max_length=MAX_CLAIM_LIMIT)
+
+
 class ProgressInput(ClaimInput):
     events = serializers.ListField(child=serializers.DictField(), default=list, max_length=1000)
     partial_text = serializers.CharField(
@@ -30,13 +42,31 @@ class ProgressInput(ClaimInput):
 
 
 class ResultInput(ClaimInput):
-    status = serializers.ChoiceField(choices=["COMPLETED", "FAILED"])
+    status = serializers.ChoiceField(
+        choices=REPORT_STATUSES,
+        help_text=(
+            "COMPLETED or FAILED finish the turn; RETRY (a transient failure) requeues it "
+            "after a backoff until BATON_MAX_ATTEMPTS; RELEASE gives it back unfinished."
+        ),
+    )
     # Any JSON: the service says precisely what is wrong with a result that is not an object.
-    result = serializers.JSONField(required=False, allow_null=True, default=None)
+    result = ResultField(required=False, allow_null=True, default=None)
     error = serializers.CharField(
         required=False, allow_blank=True, default="", trim_whitespace=False
     )
-    usage = serializers.JSONField(required=False, allow_null=True, default=None)
+    error_code = serializers.RegexField(
+        ERROR_CODE_PATTERN,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text=(
+            "Why the run did not complete: context_overflow, rate_limited, upstream_error, "
+            "network_error, auth_error, max_turns, timeout, artifact_error, executor_error, "
+            "shutdown, ..."
+        ),
+        error_messages={"invalid": "Use a lowercase code such as upstream_error."},
+    )
+    usage = UsageFields(required=False, allow_null=True, default=None)
     native_session_id = serializers.CharField(
         required=False, allow_blank=True, default="", max_length=200
     )
@@ -56,6 +86,12 @@ class ArtifactManifestEntry(serializers.Serializer):
 class BotConfigOutput(serializers.Serializer):
     bot = serializers.CharField()
     executor = serializers.CharField()
+    model = serializers.CharField(allow_blank=True)
+    instructions = serializers.CharField(allow_blank=True)
+    permission_mode = serializers.CharField()
+    max_turns = serializers.IntegerField(allow_null=True)
+    timeout_seconds = serializers.IntegerField()
+    context_window = serializers.IntegerField(allow_null=True)
     context_passing = serializers.CharField()
     pipeline_step = serializers.IntegerField()
     pipeline_length = serializers.IntegerField()
@@ -75,10 +111,30 @@ class DispatchedTurnOutput(serializers.Serializer):
     artifacts = ArtifactManifestEntry(many=True)
     native_session_id = serializers.CharField(allow_blank=True)
     lease_expires_at = serializers.DateTimeField()
+    heartbeat_interval_seconds = serializers.IntegerField()
 
 
 class DispatchOutput(serializers.Serializer):
     turns = DispatchedTurnOutput(many=True)
+    next_ready_in_seconds = serializers.FloatField(
+        allow_null=True,
+        help_text=(
+            "When no turn was claimed: seconds until a pending turn of these kinds may be "
+            "claimed (0: now), null when none is pending."
+        ),
+    )
+
+
+class LeaseStateOutput(serializers.Serializer):
+    subtask_id = serializers.IntegerField()
+    attempt = serializers.IntegerField()
+    state = serializers.ChoiceField(choices=["running", "cancelled", "lease_lost", "finished"])
+    lease_expires_at = serializers.DateTimeField(allow_null=True)
+
+
+class HeartbeatOutput(serializers.Serializer):
+    turns = LeaseStateOutput(many=True)
+    heartbeat_interval_seconds = serializers.IntegerField()
 
 
 class LeaseOutput(serializers.Serializer):

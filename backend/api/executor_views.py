@@ -14,6 +14,8 @@ from backend.api.executor_serializers import (
     ClaimInput,
     DispatchInput,
     DispatchOutput,
+    HeartbeatInput,
+    HeartbeatOutput,
     LeaseOutput,
     ProgressInput,
     ResultInput,
@@ -25,8 +27,9 @@ from backend.errors import PayloadTooLarge
 from backend.tasks.models import Subtask
 
 
-def _turn_payload(turn: services.ClaimedTurn) -> dict[str, Any]:
+def _turn_payload(turn: services.ClaimedTurn, *, heartbeat_interval: int) -> dict[str, Any]:
     subtask = turn.subtask
+    bot = turn.bot
     return {
         "task_id": turn.task.pk,
         "subtask_id": subtask.pk,
@@ -38,6 +41,12 @@ def _turn_payload(turn: services.ClaimedTurn) -> dict[str, Any]:
         "bot_config": {
             "bot": subtask.bot,
             "executor": subtask.executor,
+            "model": bot.model,
+            "instructions": bot.instructions,
+            "permission_mode": bot.permission_mode,
+            "max_turns": bot.max_turns,
+            "timeout_seconds": bot.timeout_seconds,
+            "context_window": bot.context_window,
             "context_passing": turn.prompt.context_passing,
             "pipeline_step": subtask.pipeline_step or 0,
             "pipeline_length": len(turn.task.pipeline),
@@ -47,6 +56,7 @@ def _turn_payload(turn: services.ClaimedTurn) -> dict[str, Any]:
         "artifacts": turn.manifest,
         "native_session_id": turn.native_session_id,
         "lease_expires_at": subtask.lease_expires_at,
+        "heartbeat_interval_seconds": heartbeat_interval,
     }
 
 
@@ -81,8 +91,36 @@ class DispatchApi(ExecutorApi):
             limit=data["limit"],
             request_base_url=request.build_absolute_uri("/"),
         )
-        turns = [_turn_payload(turn) for turn in claimed]
-        return Response(DispatchOutput({"turns": turns}).data)
+        interval = services.heartbeat_interval_seconds()
+        turns = [_turn_payload(turn, heartbeat_interval=interval) for turn in claimed]
+        next_ready = None if turns else services.next_ready_in_seconds(kinds=data["kinds"])
+        return Response(DispatchOutput({"turns": turns, "next_ready_in_seconds": next_ready}).data)
+
+
+class HeartbeatBatchApi(ExecutorApi):
+    @extend_schema(
+        operation_id="executor_heartbeat_batch",
+        request=HeartbeatInput,
+        responses=HeartbeatOutput,
+        summary="Extend every lease a worker holds and learn which turns were cancelled",
+    )
+    def post(self, request: Request) -> Response:
+        payload = HeartbeatInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        states = services.heartbeat_claims(
+            worker=request.user,
+            worker_id=data["worker_id"],
+            claims=[(turn["subtask_id"], turn["attempt"]) for turn in data["turns"]],
+        )
+        return Response(
+            HeartbeatOutput(
+                {
+                    "turns": [vars(state) for state in states],
+                    "heartbeat_interval_seconds": services.heartbeat_interval_seconds(),
+                }
+            ).data
+        )
 
 
 class HeartbeatApi(ExecutorApi):
@@ -135,6 +173,7 @@ class ResultApi(ExecutorApi):
             status=data["status"],
             result=data["result"],
             error=data["error"],
+            error_code=data["error_code"],
             usage=data["usage"],
             native_session_id=data["native_session_id"],
         )

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
     TASK_TYPE_PATTERN,
+    Bot,
     ContextPassing,
     ExecutorKind,
     Subtask,
@@ -49,8 +49,10 @@ class StrictInput(serializers.Serializer):
 
 
 class PipelineStepInput(StrictInput):
-    bot = label_name_field()
-    executor = serializers.ChoiceField(choices=ExecutorKind.choices)
+    """A registered bot (GET /api/bots/), or an executor for its default bot, or both."""
+
+    bot = label_name_field(required=False)
+    executor = serializers.ChoiceField(choices=ExecutorKind.choices, required=False)
     # Omitted: the task type's history policy decides (its context_passing) at dispatch.
     context_passing = serializers.ChoiceField(
         choices=ContextPassing.choices, required=False, allow_null=True, default=None
@@ -75,15 +77,15 @@ class TaskCreateInput(StrictInput):
     pipeline = PipelineStepInput(many=True, required=False, allow_empty=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        has_executor = "executor" in attrs
+        has_agent = "executor" in attrs or "bot" in attrs
         has_pipeline = "pipeline" in attrs
-        if has_executor and has_pipeline:
+        if "executor" in attrs and has_pipeline:
             raise serializers.ValidationError(
                 {"executor": ["Give either executor (one agent) or pipeline (several), not both."]}
             )
-        if not has_executor and not has_pipeline:
+        if not has_agent and not has_pipeline:
             raise serializers.ValidationError(
-                {"executor": ["This field is required unless a pipeline is given."]}
+                {"executor": ["Name a bot or an executor, or give a pipeline."]}
             )
         if has_pipeline and "bot" in attrs:
             raise serializers.ValidationError(
@@ -124,11 +126,63 @@ class HistoryMeasureOutput(serializers.Serializer):
     artifact = serializers.CharField(source="artifact_id", allow_null=True)
 
 
+# The documented shapes of a turn's result and usage (OpenAPI), shared by the task API and the
+# executor API.
+RESULT_SCHEMA = {
+    "type": "object",
+    "description": (
+        "The executor's result. `value` is the answer: a string is the text exactly as the "
+        "executor returned it; any other JSON value (number, list, object) is kept as sent and "
+        "its canonical JSON (sorted keys, UTF-8) stands in for the text in later prompts; "
+        "without a `value`, the whole result's canonical JSON does. Other keys are kept as "
+        "sent (for example `commands`, `files_changed`)."
+    ),
+    "properties": {"value": {"description": "The answer; any JSON value."}},
+    "additionalProperties": True,
+}
+
+
+@extend_schema_field(RESULT_SCHEMA)
+class ResultField(serializers.JSONField):
+    pass
+
+
+class UsageFields(StrictInput):
+    """Token usage of one turn (never cumulative over a native session), and cost when known."""
+
+    input_tokens = serializers.IntegerField(
+        min_value=0, required=False, help_text="Every input token, cached ones included."
+    )
+    cached_input_tokens = serializers.IntegerField(
+        min_value=0, required=False, help_text="Of input_tokens: read from a prompt cache."
+    )
+    cache_write_input_tokens = serializers.IntegerField(
+        min_value=0, required=False, help_text="Of input_tokens: written to a prompt cache."
+    )
+    output_tokens = serializers.IntegerField(
+        min_value=0, required=False, help_text="Every output token, reasoning included."
+    )
+    reasoning_tokens = serializers.IntegerField(
+        min_value=0, required=False, help_text="Of output_tokens: spent on reasoning."
+    )
+    cost_usd = serializers.FloatField(
+        min_value=0, required=False, allow_null=True, help_text="Cost in US dollars, when known."
+    )
+    model = serializers.CharField(
+        max_length=200, required=False, help_text="The model that served the turn."
+    )
+
+
 class SubtaskOutput(serializers.ModelSerializer):
     message = serializers.CharField(source="prompt")
     result = serializers.SerializerMethodField()
     history = serializers.SerializerMethodField()
     progress_events = serializers.JSONField(allow_null=True)
+    usage = serializers.SerializerMethodField()
+
+    @extend_schema_field(UsageFields(allow_null=True))
+    def get_usage(self, subtask: Subtask) -> dict | None:
+        return subtask.usage
 
     @extend_schema_field(HistoryMeasureOutput(allow_null=True))
     def get_history(self, subtask: Subtask) -> dict | None:
@@ -136,7 +190,7 @@ class SubtaskOutput(serializers.ModelSerializer):
             return None
         return HistoryMeasureOutput(subtask).data
 
-    @extend_schema_field(OpenApiTypes.OBJECT)
+    @extend_schema_field({**RESULT_SCHEMA, "nullable": True})
     def get_result(self, subtask: Subtask) -> dict | None:
         return turn_result(subtask=subtask)
 
@@ -155,15 +209,37 @@ class SubtaskOutput(serializers.ModelSerializer):
             "message",
             "result",
             "error",
+            "error_code",
+            "usage",
+            "native_session_id",
             "artifact",
             "history",
             "partial_text",
             "progress_events",
             "progress_updated_at",
             "attempts",
+            "not_before",
             "created_at",
             "started_at",
             "finished_at",
+        ]
+        read_only_fields = fields
+
+
+class BotOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Bot
+        fields = [
+            "name",
+            "executor",
+            "model",
+            "instructions",
+            "permission_mode",
+            "max_turns",
+            "timeout_seconds",
+            "context_window",
+            "is_default",
+            "updated_at",
         ]
         read_only_fields = fields
 

@@ -16,7 +16,19 @@ urlpatterns = [
         ArtifactContentApi.as_view(),
         name="artifact-content",
     ),
+    path(
+        "tasks/<int:task_id>/subtasks/<int:subtask_id>/cancel/",
+        views.TurnCancelApi.as_view(),
+        name="turn-cancel",
+    ),
+    path("bots/", views.BotListApi.as_view(), name="bot-list"),
+    path("bots/<str:name>/", views.BotDetailApi.as_view(), name="bot-detail"),
     path("executor/dispatch/", executor_views.DispatchApi.as_view(), name="executor-dispatch"),
+    path(
+        "executor/heartbeat/",
+        executor_views.HeartbeatBatchApi.as_view(),
+        name="executor-heartbeat-batch",
+    ),
     path(
         "executor/subtasks/<int:subtask_id>/heartbeat/",
         executor_views.HeartbeatApi.as_view(),

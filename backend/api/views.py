@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from backend.api.pagination import TaskPagination, TurnPagination
 from backend.api.permissions import IsProductClient
 from backend.api.serializers import (
+    BotOutput,
     MessageInput,
     SubtaskOutput,
     TaskCreateInput,
@@ -22,7 +23,7 @@ from backend.api.serializers import (
 )
 from backend.tasks import selectors, services
 from backend.tasks.models import Subtask, Task
-from backend.tasks.services import DEFAULT_BOT_NAME, PipelineStep
+from backend.tasks.services import PipelineStep
 
 
 def _with_turns(task: Task, turns: Iterable[Subtask]) -> dict:
@@ -64,9 +65,7 @@ class TaskListCreateApi(APIView):
         if "pipeline" in data:
             pipeline = [PipelineStep(**step) for step in data["pipeline"]]
         else:
-            pipeline = [
-                PipelineStep(bot=data.get("bot") or DEFAULT_BOT_NAME, executor=data["executor"])
-            ]
+            pipeline = PipelineStep(bot=data.get("bot"), executor=data.get("executor"))
         task = services.create_task(
             owner=request.user,
             title=data["title"],
@@ -138,3 +137,32 @@ class TaskCancelApi(APIView):
         task = selectors.get_task(user=request.user, task_id=task_id)
         task = services.cancel_task(task=task)
         return Response(TaskOutput(task).data)
+
+
+class TurnCancelApi(APIView):
+    permission_classes = [IsProductClient]
+
+    @extend_schema(
+        operation_id="tasks_subtasks_cancel",
+        request=None,
+        responses=SubtaskOutput(many=True),
+        summary="Stop one pending or running turn; the task stays open for a follow-up",
+    )
+    def post(self, request: Request, task_id: int, subtask_id: int) -> Response:
+        task = selectors.get_task(user=request.user, task_id=task_id)
+        turns = services.cancel_turn(task=task, subtask_id=subtask_id)
+        return Response(SubtaskOutput(turns, many=True).data)
+
+
+class BotListApi(APIView):
+    @extend_schema(operation_id="bots_list", responses=BotOutput(many=True))
+    def get(self, request: Request) -> Response:
+        paginator = TaskPagination()
+        page = paginator.paginate_queryset(selectors.bot_list(), request, view=self)
+        return paginator.get_paginated_response(BotOutput(page, many=True).data)
+
+
+class BotDetailApi(APIView):
+    @extend_schema(operation_id="bots_retrieve", responses=BotOutput)
+    def get(self, request: Request, name: str) -> Response:
+        return Response(BotOutput(selectors.get_bot(name=name)).data)

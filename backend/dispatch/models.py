@@ -143,6 +143,7 @@ class PromptReport(models.Model):
     truncated_count = models.PositiveIntegerField()
     sections = models.JSONField(default=list)
     chars = models.PositiveIntegerField()
+    bytes = models.PositiveIntegerField(default=0)  # UTF-8 size of the prompt
     tokens = models.PositiveIntegerField()
     history_tokens = models.PositiveIntegerField()
     current_tokens = models.PositiveIntegerField()

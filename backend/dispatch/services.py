@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import connection, transaction
-from django.db.models import F, Q
+from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
 from backend.artifacts.selectors import artifact_manifest
@@ -28,9 +28,9 @@ from backend.artifacts.services import replace_unstorable_chars
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import policy_rows, resolve_from_rows
 from backend.dispatch.prompts import TurnPrompt, build_turn_prompt
-from backend.errors import Conflict, InvalidInput, NotFound
+from backend.errors import Conflict, InvalidInput, LeaseLost, NotFound, TurnCancelled
 from backend.tasks.history import any_of, prompt_inputs_for
-from backend.tasks.models import Role, Subtask, SubtaskStatus, Task, TaskStatus
+from backend.tasks.models import Bot, Role, Subtask, SubtaskStatus, Task, TaskStatus
 from backend.tasks.selectors import turn_result
 from backend.tasks.services import (
     check_text_size,
@@ -45,16 +45,34 @@ EXECUTOR_GROUP = "baton-executors"
 MAX_CLAIM_LIMIT = 100
 MAX_PROGRESS_EVENTS = 200
 RECLAIM_BATCH = 200
+# What a worker may report for a claim: an outcome, or a requeue.
+COMPLETED, FAILED = SubtaskStatus.COMPLETED.value, SubtaskStatus.FAILED.value
+RETRY = "RETRY"  # a transient failure: back to PENDING after a backoff, attempts counted
+RELEASE = "RELEASE"  # the worker gives the turn back unfinished (shutdown): PENDING at once
+REPORT_STATUSES = (COMPLETED, FAILED, RETRY, RELEASE)
 
 
 @dataclass(frozen=True)
 class ClaimedTurn:
     subtask: Subtask
     task: Task
+    bot: Bot
     prompt: TurnPrompt
     report: PromptReport
     manifest: list[dict[str, Any]]
     native_session_id: str
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """What a heartbeat tells a worker about one claim it holds."""
+
+    subtask_id: int
+    attempt: int
+    # "running" (keep going), "cancelled" (stop the executor; nothing to report),
+    # "lease_lost" (another claim owns the turn now) or "finished" (already reported).
+    state: str
+    lease_expires_at: datetime | None
 
 
 @dataclass(frozen=True)
@@ -78,6 +96,22 @@ def is_executor_worker(user: AbstractBaseUser) -> bool:
 
 def _lease_until(now: datetime) -> datetime:
     return now + timedelta(seconds=settings.BATON_LEASE_SECONDS)
+
+
+def heartbeat_interval_seconds() -> int:
+    """How often a worker should extend its leases: well inside the lease."""
+    return max(1, min(60, settings.BATON_LEASE_SECONDS // 4))
+
+
+def _attempts_used(subtask: Subtask) -> int:
+    """Claims that count against BATON_MAX_ATTEMPTS: releases on shutdown do not."""
+    return subtask.attempts - subtask.releases
+
+
+def retry_backoff_seconds(*, attempt: int) -> float:
+    """Delay before a turn that failed transiently on `attempt` may be claimed again."""
+    delay = settings.BATON_RETRY_BACKOFF_SECONDS * 2 ** max(0, attempt - 1)
+    return min(delay, settings.BATON_RETRY_BACKOFF_MAX_SECONDS)
 
 
 def reclaim_expired_leases(*, now: datetime | None = None) -> ReclaimSummary:
@@ -104,19 +138,20 @@ def reclaim_expired_leases(*, now: datetime | None = None) -> ReclaimSummary:
             )
             if subtask is None:
                 continue  # reported or reclaimed meanwhile
-            if subtask.attempts >= settings.BATON_MAX_ATTEMPTS:
+            error = (
+                f"The executor lease expired on attempt {_attempts_used(subtask)} of "
+                f"{settings.BATON_MAX_ATTEMPTS} (last worker {subtask.lease_owner!r})"
+            )
+            if _attempts_used(subtask) >= settings.BATON_MAX_ATTEMPTS:
                 record_result(
                     subtask=subtask,
                     status=SubtaskStatus.FAILED,
-                    error=(
-                        f"The executor lease expired on attempt {subtask.attempts} of "
-                        f"{settings.BATON_MAX_ATTEMPTS} (last worker {subtask.lease_owner!r}); "
-                        "Baton gave up on this turn."
-                    ),
+                    error=f"{error}; Baton gave up on this turn.",
+                    error_code="lease_expired",
                 )
                 failed += 1
             else:
-                _requeue(subtask)
+                _requeue(subtask, error=f"{error}.", error_code="lease_expired")
                 requeued += 1
     if requeued or failed:
         logger.info(
@@ -125,14 +160,30 @@ def reclaim_expired_leases(*, now: datetime | None = None) -> ReclaimSummary:
     return ReclaimSummary(requeued=requeued, failed=failed)
 
 
-def _requeue(subtask: Subtask) -> None:
+def _requeue(
+    subtask: Subtask,
+    *,
+    error: str = "",
+    error_code: str = "",
+    delay_seconds: float = 0.0,
+    released: bool = False,
+) -> None:
+    """Back to PENDING, keeping its place in line (pending_since).
+
+    claimed_by, lease_owner and attempts stay: they name the claim that ended, so that claim's
+    late reports are told its lease is gone, and a repeated report is recognised. The error
+    and its code say why the last attempt ended until the turn finishes.
+    """
+    now = timezone.now()
     Subtask.objects.filter(pk=subtask.pk).update(
         status=SubtaskStatus.PENDING,
-        claimed_by=None,
-        lease_owner="",
         lease_expires_at=None,
         started_at=None,
-        updated_at=timezone.now(),
+        not_before=now + timedelta(seconds=delay_seconds) if delay_seconds > 0 else None,
+        releases=F("releases") + (1 if released else 0),
+        error=replace_unstorable_chars(error)[0],
+        error_code=error_code,
+        updated_at=now,
     )
     refresh_task_status(task=Task.objects.get(pk=subtask.task_id))
 
@@ -150,15 +201,15 @@ def _claim_ids(
         "lease_owner": worker_id,
         "lease_expires_at": _lease_until(now),
         "attempts": F("attempts") + 1,
+        "not_before": None,
         "started_at": now,
         "updated_at": now,
     }
-    candidates = Subtask.objects.filter(
-        status=SubtaskStatus.PENDING,
-        role=Role.ASSISTANT,
-        pending_since__isnull=False,
-        executor__in=list(kinds),
-    ).order_by("pending_since", "id")
+    candidates = (
+        _dispatchable(kinds)
+        .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
+        .order_by("pending_since", "id")
+    )
     with transaction.atomic():
         if connection.features.has_select_for_update_skip_locked:
             ids = list(
@@ -182,6 +233,49 @@ def _claim_ids(
             status=TaskStatus.CANCELLED
         ).update(status=TaskStatus.RUNNING, updated_at=now)
     return ids
+
+
+def _dispatchable(kinds: Sequence[str]):
+    return Subtask.objects.filter(
+        status=SubtaskStatus.PENDING,
+        role=Role.ASSISTANT,
+        pending_since__isnull=False,
+        executor__in=list(kinds),
+    )
+
+
+def next_ready_in_seconds(*, kinds: Sequence[str]) -> float | None:
+    """For an idle worker: seconds until a pending turn of these kinds may be claimed (0: now),
+    or None when none is pending. Turns waiting out a retry backoff count."""
+    now = timezone.now()
+    found = _dispatchable(kinds).aggregate(
+        pending=Count("id"),
+        ready=Count("id", filter=Q(not_before__isnull=True) | Q(not_before__lte=now)),
+        earliest=Min("not_before"),
+    )
+    if not found["pending"]:
+        return None
+    if found["ready"]:
+        return 0.0
+    return max(0.0, (found["earliest"] - now).total_seconds())
+
+
+def _bots_for(subtasks: Sequence[Subtask]) -> dict[int, Bot]:
+    """Per subtask id: its registered bot (one query). Turns stored before the registry, or
+    whose bot is gone, get their executor's default bot."""
+    kinds = {subtask.executor for subtask in subtasks}
+    names = {subtask.bot for subtask in subtasks}
+    rows = list(Bot.objects.filter(Q(name__in=names) | Q(is_default=True, executor__in=kinds)))
+    by_name = {bot.name: bot for bot in rows}
+    defaults = {bot.executor: bot for bot in rows if bot.is_default}
+    found = {}
+    for subtask in subtasks:
+        bot = by_name.get(subtask.bot)
+        if bot is None or bot.executor != subtask.executor:
+            bot = defaults.get(subtask.executor)
+        if bot is not None:
+            found[subtask.pk] = bot
+    return found
 
 
 def _native_sessions_to_resume(subtasks: Sequence[Subtask]) -> dict[int, str]:
@@ -236,6 +330,7 @@ def _report_row(*, subtask: Subtask, worker_id: str, prompt: TurnPrompt) -> Prom
         truncated_count=len(report.truncated),
         sections=list(report.sections),
         chars=report.chars,
+        bytes=report.bytes,
         tokens=report.tokens,
         history_tokens=report.history_tokens,
         current_tokens=report.current_tokens,
@@ -267,6 +362,7 @@ def _log_dispatch(row: PromptReport, subtask: Subtask) -> None:
                 "messages_omitted": row.messages_omitted,
                 "truncated": row.truncated_count,
                 "chars": row.chars,
+                "bytes": row.bytes,
                 "tokens": row.tokens,
                 "artifacts": len(row.artifacts),
                 "build_ms": row.build_ms,
@@ -301,14 +397,16 @@ def _release_failed_claim(*, subtask: Subtask, worker_id: str, reason: str) -> N
         ).first()
         if current is None:
             return
-        if current.attempts >= settings.BATON_MAX_ATTEMPTS:
+        error = f"Baton could not build this turn's prompt ({reason})."
+        if _attempts_used(current) >= settings.BATON_MAX_ATTEMPTS:
             record_result(
                 subtask=current,
                 status=SubtaskStatus.FAILED,
-                error=f"Baton could not build this turn's prompt ({reason}).",
+                error=error,
+                error_code="prompt_build_failed",
             )
         else:
-            _requeue(current)
+            _requeue(current, error=error, error_code="prompt_build_failed")
 
 
 def claim_turns(
@@ -335,6 +433,7 @@ def claim_turns(
         .defer("result", "prompt", "history_text", "preview_head", "preview_tail")
         .order_by("pending_since", "id")
     )
+    bots = _bots_for(subtasks)
     rows = policy_rows(task_types={subtask.task.task_type for subtask in subtasks})
     resolved = {
         subtask.pk: resolve_from_rows(task_type=subtask.task.task_type, rows=rows)
@@ -348,6 +447,11 @@ def claim_turns(
         inputs = {}
     built: list[tuple[Subtask, TurnPrompt]] = []
     for subtask in subtasks:
+        if subtask.pk not in bots:
+            _build_failed(
+                subtask=subtask, worker_id=worker_id, error=LookupError("no bot for the turn")
+            )
+            continue
         try:
             prompt = build_turn_prompt(
                 subtask=subtask,
@@ -382,6 +486,7 @@ def claim_turns(
             ClaimedTurn(
                 subtask=subtask,
                 task=subtask.task,
+                bot=bots[subtask.pk],
                 prompt=prompt,
                 report=_report_row(subtask=subtask, worker_id=worker_id, prompt=prompt),
                 manifest=[
@@ -423,22 +528,41 @@ def _claimed_turn(*, worker: AbstractBaseUser, subtask_id: int) -> Subtask:
 def _held_claim(
     *, worker: AbstractBaseUser, worker_id: str, attempt: int, subtask_id: int
 ) -> Subtask:
-    """The turn this claim holds, locked. NotFound if the worker never claimed it; Conflict if
-    the claim is no longer theirs."""
+    """The turn this claim holds, locked. NotFound if the worker never claimed it; TurnCancelled
+    or LeaseLost (both 409, told apart by their code) if the claim may not go on."""
     subtask = _claimed_turn(worker=worker, subtask_id=subtask_id)
     _check_claim(subtask, worker_id=worker_id, attempt=attempt)
     return subtask
 
 
+def _lease_state(subtask: Subtask, *, worker_id: str, attempt: int) -> str:
+    same_claim = subtask.lease_owner == worker_id and subtask.attempts == attempt
+    if not same_claim:
+        return "lease_lost"
+    if subtask.status == SubtaskStatus.RUNNING:
+        return "running"
+    if subtask.status == SubtaskStatus.CANCELLED:
+        return "cancelled"
+    if subtask.status in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED):
+        return "finished"
+    return "lease_lost"  # requeued: expired, retried or released
+
+
 def _check_claim(subtask: Subtask, *, worker_id: str, attempt: int) -> None:
-    subtask_id = subtask.pk
-    if subtask.status != SubtaskStatus.RUNNING:
-        raise Conflict(f"Turn {subtask_id} is {subtask.status}; the lease is gone.")
-    if subtask.lease_owner != worker_id or subtask.attempts != attempt:
-        raise Conflict(
-            f"The lease on turn {subtask_id} was lost: it is now held by attempt "
-            f"{subtask.attempts}."
+    state = _lease_state(subtask, worker_id=worker_id, attempt=attempt)
+    if state == "running":
+        return
+    if state == "cancelled":
+        raise TurnCancelled(
+            f"Turn {subtask.pk} was cancelled; stop the executor (nothing more to report)."
         )
+    if state == "finished":
+        raise LeaseLost(f"Turn {subtask.pk} is already {subtask.status}.")
+    if subtask.lease_owner == worker_id and subtask.attempts == attempt:
+        raise LeaseLost(f"Turn {subtask.pk} is {subtask.status}; the lease is gone.")
+    raise LeaseLost(
+        f"The lease on turn {subtask.pk} was lost: it is now held by attempt {subtask.attempts}."
+    )
 
 
 def heartbeat(
@@ -452,6 +576,62 @@ def heartbeat(
         subtask.lease_expires_at = _lease_until(timezone.now())
         subtask.save(update_fields=["lease_expires_at", "updated_at"])
     return subtask
+
+
+def heartbeat_claims(
+    *, worker: AbstractBaseUser, worker_id: str, claims: Sequence[tuple[int, int]]
+) -> list[LeaseState]:
+    """The state of every claim a worker holds, in one call, extending the running ones.
+
+    `claims` are (subtask_id, attempt) pairs. Workers call this about once a second so that a
+    cancel reaches the executor quickly, so it costs one read, and a write only for leases
+    last extended more than a heartbeat interval ago. The extension is a compare-and-set on
+    the claim (owner, attempt, RUNNING), so it needs no task lock and cannot revive a turn
+    that was cancelled or reclaimed meanwhile.
+    """
+    if not claims:
+        return []
+    wanted = dict(claims)
+    rows = {
+        subtask.pk: subtask
+        for subtask in Subtask.objects.filter(
+            pk__in=list(wanted), claimed_by=worker, role=Role.ASSISTANT
+        ).only("id", "status", "lease_owner", "attempts", "lease_expires_at")
+    }
+    now = timezone.now()
+    renew_before = _lease_until(now) - timedelta(seconds=heartbeat_interval_seconds())
+    renewed_until = _lease_until(now)
+    to_renew = [
+        subtask
+        for subtask_id, subtask in rows.items()
+        if _lease_state(subtask, worker_id=worker_id, attempt=wanted[subtask_id]) == "running"
+        and (subtask.lease_expires_at is None or subtask.lease_expires_at <= renew_before)
+    ]
+    renewed: set[int] = set()
+    if to_renew:
+        condition = any_of([Q(pk=subtask.pk, attempts=subtask.attempts) for subtask in to_renew])
+        with transaction.atomic():
+            ids = list(
+                Subtask.objects.filter(
+                    condition, status=SubtaskStatus.RUNNING, lease_owner=worker_id
+                ).values_list("id", flat=True)
+            )
+            Subtask.objects.filter(pk__in=ids, status=SubtaskStatus.RUNNING).update(
+                lease_expires_at=renewed_until, updated_at=now
+            )
+        renewed = set(ids)
+    states = []
+    for subtask_id, attempt in claims:
+        subtask = rows.get(subtask_id)
+        if subtask is None:
+            states.append(LeaseState(subtask_id, attempt, "lease_lost", None))
+            continue
+        state = _lease_state(subtask, worker_id=worker_id, attempt=attempt)
+        if subtask.pk in [row.pk for row in to_renew] and subtask.pk not in renewed:
+            state = "lease_lost"  # changed between the read and the renewal
+        expires = renewed_until if subtask.pk in renewed else subtask.lease_expires_at
+        states.append(LeaseState(subtask_id, attempt, state, expires))
+    return states
 
 
 def record_progress(
@@ -502,53 +682,107 @@ def report_result(
     status: str,
     result: dict | None,
     error: str,
+    error_code: str = "",
     usage: dict | None,
     native_session_id: str,
 ) -> tuple[Subtask, bool]:
     """Record the outcome of a claimed turn. Returns (turn, changed).
 
+    COMPLETED and FAILED finish the turn. RETRY (a transient failure: rate limit, provider
+    error, network) puts it back to PENDING after a backoff, or fails it for good with this
+    error once BATON_MAX_ATTEMPTS claims have been used. RELEASE gives it back at once (the
+    worker is shutting down) and does not use up an attempt.
+
     Idempotent: the same report from the same claim a second time changes nothing and returns
     changed=False. A different report for an already finished turn, or any report from a claim
-    that was lost, is a Conflict.
+    that was lost or cancelled, is a Conflict.
     """
+    if status not in REPORT_STATUSES:
+        raise InvalidInput(f"status must be one of {', '.join(REPORT_STATUSES)}.", field="status")
+    if status == RETRY and not error.strip():
+        raise InvalidInput("error is required when status is RETRY.", field="error")
+    if status == RELEASE:
+        error_code = error_code or "shutdown"
     with transaction.atomic():
         subtask = _claimed_turn(worker=worker, subtask_id=subtask_id)
         same_claim = subtask.lease_owner == worker_id and subtask.attempts == attempt
-        if subtask.status in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED) and same_claim:
-            if _same_report(subtask, status=status, result=result, error=error, usage=usage):
-                return subtask, False
-            raise Conflict(f"Turn {subtask_id} already has a different result recorded.")
-        _check_claim(subtask, worker_id=worker_id, attempt=attempt)
-        recorded = record_result(
-            subtask=subtask,
+        if same_claim and _is_repeat(
+            subtask,
             status=status,
             result=result,
             error=error,
+            error_code=error_code,
             usage=usage,
-            native_session_id=native_session_id,
-        )
+        ):
+            return subtask, False
+        if subtask.status in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED) and same_claim:
+            raise Conflict(f"Turn {subtask_id} already has a different result recorded.")
+        _check_claim(subtask, worker_id=worker_id, attempt=attempt)
+        if status == RELEASE:
+            _requeue(subtask, error=error, error_code=error_code, released=True)
+        elif status == RETRY and _attempts_used(subtask) < settings.BATON_MAX_ATTEMPTS:
+            _requeue(
+                subtask,
+                error=error,
+                error_code=error_code,
+                delay_seconds=retry_backoff_seconds(attempt=_attempts_used(subtask)),
+            )
+        else:
+            if status == RETRY:
+                status = SubtaskStatus.FAILED
+                error = (
+                    f"{error}\n(attempt {_attempts_used(subtask)} of "
+                    f"{settings.BATON_MAX_ATTEMPTS}; Baton gave up on this turn)"
+                )
+            record_result(
+                subtask=subtask,
+                status=status,
+                result=result,
+                error=error,
+                error_code=error_code,
+                usage=usage,
+                native_session_id=native_session_id,
+            )
+        subtask.refresh_from_db()
     logger.info(
         json.dumps(
             {
                 "event": "result",
-                "task": recorded.task_id,
-                "subtask": recorded.pk,
-                "status": recorded.status,
-                "attempt": recorded.attempts,
-                "history_chars": recorded.history_chars,
-                "spilled": recorded.artifact_id is not None,
+                "task": subtask.task_id,
+                "subtask": subtask.pk,
+                "reported": status,
+                "status": subtask.status,
+                "error_code": subtask.error_code,
+                "attempt": subtask.attempts,
+                "history_chars": subtask.history_chars,
+                "spilled": subtask.artifact_id is not None,
             },
             sort_keys=True,
         )
     )
-    return recorded, True
+    return subtask, True
 
 
-def _same_report(
-    subtask: Subtask, *, status: str, result: dict | None, error: str, usage: dict | None
+def _is_repeat(
+    subtask: Subtask,
+    *,
+    status: str,
+    result: dict | None,
+    error: str,
+    error_code: str,
+    usage: dict | None,
 ) -> bool:
+    """Whether this report is the one the claim already made (a retried request)."""
+    if status in (RETRY, RELEASE):
+        # A requeue by this claim leaves the turn PENDING with its error code until the next
+        # claim (which changes `attempts`); a RETRY on the last attempt left it FAILED.
+        requeued = subtask.status == SubtaskStatus.PENDING
+        gave_up = status == RETRY and subtask.status == SubtaskStatus.FAILED
+        return (requeued or gave_up) and subtask.error_code == error_code
     if subtask.status != status or subtask.usage != usage:
         return False
     if status == SubtaskStatus.FAILED:
-        return subtask.error == replace_unstorable_chars(error)[0]
+        return (
+            subtask.error == replace_unstorable_chars(error)[0] and subtask.error_code == error_code
+        )
     return turn_result(subtask=subtask) == result

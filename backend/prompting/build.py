@@ -669,6 +669,7 @@ class _Builder:
             verbatim=verbatim,
             context_passing=self.mode.value,
             chars=len(text),
+            bytes=len(text.encode("utf-8", "surrogatepass")),
             tokens=tokens,
             token_encoding=self.policy.token_encoding,
             history_chars=sum(part.chars for _, part in selected),

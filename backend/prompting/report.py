@@ -42,6 +42,8 @@ class BuildReport(BaseModel):
     """The prompt is the current message's text alone, without headers or labels."""
     context_passing: str
     chars: int
+    bytes: int
+    """UTF-8 size of the prompt: what an executor's stdin or a request body must carry."""
     tokens: int
     token_encoding: str
     history_chars: int

@@ -1,4 +1,4 @@
-"""Django admin for tasks and their turns: browse, filter and search; turns are read-only.
+"""Django admin for bots, tasks and their turns: bots are edited here; turns are read-only.
 
 A task's page also lists its prompt reports and artifacts, and links to the prompt preview of
 its next dispatch (the button comes from `admin/dispatch/task_change_form.html`).
@@ -15,7 +15,7 @@ from backend.artifacts.admin_inlines import ArtifactInline
 from backend.dispatch.admin_inlines import PromptReportInline
 from backend.prompting.truncate import truncate_middle
 from backend.prompting.units import Unit
-from backend.tasks.models import Subtask, Task
+from backend.tasks.models import Bot, Subtask, Task
 from backend.tasks.selectors import turn_result
 
 # The admin shows bounded text: a task page lists every turn, and a turn may be megabytes.
@@ -106,3 +106,30 @@ class SubtaskAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Subtask | None = None) -> bool:
         return False
+
+
+@admin.register(Bot)
+class BotAdmin(admin.ModelAdmin):
+    """Operators register the bots pipeline steps name; changes apply to the next dispatch."""
+
+    list_display = [
+        "name",
+        "executor",
+        "model",
+        "permission_mode",
+        "timeout_seconds",
+        "max_turns",
+        "is_default",
+    ]
+    list_filter = ["executor", "permission_mode", "is_default"]
+    search_fields = ["name", "model"]
+    readonly_fields = ["created_at", "updated_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Bot | None = None) -> list[str]:
+        # Turns and pipelines store the bot's name: renaming would orphan them.
+        return [*self.readonly_fields, "name"] if obj is not None else self.readonly_fields
+
+    def has_delete_permission(self, request: HttpRequest, obj: Bot | None = None) -> bool:
+        if obj is not None and Subtask.objects.filter(bot=obj.name).exists():
+            return False  # turns name it; keep it so their history and retries still resolve
+        return super().has_delete_permission(request, obj)

@@ -1,18 +1,21 @@
-"""Tasks and their turns.
+"""Tasks, their turns and the bots that answer them.
 
 A `Task` is one conversation between a product's users and one or more agent bots. Each turn is a
 `Subtask`: a USER message, or an ASSISTANT turn that an executor worker will run. Turns are
 numbered by `message_id`, unique within the task and allocated from the task row's counter so
-concurrent writers never collide (see `services.allocate_message_ids`).
+concurrent writers never collide (see `services.allocate_message_ids`). A `Bot` is a registered
+agent: which executor runs it and with which model, instructions, permissions and limits.
 """
 
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.validators import RegexValidator
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxLengthValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 
+from backend.prompting.inputs import validate_name
 from backend.tasks.fields import LosslessJSONField
 
 TASK_TYPE_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -63,6 +66,86 @@ class SubtaskStatus(models.TextChoices):
 
 
 ACTIVE_SUBTASK_STATUSES = (SubtaskStatus.PENDING, SubtaskStatus.RUNNING)
+
+
+INSTRUCTIONS_MAX_CHARS = 32_000
+
+
+class PermissionMode(models.TextChoices):
+    """What a bot's executor may do in its workspace."""
+
+    FULL_ACCESS = "full_access", "Run commands and change files without asking"
+    READ_ONLY = "read_only", "Read files only; no commands, no changes"
+
+
+def validate_bot_name(value: str) -> None:
+    """Bot names appear inside prompt role labels (`Assistant[reviewer]:`)."""
+    try:
+        validate_name(value)
+    except ValueError as error:
+        raise ValidationError(f"Bot name {error}.") from None
+
+
+class Bot(models.Model):
+    """A registered agent. Pipeline steps name bots; dispatch sends the bot's settings."""
+
+    name = models.CharField(
+        max_length=64,
+        unique=True,
+        validators=[validate_bot_name],
+        help_text="Shown in prompts as Assistant[name] when a task has several bots.",
+    )
+    executor = models.CharField(max_length=32, choices=ExecutorKind.choices)
+    model = models.CharField(
+        max_length=200, blank=True, help_text="Model name the executor asks for; empty: its own."
+    )
+    # Executors take instructions as one command-line argument, which Linux caps at 128 KiB.
+    instructions = models.TextField(
+        blank=True,
+        validators=[MaxLengthValidator(INSTRUCTIONS_MAX_CHARS)],
+        help_text=f"The bot's system prompt (at most {INSTRUCTIONS_MAX_CHARS:,} characters).",
+    )
+    permission_mode = models.CharField(
+        max_length=32, choices=PermissionMode.choices, default=PermissionMode.FULL_ACCESS
+    )
+    max_turns = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Model round trips the executor may take for one turn. Empty: no limit.",
+    )
+    timeout_seconds = models.PositiveIntegerField(
+        default=1800,
+        validators=[MinValueValidator(1)],
+        help_text="A turn running longer is stopped and fails with error code timeout.",
+    )
+    context_window = models.PositiveIntegerField(
+        null=True, blank=True, help_text="The model's context window in tokens, when known."
+    )
+    is_default = models.BooleanField(
+        default=False,
+        help_text="The bot a task gets when it names only an executor (one per executor).",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["executor"], condition=Q(is_default=True), name="bot_one_default_per_kind"
+            ),
+            models.CheckConstraint(
+                condition=Q(executor__in=ExecutorKind.values), name="bot_executor_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(permission_mode__in=PermissionMode.values),
+                name="bot_permission_mode_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.executor})"
 
 
 class Task(models.Model):
@@ -118,6 +201,10 @@ class Subtask(models.Model):
     # ASSISTANT turns: the executor's result as sent ({"value": "..."} carries the answer text).
     result = LosslessJSONField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # Why the turn failed, or why its last attempt did (a requeued turn keeps it until it
+    # finishes): context_overflow, rate_limited, upstream_error, timeout, cancelled, ...
+    error_code = models.CharField(max_length=32, blank=True)
+    # Token usage of this turn (never cumulative over a native session): see UsageInput.
     usage = LosslessJSONField(null=True, blank=True)
     native_session_id = models.CharField(max_length=200, blank=True)
     # When the turn became eligible for dispatch. Later pipeline steps stay PENDING with no
@@ -136,6 +223,10 @@ class Subtask(models.Model):
     lease_owner = models.CharField(max_length=200, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # Claims a worker gave back unfinished on shutdown; they do not use up attempts.
+    releases = models.PositiveIntegerField(default=0)
+    # A turn requeued after a retryable failure waits until then (backoff).
+    not_before = models.DateTimeField(null=True, blank=True)
     # Streamed progress from the executor: the latest events (bounded) and the partial answer.
     progress_events = LosslessJSONField(null=True, blank=True)
     partial_text = models.TextField(blank=True)

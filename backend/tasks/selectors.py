@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 
 from backend.artifacts.storage import verified_chunks
 from backend.errors import NotFound
-from backend.tasks.models import Subtask, Task
+from backend.tasks.models import Bot, Subtask, Task
 
 
 def visible_tasks(*, user: AbstractBaseUser) -> QuerySet[Task]:
@@ -62,3 +62,14 @@ def turn_result(*, subtask: Subtask) -> dict | None:
         )
     ).decode("utf-8")
     return {key: value if key == "value" else item for key, item in subtask.result.items()}
+
+
+def bot_list() -> QuerySet[Bot]:
+    return Bot.objects.order_by("name")
+
+
+def get_bot(*, name: str) -> Bot:
+    bot = Bot.objects.filter(name=name).first()
+    if bot is None:
+        raise NotFound(f"Bot {name!r} does not exist.")
+    return bot

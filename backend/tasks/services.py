@@ -24,6 +24,7 @@ from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
+    Bot,
     ContextPassing,
     ExecutorKind,
     Role,
@@ -34,21 +35,21 @@ from backend.tasks.models import (
     task_type_validator,
 )
 
-DEFAULT_BOT_NAME = "assistant"
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
 class PipelineStep:
-    """One bot of a task's pipeline, as given when the task is created."""
+    """One step of a task's pipeline, as given when the task is created.
 
-    bot: str
-    executor: str
+    It names a registered bot, or only an executor (that executor's default bot). Naming both
+    is allowed when they agree.
+    """
+
+    bot: str | None = None
+    executor: str | None = None
     # None: the history policy of the task's type decides when the step is dispatched.
     context_passing: str | None = None
-
-    def as_json(self) -> dict[str, str]:
-        return {"bot": self.bot, "executor": self.executor, "context_passing": self.context_passing}
 
 
 def check_text_size(*, text: str, limit: int, field: str) -> None:
@@ -83,27 +84,76 @@ def validate_message_text(*, text: str, field: str = "message") -> None:
     check_text_size(text=text, limit=settings.BATON_MAX_MESSAGE_BYTES, field=field)
 
 
-def _validate_pipeline(pipeline: Sequence[PipelineStep]) -> None:
+def resolve_pipeline(
+    pipeline: Sequence[PipelineStep] | PipelineStep,
+) -> list[dict[str, str | None]]:
+    """The task's stored pipeline: each step's registered bot, its executor and context mode.
+
+    A single step (not in a list) is a single-agent task, whose errors name `bot` or
+    `executor`; a pipeline's errors name `pipeline.N.<field>`. Two queries at most.
+    """
+    single = isinstance(pipeline, PipelineStep)
+    if single:
+        pipeline = [pipeline]
+
+    def _step_field(pipeline: Sequence[PipelineStep], index: int, name: str) -> str:
+        return name if single else f"pipeline.{index}.{name}"
+
     if not pipeline:
         raise InvalidInput("pipeline must have at least one step.", field="pipeline")
     for index, step in enumerate(pipeline):
-        if step.executor not in ExecutorKind.values:
+        if step.executor is not None and step.executor not in ExecutorKind.values:
             raise InvalidInput(
-                f"pipeline[{index}].executor {step.executor!r} is not one of "
-                f"{', '.join(ExecutorKind.values)}.",
-                field="executor" if len(pipeline) == 1 else "pipeline",
+                f"executor {step.executor!r} is not one of {', '.join(ExecutorKind.values)}.",
+                field=_step_field(pipeline, index, "executor"),
             )
         if step.context_passing is not None and step.context_passing not in ContextPassing.values:
             raise InvalidInput(
-                f"pipeline[{index}].context_passing {step.context_passing!r} is not one of "
+                f"context_passing {step.context_passing!r} is not one of "
                 f"{', '.join(ContextPassing.values)}.",
-                field="pipeline",
+                field=_step_field(pipeline, index, "context_passing"),
             )
-        if not step.bot.strip():
-            raise InvalidInput(f"pipeline[{index}].bot must not be empty.", field="pipeline")
-        _validate_label_name(
-            value=step.bot, field="bot" if len(pipeline) == 1 else f"pipeline.{index}.bot"
+        if step.bot is None and step.executor is None:
+            raise InvalidInput(
+                "Name a bot or an executor.", field=_step_field(pipeline, index, "executor")
+            )
+    named = {step.bot for step in pipeline if step.bot is not None}
+    bots = {bot.name: bot for bot in Bot.objects.filter(name__in=named)}
+    default_kinds = {step.executor for step in pipeline if step.bot is None}
+    defaults = (
+        {
+            bot.executor: bot
+            for bot in Bot.objects.filter(is_default=True, executor__in=default_kinds)
+        }
+        if default_kinds
+        else {}
+    )
+    steps = []
+    for index, step in enumerate(pipeline):
+        if step.bot is not None:
+            bot = bots.get(step.bot)
+            if bot is None:
+                raise InvalidInput(
+                    f"bot {step.bot!r} is not registered; GET /api/bots/ lists the bots "
+                    "(operators add them in the admin).",
+                    field=_step_field(pipeline, index, "bot"),
+                )
+            if step.executor is not None and step.executor != bot.executor:
+                raise InvalidInput(
+                    f"bot {bot.name!r} runs on {bot.executor}, not {step.executor}.",
+                    field=_step_field(pipeline, index, "executor"),
+                )
+        else:
+            bot = defaults.get(step.executor)
+            if bot is None:
+                raise InvalidInput(
+                    f"executor {step.executor!r} has no default bot; name a bot instead.",
+                    field=_step_field(pipeline, index, "executor"),
+                )
+        steps.append(
+            {"bot": bot.name, "executor": bot.executor, "context_passing": step.context_passing}
         )
+    return steps
 
 
 def allocate_message_ids(*, task_id: int, count: int) -> int:
@@ -196,11 +246,14 @@ def create_task(
     title: str,
     task_type: str,
     message: str,
-    pipeline: Sequence[PipelineStep],
+    pipeline: Sequence[PipelineStep] | PipelineStep,
     sender: str = "",
     is_group_chat: bool = False,
 ) -> Task:
-    """Create a task with its first USER message and the PENDING turns that answer it."""
+    """Create a task with its first USER message and the PENDING turns that answer it.
+
+    `pipeline` is a list of steps, or one step for a single-agent task.
+    """
     if not title.strip():
         raise InvalidInput("title must not be empty.", field="title")
     try:
@@ -208,7 +261,7 @@ def create_task(
     except ValidationError as error:
         raise InvalidInput(error.messages[0], field="task_type") from None
     validate_message_text(text=message)
-    _validate_pipeline(pipeline)
+    steps = resolve_pipeline(pipeline)
     _validate_sender(is_group_chat=is_group_chat, sender=sender)
     with transaction.atomic():
         task = Task.objects.create(
@@ -216,7 +269,7 @@ def create_task(
             title=title.strip(),
             task_type=task_type,
             is_group_chat=is_group_chat,
-            pipeline=[step.as_json() for step in pipeline],
+            pipeline=steps,
         )
         _create_round(task=task, message=message, sender=sender)
     return task
@@ -259,14 +312,63 @@ def cancel_task(*, task: Task) -> Task:
         now = timezone.now()
         task.subtasks.filter(status__in=ACTIVE_SUBTASK_STATUSES).update(
             status=SubtaskStatus.CANCELLED,
-            lease_owner="",
+            error_code="cancelled",
             lease_expires_at=None,
+            not_before=None,
             finished_at=now,
             updated_at=now,
         )
         task.status = TaskStatus.CANCELLED
         task.save(update_fields=["status", "updated_at"])
     return task
+
+
+def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
+    """Stop one PENDING or RUNNING assistant turn ("stop generating"); the task stays open.
+
+    The later pipeline steps of the same round are cancelled with it (they would have had
+    nothing to build on). A worker running the turn learns it from its next heartbeat or
+    progress report (HTTP 409 with code `cancelled`) and stops the executor. Returns the turns
+    cancelled, in message order.
+    """
+    with transaction.atomic():
+        task = lock_task(task_id=task.pk)
+        subtask = (
+            Subtask.objects.select_for_update()
+            .filter(pk=subtask_id, task_id=task.pk, role=Role.ASSISTANT)
+            .first()
+        )
+        if subtask is None:
+            raise NotFound(f"Task {task.pk} has no assistant turn {subtask_id}.")
+        if subtask.status not in ACTIVE_SUBTASK_STATUSES:
+            raise Conflict(
+                f"Turn {subtask_id} is already {subtask.status}; only pending or running "
+                "turns can be cancelled."
+            )
+        turns = list(
+            Subtask.objects.select_for_update()
+            .filter(
+                task_id=task.pk,
+                parent_message_id=subtask.parent_message_id,
+                role=Role.ASSISTANT,
+                status__in=ACTIVE_SUBTASK_STATUSES,
+                pipeline_step__gte=subtask.pipeline_step or 0,
+            )
+            .order_by("message_id")
+        )
+        now = timezone.now()
+        for turn in turns:
+            turn.status = SubtaskStatus.CANCELLED
+            turn.error_code = "cancelled"
+            turn.lease_expires_at = None
+            turn.not_before = None
+            turn.finished_at = now
+        Subtask.objects.bulk_update(
+            turns, ["status", "error_code", "lease_expires_at", "not_before", "finished_at"]
+        )
+        Subtask.objects.filter(pk__in=[turn.pk for turn in turns]).update(updated_at=now)
+        refresh_task_status(task=task)
+    return turns
 
 
 def _apply_ingestion(subtask: Subtask, ingested: IngestedText, *, recorded_at: Any) -> None:
@@ -292,15 +394,19 @@ def canonical_json(value: Any) -> str:
 def history_text_for_result(*, status: str, result: dict | None, error: str) -> tuple[str, bool]:
     """The text an ASSISTANT turn contributes to history, and whether it is serialized JSON.
 
-    `result.value` when it is there; otherwise the result as canonical JSON. A FAILED turn
-    contributes its error message.
+    `result.value` when it is a string; a `value` of any other JSON type (a number, a list, an
+    object) as its canonical JSON; without a `value` (absent or null), the whole result as
+    canonical JSON. A FAILED turn contributes its error message.
     """
     if status == SubtaskStatus.FAILED:
         return error, False
     if result is None:
         return "", False
-    if "value" in result:
-        return result["value"], False
+    value = result.get("value")
+    if isinstance(value, str):
+        return value, False
+    if value is not None:
+        return canonical_json(value), True
     return canonical_json(result), True
 
 
@@ -310,11 +416,6 @@ def _validate_result_payload(*, status: str, result: Any, error: str, usage: Any
     if result is not None and not isinstance(result, dict):
         raise InvalidInput(
             f"result must be a JSON object, not {type(result).__name__}.", field="result"
-        )
-    if isinstance(result, dict) and "value" in result and not isinstance(result["value"], str):
-        raise InvalidInput(
-            f"result.value must be a string, not {type(result['value']).__name__}.",
-            field="result.value",
         )
     if status == SubtaskStatus.COMPLETED and result is None:
         raise InvalidInput("result is required when status is COMPLETED.", field="result")
@@ -330,6 +431,7 @@ def record_result(
     status: str,
     result: dict | None = None,
     error: str = "",
+    error_code: str = "",
     usage: dict | None = None,
     native_session_id: str = "",
 ) -> Subtask:
@@ -367,6 +469,7 @@ def record_result(
         # PostgreSQL text cannot hold NUL or lone surrogates; an error message is diagnostic
         # text, so those characters are shown as U+FFFD there.
         subtask.error = replace_unstorable_chars(error)[0]
+        subtask.error_code = error_code if status == SubtaskStatus.FAILED else ""
         subtask.usage = usage
         subtask.native_session_id = native_session_id
         # claimed_by and lease_owner stay: they name who delivered this result.

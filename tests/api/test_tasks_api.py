@@ -11,7 +11,7 @@ from rest_framework.test import APIClient
 from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.services import record_result
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
 SINGLE = {
     "title": "Fix the build",
@@ -92,9 +92,76 @@ def test_create_single_agent_task(api):
     assert body["turns"][1]["executor"] == "codex"
 
 
-def test_create_defaults_the_bot_name(api):
+def test_a_task_naming_only_an_executor_gets_its_default_bot(api):
     body = create(api, SINGLE)
-    assert body["turns"][1]["bot"] == "assistant"
+    assert body["turns"][1]["bot"] == "codex"
+    assert body["pipeline"] == [{"bot": "codex", "executor": "codex", "context_passing": None}]
+    body = create(api, {**SINGLE, "executor": "claude_code"})
+    assert body["turns"][1]["bot"] == "claude-code"
+
+
+def test_a_task_naming_only_a_bot_runs_on_its_executor(api):
+    body = create(api, {k: v for k, v in SINGLE.items() if k != "executor"} | {"bot": "reviewer"})
+    assert body["pipeline"] == [
+        {"bot": "reviewer", "executor": "claude_code", "context_passing": None}
+    ]
+    assert body["turns"][1]["executor"] == "claude_code"
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "fragment"),
+    [
+        ({**SINGLE, "bot": "ghost"}, "bot", "'ghost' is not registered"),
+        ({**SINGLE, "bot": "reviewer"}, "executor", "runs on claude_code, not codex"),
+        (
+            {**PIPELINE, "pipeline": [{"bot": "coder"}, {"bot": "ghost"}]},
+            "pipeline.1.bot",
+            "not registered",
+        ),
+        (
+            {**PIPELINE, "pipeline": [{"bot": "coder", "executor": "agno"}]},
+            "pipeline.0.executor",
+            "runs on codex, not agno",
+        ),
+        ({**PIPELINE, "pipeline": [{"context_passing": "none"}]}, "pipeline.0.executor", "Name"),
+    ],
+)
+def test_unregistered_or_mismatched_bots_are_400_and_store_nothing(api, body, field, fragment):
+    response = api.post("/api/tasks/", body, format="json")
+    assert response.status_code == 400, response.json()
+    assert fragment in " ".join(response.json()["fields"][field])
+    assert not Task.objects.exists()
+
+
+def test_an_executor_without_a_default_bot_is_400(api):
+    from backend.tasks.models import Bot
+
+    Bot.objects.filter(executor="agno").update(is_default=False)
+    response = api.post("/api/tasks/", {**SINGLE, "executor": "agno"}, format="json")
+    assert response.status_code == 400
+    assert "has no default bot" in response.json()["fields"]["executor"][0]
+
+
+def test_bots_are_listed_and_read(api, worker_api):
+    listed = api.get("/api/bots/").json()["results"]
+    names = [bot["name"] for bot in listed]
+    assert names == sorted(names)
+    assert {"codex", "claude-code", "agno", "coder", "reviewer"} <= set(names)
+    codex = api.get("/api/bots/codex/").json()
+    assert codex == {
+        "name": "codex",
+        "executor": "codex",
+        "model": "gpt-5.5",
+        "instructions": "",
+        "permission_mode": "full_access",
+        "max_turns": None,
+        "timeout_seconds": 1800,
+        "context_window": None,
+        "is_default": True,
+        "updated_at": codex["updated_at"],
+    }
+    assert api.get("/api/bots/ghost/").status_code == 404
+    assert APIClient().get("/api/bots/").status_code == 401
 
 
 def test_create_pipeline_task(api):
@@ -124,7 +191,7 @@ def test_create_group_chat_task(api):
         ({**SINGLE, "task_type": "Code Review"}, "task_type", "lowercase letters"),
         ({**SINGLE, "task_type": "a" * 65}, "task_type", "no more than 64"),
         ({**SINGLE, "title": ""}, "title", "may not be blank"),
-        ({k: v for k, v in SINGLE.items() if k != "executor"}, "executor", "required unless"),
+        ({k: v for k, v in SINGLE.items() if k != "executor"}, "executor", "Name a bot"),
         ({**PIPELINE, "executor": "codex"}, "executor", "not both"),
         ({**PIPELINE, "pipeline": []}, "pipeline", "may not be empty"),
         (

@@ -19,7 +19,7 @@ from backend.dispatch.services import claim_turns
 from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
 PREVIEW_URL = "/admin/dispatch/historypolicy/preview/"
 
@@ -48,7 +48,7 @@ def converse(*, owner, exchanges: list[tuple[str, str]], follow_up: str, task_ty
         title="Preview me",
         task_type=task_type,
         message=first_question,
-        pipeline=[PipelineStep(bot="assistant", executor="codex")],
+        pipeline=[PipelineStep(executor="codex")],
     )
     for index, (_, answer) in enumerate(exchanges):
         pending = Subtask.objects.get(task=task, role=Role.ASSISTANT, status=SubtaskStatus.PENDING)
@@ -488,7 +488,7 @@ def test_preview_of_a_first_turn_is_the_message_verbatim(admin_client, user):
         title="New",
         task_type="chat",
         message="Only this.",
-        pipeline=[PipelineStep(bot="assistant", executor="codex")],
+        pipeline=[PipelineStep(executor="codex")],
     )
     page = admin_client.get(PREVIEW_URL, {"task": task.pk}).content.decode()
     assert shown_prompt(page) == "Only this."
@@ -571,7 +571,7 @@ def test_turn_pages_show_bounded_text_and_the_result_as_sent(admin_client, user,
         title="big",
         task_type="code",
         message="go",
-        pipeline=[PipelineStep(bot="assistant", executor="codex")],
+        pipeline=[PipelineStep(executor="codex")],
     )
     turn = task.subtasks.get(role="ASSISTANT")
     value = "START " + "x" * 5_000 + " END"
@@ -582,3 +582,52 @@ def test_turn_pages_show_bounded_text_and_the_result_as_sent(admin_client, user,
     detail = admin_client.get(f"/admin/tasks/subtask/{turn.pk}/change/").content.decode()
     assert value in detail  # the result as sent, not {"value": null}
     assert Subtask.objects.get(pk=turn.pk).result == {"value": None}
+
+
+def test_bots_are_registered_and_edited_in_the_admin(client, staff_user, api):
+    from backend.tasks.models import Bot
+
+    staff_user.is_superuser = True
+    staff_user.save()
+    client.force_login(staff_user)
+    listing = client.get("/admin/tasks/bot/")
+    assert listing.status_code == 200
+    assert b"claude-code" in listing.content
+    response = client.post(
+        "/admin/tasks/bot/add/",
+        {
+            "name": "triager",
+            "executor": "agno",
+            "model": "gpt-5.5",
+            "instructions": "Label the issue.",
+            "permission_mode": "read_only",
+            "timeout_seconds": 120,
+            "max_turns": 4,
+        },
+    )
+    assert response.status_code == 302, response.content
+    bot = Bot.objects.get(name="triager")
+    assert (bot.executor, bot.permission_mode, bot.max_turns) == ("agno", "read_only", 4)
+    # A product can now name it.
+    created = api.post(
+        "/api/tasks/",
+        {"title": "t", "task_type": "chat", "message": "hi", "bot": "triager"},
+        format="json",
+    )
+    assert created.status_code == 201, created.json()
+    # A bot that turns name cannot be deleted or renamed.
+    page = client.get(f"/admin/tasks/bot/{bot.pk}/change/")
+    assert b'name="name"' not in page.content
+    assert client.get(f"/admin/tasks/bot/{bot.pk}/delete/").status_code == 403
+    # A name that cannot sit in a role label is refused.
+    bad = client.post(
+        "/admin/tasks/bot/add/",
+        {
+            "name": "a[b]",
+            "executor": "codex",
+            "permission_mode": "full_access",
+            "timeout_seconds": 1,
+        },
+    )
+    assert bad.status_code == 200
+    assert b"square brackets" in bad.content

@@ -11,7 +11,7 @@ from backend.tasks.services import PipelineStep, create_task
 from tests.conftest import make_worker
 from tests.tasks.test_concurrency import THREADS, run_in_threads
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("shipped_bots")]
 
 PENDING_TURNS = 120
 
@@ -25,7 +25,7 @@ def test_every_turn_is_claimed_exactly_once(limit):
             title=f"t{number}",
             task_type="code",
             message=f"job {number}",
-            pipeline=[PipelineStep(bot="assistant", executor="codex")],
+            pipeline=[PipelineStep(executor="codex")],
         )
     workers = [make_worker(f"worker-{index}") for index in range(THREADS)]
 
@@ -68,7 +68,7 @@ def test_cancel_and_report_at_once_never_deadlock():
             title=f"t{number}",
             task_type="code",
             message="go",
-            pipeline=[PipelineStep(bot="assistant", executor="codex")],
+            pipeline=[PipelineStep(executor="codex")],
         )
         for number in range(THREADS // 2)
     ]

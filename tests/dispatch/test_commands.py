@@ -59,7 +59,7 @@ def test_reclaim_leases_command(user, worker):
         title="t",
         task_type="code",
         message="go",
-        pipeline=[PipelineStep(bot="assistant", executor="codex")],
+        pipeline=[PipelineStep(executor="codex")],
     )
     [turn] = claim_turns(worker=worker, worker_id="w", kinds=["codex"], limit=1)
     Subtask.objects.filter(pk=turn.subtask.pk).update(

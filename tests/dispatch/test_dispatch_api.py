@@ -12,7 +12,7 @@ from django.utils import timezone
 from backend.dispatch.models import HistoryPolicy, PromptReport
 from backend.tasks.models import Subtask, Task
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
 SINGLE = {"title": "Fix", "task_type": "code", "message": "CI is red.", "executor": "codex"}
 PIPELINE = {
@@ -55,12 +55,20 @@ def test_claim_returns_the_payload_and_marks_the_turn_running(api, worker_api):
     assert turn["attempt"] == 1
     assert turn["prompt"] == "CI is red."
     assert turn["bot_config"] == {
-        "bot": "assistant",
+        "bot": "codex",
         "executor": "codex",
+        "model": "gpt-5.5",
+        "instructions": "",
+        "permission_mode": "full_access",
+        "max_turns": None,
+        "timeout_seconds": 1800,
+        "context_window": None,
         "context_passing": "original_and_previous",
         "pipeline_step": 0,
         "pipeline_length": 1,
     }
+    assert turn["heartbeat_interval_seconds"] == 60  # a quarter of the 600 s lease, at most 60
+    assert turn["prompt_report"]["bytes"] == len(b"CI is red.")
     assert turn["artifacts"] == []
     assert turn["native_session_id"] == ""
     assert turn["prompt_report"]["verbatim"] is True
@@ -184,8 +192,12 @@ def test_bad_results_are_400_and_leave_the_claim_running(api, worker_api):
     [turn] = dispatch(worker_api)
     for body, field in [
         ({"result": [1, 2]}, "result"),
-        ({"result": {"value": 3}}, "result.value"),
         ({"status": "FAILED"}, "error"),
+        ({"status": "RETRY"}, "error"),
+        ({"result": {"value": "x"}, "usage": {"input_tokens": -1}}, "usage.input_tokens"),
+        ({"result": {"value": "x"}, "usage": {"tokens": 3}}, "usage.tokens"),
+        ({"result": {"value": "x"}, "usage": [1]}, "usage"),
+        ({"result": {"value": "x"}, "error_code": "Bad Code"}, "error_code"),
         ({"status": "DONE", "result": {"value": "x"}}, "status"),
         ({"result": {"value": "x"}, "colour": "red"}, "colour"),
     ]:
@@ -290,7 +302,11 @@ def test_failed_payload_build_rolls_the_claim_back(api, worker_api, monkeypatch)
     monkeypatch.setattr(dispatch_services, "build_turn_prompt", broken)
     assert dispatch(worker_api) == []
     stored = Subtask.objects.get(role="ASSISTANT")
-    assert (stored.status, stored.lease_owner, stored.attempts) == ("PENDING", "", 1)
+    assert (stored.status, stored.attempts, stored.error_code) == (
+        "PENDING",
+        1,
+        "prompt_build_failed",
+    )
     monkeypatch.undo()
     [turn] = dispatch(worker_api)
     assert turn["attempt"] == 2
@@ -395,7 +411,7 @@ def test_turns_report_what_ingestion_measured(api, worker_api):
 
 
 def test_policy_decides_context_passing_unless_the_step_sets_it(api, worker_api):
-    steps = [{"bot": "coder", "executor": "codex"}, {"bot": "reviewer", "executor": "codex"}]
+    steps = [{"bot": "coder", "executor": "codex"}, {"bot": "builder", "executor": "codex"}]
     create(api, {**PIPELINE, "pipeline": steps})
     HistoryPolicy.objects.filter(task_type="code").update(context_passing="previous_bot")
     [coder] = dispatch(worker_api)

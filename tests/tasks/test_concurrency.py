@@ -18,7 +18,7 @@ from backend.tasks.services import (
     record_result,
 )
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("shipped_bots")]
 
 THREADS = 8
 
@@ -51,7 +51,7 @@ def new_task(user) -> Task:
         title="race",
         task_type="chat",
         message="first",
-        pipeline=[PipelineStep(bot="assistant", executor="agno")],
+        pipeline=[PipelineStep(executor="agno")],
     )
     turn = task.subtasks.get(role=Role.ASSISTANT)
     record_result(subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": "ok"})

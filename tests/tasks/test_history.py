@@ -9,12 +9,12 @@ from backend.tasks.history import prompt_input_for
 from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
 
 def chat(user, rounds: int, *, pipeline=None, is_group_chat=False, answer=None) -> Task:
     """A task with `rounds` answered rounds and one more pending user message."""
-    pipeline = pipeline or [PipelineStep(bot="assistant", executor="agno")]
+    pipeline = pipeline or [PipelineStep(executor="agno")]
     sender = "alice" if is_group_chat else ""
     task = create_task(
         owner=user,
@@ -61,9 +61,9 @@ def test_follow_up_sees_the_conversation(user):
     assert build.text == (
         "## Conversation History\n\n"
         "User:\nquestion 1\n\n"
-        "Assistant:\nanswer 1 from assistant\n\n"
+        "Assistant:\nanswer 1 from agno\n\n"
         "User:\nquestion 2\n\n"
-        "Assistant:\nanswer 2 from assistant\n\n"
+        "Assistant:\nanswer 2 from agno\n\n"
         "## Current Message\n\n"
         "User:\nquestion 3\n"
     )
@@ -78,14 +78,14 @@ def test_window_keeps_the_first_user_message_and_counts_the_rest(user):
     assert build.report.first_user_message_pinned
     history = build.text.split("## Current Message")[0]
     assert "User:\nquestion 1\n" in history
-    assert "answer 6 from assistant" in history
+    assert "answer 6 from agno" in history
     # The pinned message counts against max_messages: q1 + the two newest turns.
     assert "[omitted earlier messages: 9 (4 user, 5 assistant)]" in history
     assert build.report.included_message_ids == (1, 11, 12)
     assert [m.content for m in parsed.sections[0].messages] == [
         "question 1",
         "question 6",
-        "answer 6 from assistant",
+        "answer 6 from agno",
     ]
 
 

@@ -17,7 +17,7 @@ from backend.tasks.services import (
     validate_message_text,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
 TWO_STEPS = [
     PipelineStep(bot="coder", executor="codex"),
@@ -31,7 +31,7 @@ def make_task(owner, pipeline=None, **kwargs) -> Task:
         title=kwargs.pop("title", "Fix the build"),
         task_type=kwargs.pop("task_type", "code"),
         message=kwargs.pop("message", "The build is red, please fix it."),
-        pipeline=pipeline or [PipelineStep(bot="assistant", executor="codex")],
+        pipeline=pipeline or [PipelineStep(executor="codex")],
         **kwargs,
     )
 

@@ -15,13 +15,35 @@ from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token
 
 from backend.dispatch.workers import ensure_worker_account
-from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
+from backend.tasks.models import Bot, Role, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
 ADMIN_USERNAME = "admin"
 DEMO_WORKER_USERNAME = "demo-worker"
 GROUP_CHAT_TITLE = "Demo: release planning chat"
 PIPELINE_TITLE = "Demo: fix the flaky upload test"
+# The bots the demo tasks name, beside the shipped default bot of each executor.
+DEMO_BOTS = [
+    {
+        "name": "planner",
+        "executor": "agno",
+        "model": "gpt-5.5",
+        "instructions": "You help a team plan releases. Answer briefly.",
+    },
+    {
+        "name": "coder",
+        "executor": "codex",
+        "model": "gpt-5.5",
+        "instructions": "Fix what is asked with the smallest change; run the tests.",
+    },
+    {
+        "name": "reviewer",
+        "executor": "claude_code",
+        "model": "claude-sonnet-4-5",
+        "instructions": "Review the previous step's change; point out what is missing.",
+        "permission_mode": "read_only",
+    },
+]
 
 
 def _answer(turn: Subtask, text: str) -> None:
@@ -56,6 +78,12 @@ class Command(BaseCommand):
         admin.save()
         token, _ = Token.objects.get_or_create(user=admin)
         _, worker_token = ensure_worker_account(username=DEMO_WORKER_USERNAME)
+        # `make run` starts a worker beside the server with this token.
+        token_file = settings.VAR_DIR / "demo-worker-token"
+        token_file.write_text(worker_token + "\n")
+        token_file.chmod(0o600)
+        for bot in DEMO_BOTS:
+            Bot.objects.get_or_create(name=bot["name"], defaults=bot)
 
         if not Task.objects.filter(title=GROUP_CHAT_TITLE).exists():
             self._group_chat(admin)
