@@ -1,0 +1,1 @@
+"""One adapter per executor kind behind one small interface (see `base`)."""

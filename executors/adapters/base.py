@@ -1,0 +1,95 @@
+"""The interface every executor adapter implements: prepare → run → normalized events → outcome.
+
+An adapter is stateless between runs. At worker start `locate()` finds the executor once (a
+missing one stops the worker with a clear message). For each run, `launch()` returns the exact
+command line, the whole environment, the working directory and the bytes for stdin — the prompt
+always travels on stdin, never as an argument (Linux refuses one argument of 128 KiB or more).
+The worker starts that process, feeds each stdout line to the run's `StreamParser`, and asks it
+for the `Outcome` when the process has exited.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Protocol
+
+from executors.events import Event, Outcome
+
+
+class ExecutorUnavailable(RuntimeError):
+    """The executor this worker was asked to serve is not installed or cannot run here."""
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    """Where an executor's model calls go. None means the provider's own default."""
+
+    base_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    # Retries inside the executor for one model call; Baton retries whole turns itself.
+    max_retries: int = 2
+
+
+@dataclass(frozen=True)
+class BotConfig:
+    """The bot settings the dispatch payload carries (`bot_config`)."""
+
+    name: str
+    model: str = ""  # empty: the executor's default model
+    instructions: str = ""  # the bot's system prompt
+    permission_mode: str = "full_access"  # "full_access" or "read_only"
+    max_turns: int | None = None
+    timeout_seconds: int = 1800
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """Everything one run needs, prepared by the worker."""
+
+    prompt: str
+    bot: BotConfig
+    workspace: Path  # the task's workspace: the executor's working directory
+    state_dir: Path  # this worker's private home for this executor kind (native sessions live here)
+    tmp_dir: Path  # a private, empty temporary directory for this run only
+    endpoint: ModelEndpoint
+    resume_session_id: str | None = None
+    # Variables the worker passes through to every executor (PATH, locale, TZ, CA bundle):
+    # adapters start from these and add their own, never from the worker's whole environment.
+    passthrough_env: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    env: dict[str, str] = field(repr=False)  # the complete environment of the process
+    cwd: Path
+    stdin: bytes = field(repr=False)  # written whole, then stdin is closed
+
+
+class StreamParser(Protocol):
+    """Per-run state machine over the executor's stdout lines."""
+
+    def feed(self, line: str) -> list[Event]:
+        """Events for one stdout line (without its newline); unknown lines give none."""
+
+    def finish(self, *, exit_code: int, stderr_tail: str) -> Outcome:
+        """The run's outcome once the process has exited with `exit_code`."""
+
+
+class ExecutorAdapter(ABC):
+    kind: ClassVar[str]  # "codex", "claude_code" or "agno"
+
+    @abstractmethod
+    def locate(self) -> str:
+        """Find the executor (binary path or module); raise ExecutorUnavailable if it is absent."""
+
+    @abstractmethod
+    def launch(self, request: RunRequest) -> Launch:
+        """The process to start for this run."""
+
+    @abstractmethod
+    def parser(self, request: RunRequest) -> StreamParser:
+        """A fresh parser for this run's stdout."""
