@@ -25,7 +25,7 @@ def spill(*, owner, text: str = SPILLED_TEXT, title: str = "Spill") -> Artifact:
         title=title,
         task_type="code",
         message="Run the tests.",
-        pipeline=[PipelineStep(bot="assistant", executor="codex")],
+        pipeline=[PipelineStep(executor="codex")],
     )
     turn = task.subtasks.get(role=Role.ASSISTANT, status=SubtaskStatus.PENDING)
     turn = record_result(subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": text})
