@@ -120,8 +120,13 @@ def shipped_bots(transactional_db):
     """The default bots the migrations ship, again: transactional tests flush every table."""
     import importlib
 
-    shipped = importlib.import_module("backend.tasks.migrations.0006_shipped_bots").SHIPPED
-    return [register_bot(**{**values, "is_default": True}) for values in shipped]
+    from django.apps import apps
+
+    from backend.tasks.models import Bot
+
+    migration = importlib.import_module("backend.tasks.migrations.0006_shipped_bots")
+    migration.create_shipped_bots(apps, None)
+    return list(Bot.objects.filter(is_default=True))
 
 
 @pytest.fixture
@@ -138,3 +143,13 @@ def pipeline_bots(db):
             ("runner", "agno"),
         ]
     }
+
+
+@pytest.fixture
+def model_server():
+    """A model server of this test's own on 127.0.0.1 (Baton's stand-in model, scriptable),
+    recording every request the executors make."""
+    from executors.standin import ModelServer
+
+    with ModelServer() as server:
+        yield server
