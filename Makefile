@@ -24,10 +24,17 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
+# The API on $(HOST):$(PORT) and, beside it, a worker running Codex, Claude Code and Agno. An
+# executor whose provider key is not set (OPENAI_API_KEY, ANTHROPIC_API_KEY) answers with Baton's
+# stand-in model. Ctrl-C stops both.
 run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo
-	$(PY) manage.py runserver $(HOST):$(PORT)
+	@BATON_URL=http://$(HOST):$(PORT) BATON_WORKER_TOKEN_FILE=var/demo-worker-token \
+	  BATON_WORKSPACE_ROOT=var/workspaces BATON_WORKER_ID=demo-worker \
+	  $(PY) -m executors --standin-model auto & worker=$$!; \
+	  trap 'kill -TERM $$worker 2>/dev/null; wait $$worker' EXIT INT TERM; \
+	  $(PY) manage.py runserver $(HOST):$(PORT)
 
 test: install-test
 	@bash .ci/install-browser || echo "note: chromium/chromedriver missing and not installable here; the admin browser test will be skipped"

@@ -92,7 +92,11 @@ class ModelServer:
         *,
         turns: Sequence[Mapping[str, Any]] | None = None,
         record_path: str | Path | None = None,
+        keep_requests: bool = True,
     ) -> None:
+        # A long-running demo worker passes keep_requests=False: requests are then not kept
+        # in memory (nor written to record_path), so memory stays flat however long it runs.
+        self._keep_requests = keep_requests
         self._address = (host, port)
         self._record_path = Path(record_path) if record_path is not None else None
         self._lock = threading.Lock()
@@ -198,6 +202,8 @@ class ModelServer:
 
     def _record(self, request: RecordedRequest) -> None:
         """Append ``request``; the caller holds the lock."""
+        if not self._keep_requests:
+            return
         self._requests.append(request)
         if self._record_path is not None:
             with self._record_path.open("a", encoding="utf-8") as file:

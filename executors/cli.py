@@ -1,0 +1,141 @@
+"""`baton-executor` / `python -m executors`: start a worker from flags and environment.
+
+At start the worker finds every executor it was asked to serve, once (a missing one stops it
+with a message saying how to install it), works out each executor's model endpoint — the
+provider named by the ecosystem's own variables, or Baton's stand-in model when asked to — and
+then claims turns until it is stopped. Exit codes: 0 stopped or idle (--once), 2 configuration
+or setup problem.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from executors.adapters import adapter_for
+from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, ModelEndpoint
+from executors.client import BackendClient
+from executors.config import ConfigurationError, StandinMode, WorkerSettings, load_settings
+from executors.standin import ModelServer
+from executors.worker import Worker
+
+logger = logging.getLogger("baton.worker")
+
+STANDIN_API_KEY = "baton-standin-no-key"  # the stand-in accepts any key; executors want one
+
+
+def model_endpoints(
+    settings: WorkerSettings, *, standin_url: str | None
+) -> dict[str, ModelEndpoint]:
+    """Each served kind's endpoint. Raises ConfigurationError for a kind with no provider."""
+    endpoints = {}
+    for kind in settings.kinds:
+        if kind == "claude_code":
+            base_url, api_key, names = (
+                settings.anthropic_base_url,
+                settings.anthropic_api_key,
+                "ANTHROPIC_API_KEY (or ANTHROPIC_BASE_URL)",
+            )
+        else:
+            base_url, api_key, names = (
+                settings.openai_base_url,
+                settings.openai_api_key,
+                "OPENAI_API_KEY (or OPENAI_BASE_URL)",
+            )
+        if uses_standin(settings, kind):
+            assert standin_url is not None
+            # Anthropic clients append /v1 themselves; OpenAI clients expect it in the base.
+            base_url = standin_url if kind == "claude_code" else f"{standin_url}/v1"
+            api_key = STANDIN_API_KEY
+        elif base_url is None and api_key is None:
+            raise ConfigurationError(
+                f"{kind} has no model provider: set {names}, or run with --standin-model auto "
+                "to answer with Baton's stand-in model"
+            )
+        endpoints[kind] = ModelEndpoint(
+            base_url=base_url, api_key=api_key, max_retries=settings.model_retries
+        )
+    return endpoints
+
+
+def uses_standin(settings: WorkerSettings, kind: str) -> bool:
+    if settings.standin is StandinMode.ALWAYS:
+        return True
+    if settings.standin is StandinMode.NEVER:
+        return False
+    if kind == "claude_code":
+        return not (settings.anthropic_api_key or settings.anthropic_base_url)
+    return not (settings.openai_api_key or settings.openai_base_url)
+
+
+def locate_adapters(kinds: Sequence[str]) -> dict[str, ExecutorAdapter]:
+    """Find every executor once, at start; ExecutorUnavailable names what is missing."""
+    adapters = {}
+    problems = []
+    for kind in kinds:
+        adapter = adapter_for(kind)
+        try:
+            adapter.locate()
+        except ExecutorUnavailable as error:
+            problems.append(f"{kind}: {error}")
+            continue
+        adapters[kind] = adapter
+    if problems:
+        raise ExecutorUnavailable("; ".join(problems))
+    return adapters
+
+
+def _configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    # One line per HTTP request would drown the worker's own log (it polls).
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        settings = load_settings(argv)
+    except ConfigurationError as error:
+        print(f"baton-executor: {error}", file=sys.stderr)
+        return 2
+    _configure_logging(settings.log_level)
+    try:
+        adapters = locate_adapters(settings.kinds)
+    except ExecutorUnavailable as error:
+        print(f"baton-executor: cannot serve the requested executors: {error}", file=sys.stderr)
+        return 2
+    standin = None
+    if any(uses_standin(settings, kind) for kind in settings.kinds):
+        standin = ModelServer(keep_requests=False).start()
+    try:
+        endpoints = model_endpoints(settings, standin_url=standin.url if standin else None)
+        for kind in settings.kinds:
+            logger.info(
+                json.dumps(
+                    {
+                        "event": "executor_ready",
+                        "kind": kind,
+                        "model_endpoint": "stand-in model"
+                        if uses_standin(settings, kind)
+                        else (endpoints[kind].base_url or "provider default"),
+                    }
+                )
+            )
+        client = BackendClient(
+            base_url=settings.backend_url, token=settings.token, worker_id=settings.worker_id
+        )
+        worker = Worker(settings=settings, client=client, adapters=adapters, endpoints=endpoints)
+        worker.install_signal_handlers()
+        return worker.run()
+    except ConfigurationError as error:
+        print(f"baton-executor: {error}", file=sys.stderr)
+        return 2
+    finally:
+        if standin is not None:
+            standin.stop()

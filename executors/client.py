@@ -1,0 +1,272 @@
+"""The worker's only way to the backend: Baton's executor API over HTTP.
+
+One keep-alive connection pool, shared by the worker's threads. Transient failures — the backend
+restarting, a proxy's 502/503/504, a 429, a dropped connection — are retried with exponential
+backoff; answers that are final (4xx) are not. The backend makes every report idempotent for
+the claim that sends it, so a retried report whose first attempt did arrive changes nothing.
+Two answers are told apart because the worker acts differently on them: 409 `cancelled` (stop
+the executor) and 409 `lease_lost` (stop and forget the turn). Nothing here logs a request or
+response body, and the token is never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+from pydantic import BaseModel, ConfigDict
+
+logger = logging.getLogger("baton.worker")
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_T = TypeVar("_T")
+
+
+class BackendError(RuntimeError):
+    """A final answer from the backend that the worker cannot act on (a bug or bad setup)."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+class TurnCancelled(BackendError):
+    """The product cancelled the turn: stop the executor; there is nothing to report."""
+
+
+class LeaseLost(BackendError):
+    """The claim is gone (expired and reclaimed, or already finished): stop and forget."""
+
+
+class BackendUnavailable(BackendError):
+    """The backend could not be reached or kept failing for the whole retry budget."""
+
+
+class _Payload(BaseModel):
+    # Newer backends may add fields; a worker must not break on them.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class BotConfigPayload(_Payload):
+    bot: str
+    executor: str
+    model: str = ""
+    instructions: str = ""
+    permission_mode: str = "full_access"
+    max_turns: int | None = None
+    timeout_seconds: int = 1800
+    context_window: int | None = None
+    context_passing: str = ""
+    pipeline_step: int = 0
+    pipeline_length: int = 1
+
+
+class ArtifactEntry(_Payload):
+    id: str
+    sha256: str
+    kind: str
+    size_bytes: int
+    size_chars: int
+    size_lines: int
+    path: str
+    download_url: str
+
+
+class DispatchedTurn(_Payload):
+    task_id: int
+    subtask_id: int
+    message_id: int
+    attempt: int
+    task_type: str
+    executor: str
+    bot: str
+    bot_config: BotConfigPayload
+    prompt: str
+    prompt_report: dict[str, Any] = {}
+    artifacts: list[ArtifactEntry] = []
+    native_session_id: str = ""
+    heartbeat_interval_seconds: int = 60
+
+
+class Dispatch(_Payload):
+    turns: list[DispatchedTurn]
+    next_ready_in_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class ClaimState:
+    subtask_id: int
+    attempt: int
+    state: str  # running, cancelled, lease_lost, finished
+
+
+class BackendClient:
+    """Baton's executor API. Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str,
+        worker_id: str,
+        retry_budget_seconds: float = 60.0,
+        timeout_seconds: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.worker_id = worker_id
+        self._retry_budget = retry_budget_seconds
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Token {token}", "User-Agent": "baton-executor"},
+            timeout=httpx.Timeout(timeout_seconds, connect=5.0),
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
+            transport=transport,
+        )
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._http.close()
+
+    # -- the executor API -------------------------------------------------------------------
+
+    def dispatch(self, *, kinds: Sequence[str], limit: int) -> Dispatch:
+        body = {"kinds": list(kinds), "limit": limit, "worker_id": self.worker_id}
+        return Dispatch.model_validate(self._post("/api/executor/dispatch/", body))
+
+    def heartbeat(self, claims: Sequence[tuple[int, int]]) -> list[ClaimState]:
+        """The state of each (subtask_id, attempt) claim; renews the running ones when due."""
+        body = {
+            "worker_id": self.worker_id,
+            "turns": [{"subtask_id": sid, "attempt": attempt} for sid, attempt in claims],
+        }
+        answer = self._post("/api/executor/heartbeat/", body, budget=5.0)
+        return [
+            ClaimState(item["subtask_id"], item["attempt"], item["state"])
+            for item in answer["turns"]
+        ]
+
+    def progress(
+        self,
+        *,
+        subtask_id: int,
+        attempt: int,
+        events: list[dict[str, Any]],
+        partial_text: str | None,
+    ) -> None:
+        body: dict[str, Any] = {"worker_id": self.worker_id, "attempt": attempt, "events": events}
+        if partial_text is not None:
+            body["partial_text"] = partial_text
+        self._post(f"/api/executor/subtasks/{subtask_id}/progress/", body, budget=10.0)
+
+    def report(self, *, subtask_id: int, attempt: int, **report: Any) -> dict[str, Any]:
+        """Report the claim's outcome (status COMPLETED, FAILED, RETRY or RELEASE)."""
+        body = {"worker_id": self.worker_id, "attempt": attempt, **report}
+        return self._post(f"/api/executor/subtasks/{subtask_id}/result/", body)
+
+    def download(self, *, url: str, destination: Path, sha256: str) -> None:
+        """Stream an artifact to `destination`, checking its sha256 before it appears there.
+
+        The bytes go to a temporary file beside the destination and are renamed into place
+        only when the hash matches, so a partial or damaged download is never seen as the
+        artifact. Only URLs of this backend are fetched: the token must not go elsewhere.
+        """
+        target = urljoin(self.base_url + "/", url)
+        if _origin(target) != _origin(self.base_url):
+            raise BackendError(f"artifact URL is not on this backend ({_origin(target)})")
+        partial = destination.with_name(f".{destination.name}.partial")
+
+        def attempt() -> None:
+            digest = hashlib.sha256()
+            with self._http.stream("GET", target) as response:
+                _raise_for(response, read=True)
+                with partial.open("wb") as file:
+                    for chunk in response.iter_bytes(1 << 20):
+                        digest.update(chunk)
+                        file.write(chunk)
+            if digest.hexdigest() != sha256:
+                partial.unlink(missing_ok=True)
+                raise BackendError(
+                    f"artifact checksum mismatch: expected sha256 {sha256[:16]}…, "
+                    f"received {digest.hexdigest()[:16]}…"
+                )
+            partial.replace(destination)
+
+        try:
+            self._with_retries(attempt, self._retry_budget)
+        finally:
+            partial.unlink(missing_ok=True)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _post(self, path: str, body: dict[str, Any], *, budget: float | None = None) -> Any:
+        def attempt() -> Any:
+            response = self._http.post(path, json=body)
+            _raise_for(response)
+            return response.json()
+
+        return self._with_retries(attempt, self._retry_budget if budget is None else budget)
+
+    def _with_retries(self, call: Callable[[], _T], budget: float) -> _T:
+        deadline = time.monotonic() + budget
+        delay = 0.1
+        while True:
+            try:
+                return call()
+            except (httpx.TransportError, _Transient) as error:
+                if self._closed.is_set() or time.monotonic() + delay > deadline:
+                    raise BackendUnavailable(
+                        f"the backend is unavailable ({_describe(error)})"
+                    ) from None
+                logger.warning(
+                    "backend call failed (%s); retrying in %.1f s", _describe(error), delay
+                )
+                time.sleep(delay * (0.5 + random.random()))  # jitter: workers do not stampede
+                delay = min(delay * 2, 5.0)
+
+
+class _Transient(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+def _raise_for(response: httpx.Response, *, read: bool = False) -> None:
+    if response.status_code < 400:
+        return
+    if response.status_code in RETRY_STATUSES:
+        raise _Transient(response.status_code)
+    if read:
+        response.read()
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    code = body.get("code", "") if isinstance(body, dict) else ""
+    detail = body.get("detail", "") if isinstance(body, dict) else ""
+    message = f"HTTP {response.status_code} from {response.request.url.path}: {detail or code}"
+    if response.status_code == 409 and code == "cancelled":
+        raise TurnCancelled(message, status=409, code=code)
+    if response.status_code == 409 and code == "lease_lost":
+        raise LeaseLost(message, status=409, code=code)
+    raise BackendError(message, status=response.status_code, code=code)
+
+
+def _describe(error: Exception) -> str:
+    return type(error).__name__ if not str(error) else f"{type(error).__name__}: {error}"
+
+
+def _origin(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme, parts.netloc

@@ -1,0 +1,210 @@
+"""The worker's configuration: command-line flags over environment variables, read once.
+
+Every setting the worker understands is declared here with its type and default; the rest of
+the worker reads a `WorkerSettings` and never `os.environ`. Model endpoints and keys use each
+ecosystem's own variable names — `OPENAI_BASE_URL` / `OPENAI_API_KEY` for Codex and Agno,
+`ANTHROPIC_BASE_URL` / `ANTHROPIC_API_KEY` for Claude Code — so a worker machine set up for
+those tools needs nothing new. Keys stay on the worker: they never travel through the backend
+and are never logged (they are excluded from every repr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+EXECUTOR_KINDS = ("codex", "claude_code", "agno")
+
+# Passed through to every executor process; nothing else of the worker's environment is.
+PASSTHROUGH_VARIABLES = (
+    "PATH",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "TZ",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+)
+
+
+class ConfigurationError(RuntimeError):
+    """The flags and environment describe a worker that cannot run; the message says why."""
+
+
+class StandinMode(StrEnum):
+    """When executors talk to the stand-in model (`executors.standin`) instead of a provider."""
+
+    NEVER = "never"
+    AUTO = "auto"  # for each executor whose provider key is not set (what `make run` uses)
+    ALWAYS = "always"
+
+
+class WorkerSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend_url: str
+    token: str = Field(repr=False)
+    worker_id: str = Field(min_length=1, max_length=200)
+    kinds: tuple[str, ...] = EXECUTOR_KINDS
+    slots: int = Field(2, ge=1, le=100)
+    workspace_root: Path
+    once: bool = False
+    # How long running turns may go on after SIGTERM before they are released.
+    grace_seconds: float = Field(30.0, ge=0)
+    # How often an idle worker asks for work, and how often a busy one checks its claims
+    # (cancellation reaches the executor within about this long).
+    poll_seconds: float = Field(1.0, gt=0)
+    claim_check_seconds: float = Field(0.5, gt=0)
+    # Retries inside an executor for one model call; Baton retries whole turns itself.
+    model_retries: int = Field(2, ge=0, le=10)
+    standin: StandinMode = StandinMode.NEVER
+    openai_base_url: str | None = None
+    openai_api_key: str | None = Field(None, repr=False)
+    anthropic_base_url: str | None = None
+    anthropic_api_key: str | None = Field(None, repr=False)
+    log_level: str = "INFO"
+    passthrough_env: dict[str, str] = Field(default_factory=dict, repr=False)
+
+    @field_validator("backend_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL of the Baton backend")
+        return value.rstrip("/")
+
+    @field_validator("kinds")
+    @classmethod
+    def _known_kinds(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [kind for kind in value if kind not in EXECUTOR_KINDS]
+        if unknown:
+            raise ValueError(f"unknown executor kinds {unknown}; use {', '.join(EXECUTOR_KINDS)}")
+        if not value:
+            raise ValueError("name at least one executor kind")
+        return tuple(dict.fromkeys(value))
+
+    @property
+    def state_root(self) -> Path:
+        """Where this worker keeps executor homes (native sessions) and per-run temp dirs."""
+        return self.workspace_root / ".worker"
+
+
+def _csv(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="baton-executor",
+        description=(
+            "Baton's executor worker: claims turns from a Baton backend over HTTP and runs them "
+            "on the OpenAI Codex CLI, Claude Code or Agno."
+        ),
+    )
+    parser.add_argument(
+        "--backend", help="Baton's base URL, e.g. http://127.0.0.1:8000 ($BATON_URL)"
+    )
+    parser.add_argument("--token", help="the worker account's API token ($BATON_WORKER_TOKEN)")
+    parser.add_argument(
+        "--token-file", help="read the token from this file ($BATON_WORKER_TOKEN_FILE)"
+    )
+    parser.add_argument("--worker-id", help="this worker's name in claims ($BATON_WORKER_ID)")
+    parser.add_argument(
+        "--kinds", help="executors to serve, comma-separated ($BATON_EXECUTOR_KINDS)"
+    )
+    parser.add_argument("--slots", type=int, help="turns run at once ($BATON_WORKER_SLOTS)")
+    parser.add_argument(
+        "--workspace-root", help="task workspaces live under it ($BATON_WORKSPACE_ROOT)"
+    )
+    parser.add_argument(
+        "--once", action="store_true", default=None, help="exit 0 once nothing is pending"
+    )
+    parser.add_argument(
+        "--grace-seconds", type=float, help="after SIGTERM ($BATON_WORKER_GRACE_SECONDS)"
+    )
+    parser.add_argument(
+        "--standin-model",
+        choices=[mode.value for mode in StandinMode],
+        help="answer with Baton's stand-in model: never, auto (kinds without a key), always "
+        "($BATON_STANDIN_MODEL)",
+    )
+    parser.add_argument("--log-level", help="($BATON_LOG_LEVEL)")
+    return parser
+
+
+def load_settings(
+    argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None
+) -> WorkerSettings:
+    """Flags win over the environment; errors become one readable ConfigurationError."""
+    env = os.environ if environ is None else environ
+    args = _parser().parse_args(argv)
+
+    def pick(flag: object, variable: str) -> object:
+        return flag if flag is not None else env.get(variable) or None
+
+    token = pick(args.token, "BATON_WORKER_TOKEN")
+    token_file = pick(args.token_file, "BATON_WORKER_TOKEN_FILE")
+    if token is None and token_file is not None:
+        try:
+            token = Path(str(token_file)).read_text(encoding="utf-8").strip()
+        except OSError as error:
+            raise ConfigurationError(f"cannot read the token file {token_file}: {error}") from None
+    backend = pick(args.backend, "BATON_URL")
+    missing = [
+        name
+        for name, value in (
+            ("--backend / BATON_URL", backend),
+            ("--token / BATON_WORKER_TOKEN", token),
+        )
+        if not value
+    ]
+    if missing:
+        raise ConfigurationError(f"missing {' and '.join(missing)}")
+    kinds = pick(args.kinds, "BATON_EXECUTOR_KINDS")
+    values: dict[str, object] = {
+        "backend_url": backend,
+        "token": token,
+        "worker_id": pick(args.worker_id, "BATON_WORKER_ID")
+        or f"{socket.gethostname()}-{os.getpid()}",
+        "workspace_root": Path(
+            str(pick(args.workspace_root, "BATON_WORKSPACE_ROOT") or "var/workspaces")
+        ).resolve(),
+        "once": bool(args.once),
+        "openai_base_url": env.get("OPENAI_BASE_URL") or None,
+        "openai_api_key": env.get("OPENAI_API_KEY") or None,
+        "anthropic_base_url": env.get("ANTHROPIC_BASE_URL") or None,
+        "anthropic_api_key": env.get("ANTHROPIC_API_KEY") or None,
+        "passthrough_env": {name: env[name] for name in PASSTHROUGH_VARIABLES if name in env},
+    }
+    optional = {
+        "kinds": _csv(str(kinds)) if kinds else None,
+        "slots": pick(args.slots, "BATON_WORKER_SLOTS"),
+        "grace_seconds": pick(args.grace_seconds, "BATON_WORKER_GRACE_SECONDS"),
+        "poll_seconds": env.get("BATON_WORKER_POLL_SECONDS"),
+        "claim_check_seconds": env.get("BATON_WORKER_CLAIM_CHECK_SECONDS"),
+        "model_retries": env.get("BATON_MODEL_RETRIES"),
+        "standin": pick(args.standin_model, "BATON_STANDIN_MODEL"),
+        "log_level": pick(args.log_level, "BATON_LOG_LEVEL"),
+    }
+    values.update({key: value for key, value in optional.items() if value is not None})
+    try:
+        return WorkerSettings.model_validate(values)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in item['loc']) or 'settings'}: {item['msg']}"
+            for item in error.errors()
+        )
+        raise ConfigurationError(f"invalid worker configuration: {problems}") from None

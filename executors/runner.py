@@ -1,0 +1,296 @@
+"""One claimed turn, from workspace to report: the part of the worker that runs an executor.
+
+A `TurnRun` prepares the task's workspace and artifacts, starts the executor with the prompt on
+stdin, feeds its stdout to the adapter's parser, buffers progress, and makes exactly one report
+for its claim — or none when the product cancelled the turn or the claim was lost. Other threads
+only ask it to stop (`request_stop`: cancelled, lease lost, timeout, shutdown); the decision of
+what to report is taken in the run's own thread, once, so a claim is never reported twice.
+
+Timings (monotonic, per run) are logged without content: `overhead_ms` is the worker's own cost
+— claim to executor start, plus executor exit to result recorded — with artifact downloads
+counted separately (`artifacts_ms`) and the executor's run time beside it (`executor_ms`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from executors.adapters.base import BotConfig, ExecutorAdapter, ModelEndpoint, RunRequest
+from executors.client import (
+    BackendClient,
+    BackendError,
+    BackendUnavailable,
+    DispatchedTurn,
+    LeaseLost,
+    TurnCancelled,
+)
+from executors.events import ErrorCode, Outcome, OutcomeStatus
+from executors.process import ExecutorProcess
+from executors.progress import ProgressBuffer
+from executors.workspace import ArtifactRefused, materialize_artifacts, task_workspace
+
+logger = logging.getLogger("baton.worker")
+
+# Why a run was stopped before its executor finished.
+CANCELLED, LEASE_LOST, TIMEOUT, SHUTDOWN = "cancelled", "lease_lost", "timeout", "shutdown"
+# A stopped executor gets this long to exit on SIGTERM before the tree is killed.
+STOP_GRACE_SECONDS = 0.5
+ERROR_TEXT_CHARS = 8000
+
+
+@dataclass
+class RunTimings:
+    claimed: float
+    artifacts_ms: float = 0.0
+    started: float | None = None
+    exited: float | None = None
+    recorded: float | None = None
+
+    def as_log(self) -> dict[str, float | None]:
+        def ms(start: float | None, end: float | None) -> float | None:
+            return None if start is None or end is None else round((end - start) * 1000, 2)
+
+        overhead = None
+        if self.started is not None and self.exited is not None and self.recorded is not None:
+            overhead = round(
+                ms(self.claimed, self.started) - self.artifacts_ms + ms(self.exited, self.recorded),
+                2,
+            )
+        return {
+            "overhead_ms": overhead,
+            "start_ms": ms(self.claimed, self.started),
+            "artifacts_ms": round(self.artifacts_ms, 2),
+            "executor_ms": ms(self.started, self.exited),
+            "report_ms": ms(self.exited, self.recorded),
+        }
+
+
+@dataclass
+class TurnRun:
+    turn: DispatchedTurn
+    adapter: ExecutorAdapter
+    client: BackendClient
+    endpoint: ModelEndpoint
+    workspace_root: Path
+    state_root: Path
+    passthrough_env: dict[str, str]
+    on_done: Callable[[TurnRun], None]
+    claimed_at: float = field(default_factory=time.monotonic)
+    progress: ProgressBuffer = field(default_factory=ProgressBuffer)
+    marker: str = field(default_factory=lambda: uuid.uuid4().hex)
+    stop_reason: str | None = None
+    # Set once the executor has exited: its progress is over; the result is what counts now.
+    executor_done: bool = False
+    # What was reported for the claim ("COMPLETED", "FAILED", "RETRY", "RELEASE"), or None.
+    reported: str | None = None
+    _process: ExecutorProcess | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.timings = RunTimings(claimed=self.claimed_at)
+        self.deadline = self.claimed_at + self.turn.bot_config.timeout_seconds
+
+    @property
+    def claim(self) -> tuple[int, int]:
+        return self.turn.subtask_id, self.turn.attempt
+
+    # -- called from other threads ----------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Stop the executor soon (the first reason given wins); the run's thread reports."""
+        with self._lock:
+            if self.stop_reason is not None:
+                return
+            self.stop_reason = reason
+            process = self._process
+        logger.info(_log_line("turn_stopping", self, reason=reason))
+        if process is not None:
+            # stop() waits out the grace period: not on the caller's thread.
+            threading.Thread(target=process.stop, args=(STOP_GRACE_SECONDS,), daemon=True).start()
+
+    # -- the run's own thread ---------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as error:  # noqa: BLE001 - a worker bug must not kill the worker
+            logger.exception(_log_line("turn_crashed", self, error_type=type(error).__name__))
+            if self.reported is None and self.stop_reason not in (CANCELLED, LEASE_LOST):
+                self._report(
+                    status="FAILED",
+                    error=f"The Baton worker failed running this turn ({type(error).__name__}).",
+                    error_code=ErrorCode.EXECUTOR_ERROR,
+                )
+        finally:
+            self.on_done(self)
+
+    def _run(self) -> None:
+        turn = self.turn
+        logger.info(_log_line("turn_claimed", self))
+        workspace = task_workspace(root=self.workspace_root, task_id=turn.task_id)
+        started = time.monotonic()
+        try:
+            materialize_artifacts(client=self.client, workspace=workspace, manifest=turn.artifacts)
+        except (ArtifactRefused, BackendError) as error:
+            self.timings.artifacts_ms = (time.monotonic() - started) * 1000
+            retryable = isinstance(error, BackendUnavailable)
+            self._report(
+                status="RETRY" if retryable else "FAILED",
+                error=f"Baton could not put the turn's artifacts in the workspace: {error}",
+                error_code=ErrorCode.NETWORK_ERROR if retryable else ErrorCode.ARTIFACT_ERROR,
+            )
+            return
+        self.timings.artifacts_ms = (time.monotonic() - started) * 1000
+
+        tmp_dir = self.state_root / "tmp" / self.marker
+        tmp_dir.mkdir(parents=True)
+        try:
+            outcome, exit_code = self._execute(workspace=workspace, tmp_dir=tmp_dir)
+        finally:
+            self.executor_done = True
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+        if self.timings.exited is None:
+            self.timings.exited = time.monotonic()
+        self._report_outcome(outcome, exit_code=exit_code)
+
+    def _execute(self, *, workspace: Path, tmp_dir: Path) -> tuple[Outcome | None, int | None]:
+        config = self.turn.bot_config
+        state_dir = self.state_root / self.adapter.kind
+        state_dir.mkdir(parents=True, exist_ok=True)
+        request = RunRequest(
+            prompt=self.turn.prompt,
+            bot=BotConfig(
+                name=config.bot,
+                model=config.model,
+                instructions=config.instructions,
+                permission_mode=config.permission_mode,
+                max_turns=config.max_turns,
+                timeout_seconds=config.timeout_seconds,
+            ),
+            workspace=workspace,
+            state_dir=state_dir,
+            tmp_dir=tmp_dir,
+            endpoint=self.endpoint,
+            passthrough_env=self.passthrough_env,
+        )
+        launch = self.adapter.launch(request)
+        parser = self.adapter.parser(request)
+        with self._lock:
+            if self.stop_reason is not None:
+                return None, None  # stopped before the executor started
+            self._process = process = ExecutorProcess.start(launch, marker=self.marker)
+        self.timings.started = time.monotonic()
+        for line in process.lines():
+            events = parser.feed(line)
+            if events:
+                self.progress.add(events)
+        exit_code = process.wait()
+        # From here on the time is the worker's own (leftover cleanup, parsing, reporting).
+        self.timings.exited = time.monotonic()
+        self.executor_done = True
+        # Tool commands the executor left running belong to the run: end them too.
+        leftovers = process.stop(grace_seconds=STOP_GRACE_SECONDS)
+        if leftovers:
+            logger.warning(_log_line("turn_processes_left", self, pids=len(leftovers)))
+        if exit_code is None:
+            exit_code = -1
+        return parser.finish(exit_code=exit_code, stderr_tail=process.stderr_tail()), exit_code
+
+    def _report_outcome(self, outcome: Outcome | None, *, exit_code: int | None) -> None:
+        reason = self.stop_reason
+        if reason in (CANCELLED, LEASE_LOST):
+            logger.info(_log_line("turn_abandoned", self, reason=reason, exit_code=exit_code))
+            return
+        if reason == SHUTDOWN:
+            self._report(status="RELEASE", error="The worker shut down.", error_code="shutdown")
+            return
+        if reason == TIMEOUT:
+            self._report(
+                status="FAILED",
+                error=(
+                    f"The turn ran longer than bot {self.turn.bot!r}'s timeout of "
+                    f"{self.turn.bot_config.timeout_seconds} s; Baton stopped the executor."
+                ),
+                error_code=ErrorCode.TIMEOUT,
+                outcome=outcome,
+            )
+            return
+        assert outcome is not None
+        if outcome.status is OutcomeStatus.COMPLETED:
+            result: dict[str, Any] = {"value": outcome.final_text or ""}
+            if outcome.commands:
+                result["commands"] = list(outcome.commands)
+            if outcome.files_changed:
+                result["files_changed"] = list(outcome.files_changed)
+            self._report(status="COMPLETED", result=result, outcome=outcome)
+            return
+        status = "RETRY" if outcome.status is OutcomeStatus.RETRYABLE else "FAILED"
+        code = outcome.error_code or ErrorCode.EXECUTOR_ERROR
+        error = outcome.error.strip() or f"The executor failed ({code}, exit code {exit_code})."
+        self._report(
+            status=status, error=error[:ERROR_TEXT_CHARS], error_code=code, outcome=outcome
+        )
+
+    def _report(
+        self,
+        *,
+        status: str,
+        result: dict[str, Any] | None = None,
+        error: str = "",
+        error_code: str = "",
+        outcome: Outcome | None = None,
+    ) -> None:
+        body: dict[str, Any] = {"status": status, "error": error, "error_code": str(error_code)}
+        if result is not None:
+            body["result"] = result
+        if outcome is not None:
+            if outcome.usage is not None:
+                body["usage"] = outcome.usage.to_json()
+            body["native_session_id"] = outcome.session_id
+        try:
+            self.client.report(subtask_id=self.turn.subtask_id, attempt=self.turn.attempt, **body)
+        except (TurnCancelled, LeaseLost) as refused:
+            logger.info(_log_line("turn_report_refused", self, code=refused.code))
+            return
+        except BackendError as failure:
+            # The lease runs out and the turn is claimed again: nothing is lost.
+            logger.error(
+                _log_line("turn_report_failed", self, status=failure.status, code=failure.code)
+            )
+            return
+        self.reported = status
+        self.timings.recorded = time.monotonic()
+        logger.info(
+            _log_line(
+                "turn_reported",
+                self,
+                reported=status,
+                error_code=str(error_code) or None,
+                events=self.progress.event_count,
+                **self.timings.as_log(),
+            )
+        )
+
+
+def _log_line(event: str, run: TurnRun, **fields: Any) -> str:
+    """One JSON log line: ids, counts, codes and timings — never prompt, answer or command text."""
+    turn = run.turn
+    record = {
+        "event": event,
+        "task": turn.task_id,
+        "subtask": turn.subtask_id,
+        "attempt": turn.attempt,
+        "executor": turn.executor,
+        "run": run.marker,
+        **fields,
+    }
+    return json.dumps(record, sort_keys=True)

@@ -1,0 +1,246 @@
+"""The worker loop: claim turns for free slots, run each in its own thread, watch the claims.
+
+The main thread asks the backend for up to `free slots` turns and starts a `TurnRun` thread
+for each. A supervisor thread does what must happen while runs are going: it posts buffered
+progress (at most twice a second per run), checks every claim about twice a second with one
+batched heartbeat — which renews leases when due and is how a cancel reaches a run, within the
+2 s the product expects — and stops runs that outlive their bot's timeout.
+
+Shutdown (SIGTERM or SIGINT): the worker stops claiming, lets running turns finish for the grace
+period, then stops the rest and releases them to the backend (RELEASE: they go back to pending
+at once for another worker). A second signal skips the grace period. `--once` ends the loop when
+nothing is pending for the worker's kinds and nothing is running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from types import FrameType
+
+from executors.adapters.base import ExecutorAdapter, ModelEndpoint
+from executors.client import (
+    BackendClient,
+    BackendError,
+    BackendUnavailable,
+    LeaseLost,
+    TurnCancelled,
+)
+from executors.config import WorkerSettings
+from executors.process import enable_subreaper, reap_adopted_zombies
+from executors.runner import CANCELLED, LEASE_LOST, SHUTDOWN, TIMEOUT, TurnRun
+
+logger = logging.getLogger("baton.worker")
+
+SUPERVISOR_TICK_SECONDS = 0.1
+
+
+class Worker:
+    def __init__(
+        self,
+        *,
+        settings: WorkerSettings,
+        client: BackendClient,
+        adapters: Mapping[str, ExecutorAdapter],
+        endpoints: Mapping[str, ModelEndpoint],
+    ) -> None:
+        self.settings = settings
+        self.client = client
+        self.adapters = dict(adapters)
+        self.endpoints = dict(endpoints)
+        self._runs: dict[int, tuple[TurnRun, threading.Thread]] = {}
+        self._runs_lock = threading.Lock()
+        self._wake = threading.Event()  # a slot was freed, or shutdown began
+        self._stopping = threading.Event()
+        self._hurry = threading.Event()  # second signal: no grace period
+        self._finished = threading.Event()
+        self.turns_run = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._stopping.is_set():
+            self._hurry.set()
+        self.stop()
+
+    def stop(self) -> None:
+        """Begin a graceful shutdown (safe from any thread and from signal handlers)."""
+        self._stopping.set()
+        self._wake.set()
+
+    def run(self) -> int:
+        """Serve until stopped (or, with --once, until idle). Returns the process exit code."""
+        enable_subreaper()
+        self.settings.state_root.mkdir(parents=True, exist_ok=True)
+        supervisor = threading.Thread(target=self._supervise, name="baton-supervisor", daemon=True)
+        supervisor.start()
+        logger.info(
+            json.dumps(
+                {
+                    "event": "worker_started",
+                    "worker_id": self.settings.worker_id,
+                    "kinds": list(self.settings.kinds),
+                    "slots": self.settings.slots,
+                }
+            )
+        )
+        try:
+            code = self._claim_loop()
+        finally:
+            self._shut_down()
+            self._finished.set()
+            supervisor.join(timeout=5)
+            self.client.close()
+        logger.info(json.dumps({"event": "worker_stopped", "turns_run": self.turns_run}))
+        return code
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    def _claim_loop(self) -> int:
+        settings = self.settings
+        while not self._stopping.is_set():
+            free = settings.slots - self._running_count()
+            wait = settings.poll_seconds
+            if free > 0:
+                try:
+                    dispatch = self.client.dispatch(kinds=settings.kinds, limit=free)
+                except BackendUnavailable as error:
+                    logger.warning(
+                        json.dumps({"event": "dispatch_unavailable", "error": str(error)})
+                    )
+                    self._wake.wait(settings.poll_seconds)
+                    self._wake.clear()
+                    continue
+                except BackendError as error:
+                    if error.status in (401, 403):
+                        logger.error(
+                            "the backend refused this worker's token (HTTP %s): is it a worker "
+                            "account's token (manage.py create_worker)?",
+                            error.status,
+                        )
+                        return 2
+                    raise
+                for turn in dispatch.turns:
+                    self._start(turn)
+                if dispatch.turns:
+                    continue  # there may be more
+                idle = self._running_count() == 0 and dispatch.next_ready_in_seconds is None
+                if settings.once and idle:
+                    return 0
+                if dispatch.next_ready_in_seconds is not None:
+                    wait = min(wait, max(0.05, dispatch.next_ready_in_seconds))
+            self._wake.wait(wait)
+            self._wake.clear()
+        return 0
+
+    def _start(self, turn) -> None:
+        run = TurnRun(
+            turn=turn,
+            adapter=self.adapters[turn.executor],
+            client=self.client,
+            endpoint=self.endpoints[turn.executor],
+            workspace_root=self.settings.workspace_root,
+            state_root=self.settings.state_root,
+            passthrough_env=self.settings.passthrough_env,
+            on_done=self._run_done,
+        )
+        thread = threading.Thread(target=run.run, name=f"baton-turn-{turn.subtask_id}", daemon=True)
+        with self._runs_lock:
+            self._runs[turn.subtask_id] = (run, thread)
+        thread.start()
+
+    def _run_done(self, run: TurnRun) -> None:
+        with self._runs_lock:
+            self._runs.pop(run.turn.subtask_id, None)
+            self.turns_run += 1
+        reap_adopted_zombies()
+        self._wake.set()
+
+    def _running_count(self) -> int:
+        with self._runs_lock:
+            return len(self._runs)
+
+    def _current_runs(self) -> list[TurnRun]:
+        with self._runs_lock:
+            return [run for run, _ in self._runs.values()]
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def _shut_down(self) -> None:
+        deadline = time.monotonic() + self.settings.grace_seconds
+        while self._running_count() and time.monotonic() < deadline and not self._hurry.is_set():
+            self._wake.wait(0.1)
+            self._wake.clear()
+        for run in self._current_runs():
+            run.request_stop(SHUTDOWN)
+        with self._runs_lock:
+            threads = [thread for _, thread in self._runs.values()]
+        for thread in threads:
+            thread.join(timeout=30)
+
+    # -- supervision ------------------------------------------------------------------------
+
+    def _supervise(self) -> None:
+        next_check = 0.0
+        while not self._finished.is_set():
+            now = time.monotonic()
+            runs = self._current_runs()
+            for run in runs:
+                if now > run.deadline:
+                    run.request_stop(TIMEOUT)
+                self._post_progress(run, now)
+            if runs and now >= next_check:
+                next_check = now + self.settings.claim_check_seconds
+                self._check_claims(runs)
+            self._finished.wait(SUPERVISOR_TICK_SECONDS)
+
+    def _post_progress(self, run: TurnRun, now: float) -> None:
+        if run.stop_reason is not None or run.executor_done:
+            return
+        batch = run.progress.take(now=now)
+        if batch is None:
+            return
+        try:
+            self.client.progress(
+                subtask_id=run.turn.subtask_id,
+                attempt=run.turn.attempt,
+                events=batch.events,
+                partial_text=batch.partial_text,
+            )
+        except TurnCancelled:
+            run.request_stop(CANCELLED)
+        except LeaseLost:
+            run.request_stop(LEASE_LOST)
+        except BackendError as error:
+            # Progress is best effort; the result carries the answer.
+            logger.warning(
+                json.dumps(
+                    {
+                        "event": "progress_failed",
+                        "subtask": run.turn.subtask_id,
+                        "status": error.status,
+                    }
+                )
+            )
+
+    def _check_claims(self, runs: list[TurnRun]) -> None:
+        try:
+            states = self.client.heartbeat([run.claim for run in runs])
+        except BackendError as error:
+            logger.warning(json.dumps({"event": "heartbeat_failed", "status": error.status}))
+            return
+        by_claim = {(state.subtask_id, state.attempt): state.state for state in states}
+        for run in runs:
+            state = by_claim.get(run.claim)
+            if state == "cancelled":
+                run.request_stop(CANCELLED)
+            elif state == "lease_lost":
+                run.request_stop(LEASE_LOST)

@@ -1,0 +1,284 @@
+"""The worker's parts on their own: configuration, workspace safety, progress batching and the
+HTTP client's retries (against a real loopback server)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from executors.client import (
+    ArtifactEntry,
+    BackendClient,
+    BackendError,
+    BackendUnavailable,
+    LeaseLost,
+    TurnCancelled,
+)
+from executors.config import ConfigurationError, StandinMode, load_settings
+from executors.events import MessageCompleted, MessageDelta, ToolStarted
+from executors.progress import MAX_EVENTS_PER_POST, MAX_PARTIAL_TEXT_BYTES, ProgressBuffer
+from executors.workspace import (
+    ArtifactRefused,
+    artifact_destination,
+    materialize_artifacts,
+    task_workspace,
+)
+
+# --- configuration -------------------------------------------------------------------------
+
+BASE_ENV = {"BATON_URL": "http://127.0.0.1:8000/", "BATON_WORKER_TOKEN": "tok"}
+
+
+def test_flags_win_over_the_environment(tmp_path):
+    env = {
+        **BASE_ENV,
+        "BATON_EXECUTOR_KINDS": "codex,agno",
+        "BATON_WORKER_SLOTS": "3",
+        "BATON_WORKSPACE_ROOT": str(tmp_path),
+        "OPENAI_API_KEY": "sk-secret",
+        "PATH": "/usr/bin",
+        "AWS_SECRET_ACCESS_KEY": "not for executors",
+    }
+    settings = load_settings(["--slots", "5", "--worker-id", "w-9", "--once"], env)
+    assert settings.backend_url == "http://127.0.0.1:8000"
+    assert (settings.slots, settings.worker_id, settings.once) == (5, "w-9", True)
+    assert settings.kinds == ("codex", "agno")
+    assert settings.workspace_root == tmp_path
+    assert settings.passthrough_env == {"PATH": "/usr/bin"}
+    assert settings.standin is StandinMode.NEVER
+    # Secrets never show in a repr (and so never in a log line that prints the settings).
+    assert "sk-secret" not in repr(settings)
+    assert "tok" not in repr(settings).replace("token", "")
+
+
+def test_the_token_can_come_from_a_file(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("from-file\n")
+    env = {"BATON_URL": "http://127.0.0.1:8000", "BATON_WORKER_TOKEN_FILE": str(token_file)}
+    assert load_settings([], env).token == "from-file"
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        ([], {}, "missing --backend / BATON_URL and --token / BATON_WORKER_TOKEN"),
+        (["--kinds", "codex,gpt"], BASE_ENV, "unknown executor kinds ['gpt']"),
+        (["--slots", "0"], BASE_ENV, "slots"),
+        (["--backend", "ftp://x"], BASE_ENV, "http:// or https://"),
+        (
+            [],
+            {**BASE_ENV, "BATON_WORKER_TOKEN_FILE": "/nonexistent", "BATON_WORKER_TOKEN": ""},
+            "token file",
+        ),
+    ],
+)
+def test_bad_configuration_is_one_clear_error(argv, env, message):
+    with pytest.raises(ConfigurationError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_settings(argv, env)
+
+
+def test_a_kind_without_a_provider_is_refused_unless_the_stand_in_answers():
+    from executors.cli import model_endpoints
+
+    settings = load_settings(["--kinds", "codex,claude_code"], {**BASE_ENV, "OPENAI_API_KEY": "k"})
+    with pytest.raises(ConfigurationError, match="claude_code has no model provider"):
+        model_endpoints(settings, standin_url=None)
+    auto = load_settings(
+        ["--kinds", "codex,claude_code", "--standin-model", "auto"],
+        {**BASE_ENV, "OPENAI_API_KEY": "k"},
+    )
+    endpoints = model_endpoints(auto, standin_url="http://127.0.0.1:9")
+    assert (endpoints["codex"].base_url, endpoints["codex"].api_key) == (None, "k")
+    assert endpoints["claude_code"].base_url == "http://127.0.0.1:9"
+
+
+# --- workspaces ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/etc/passwd", "../outside.txt", ".baton/../../x", "a//b", "", "a\\b", "a\x00b", "./a/"],
+)
+def test_paths_that_would_leave_the_workspace_are_refused(tmp_path, path):
+    workspace = task_workspace(root=tmp_path, task_id=1)
+    with pytest.raises(ArtifactRefused):
+        artifact_destination(workspace=workspace, relative_path=path)
+
+
+def test_a_symlink_planted_in_the_workspace_cannot_redirect_a_write(tmp_path):
+    workspace = task_workspace(root=tmp_path, task_id=1)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (workspace / ".baton").symlink_to(outside)
+    with pytest.raises(ArtifactRefused, match="outside the workspace"):
+        artifact_destination(workspace=workspace, relative_path=".baton/artifacts/a.txt")
+    assert not any(outside.iterdir())
+
+
+def test_a_bad_manifest_writes_nothing(tmp_path):
+    workspace = task_workspace(root=tmp_path, task_id=1)
+    entries = [_entry(b"good", ".baton/artifacts/good.txt"), _entry(b"bad", "../escape.txt")]
+    with pytest.raises(ArtifactRefused):
+        materialize_artifacts(client=None, workspace=workspace, manifest=entries)  # type: ignore[arg-type]
+    assert not (workspace / ".baton" / "artifacts" / "good.txt").exists()
+
+
+def _entry(content: bytes, path: str, url: str = "/api/artifacts/x/content/") -> ArtifactEntry:
+    return ArtifactEntry(
+        id="x",
+        sha256=hashlib.sha256(content).hexdigest(),
+        kind="text",
+        size_bytes=len(content),
+        size_chars=len(content),
+        size_lines=1,
+        path=path,
+        download_url=url,
+    )
+
+
+# --- progress ------------------------------------------------------------------------------
+
+
+def test_deltas_become_partial_text_and_posts_are_throttled():
+    buffer = ProgressBuffer()
+    buffer.add([MessageDelta("Hel"), MessageDelta("lo"), ToolStarted("c1", "shell", "ls")])
+    batch = buffer.take(now=100.0)
+    assert batch.partial_text == "Hello"
+    assert batch.events == [
+        {"type": "tool_started", "call_id": "c1", "tool": "shell", "command": "ls"}
+    ]
+    buffer.add([MessageDelta("!")])
+    assert buffer.take(now=100.2) is None  # too soon
+    assert buffer.take(now=100.6).partial_text == "Hello!"
+    assert buffer.take(now=101.5) is None  # nothing new
+    buffer.add([MessageCompleted("Final answer")])
+    batch = buffer.take(now=102.0)
+    assert (batch.partial_text, batch.events[0]["type"]) == ("Final answer", "message_completed")
+
+
+def test_batches_respect_the_backends_limits():
+    buffer = ProgressBuffer()
+    buffer.add(
+        [ToolStarted(f"c{n}", "shell", "x" * 10_000) for n in range(MAX_EVENTS_PER_POST + 5)]
+    )
+    buffer.add([MessageDelta("é" * MAX_PARTIAL_TEXT_BYTES)])
+    first = buffer.take(now=10.0)
+    assert len(first.events) == MAX_EVENTS_PER_POST
+    assert all(len(event["command"]) < 4_100 for event in first.events)
+    assert "chars truncated" in first.events[0]["command"]
+    assert len(first.partial_text.encode()) <= MAX_PARTIAL_TEXT_BYTES
+    assert first.partial_text.endswith("é")
+    second = buffer.take(now=11.0)
+    assert len(second.events) == 5
+    assert second.partial_text is None
+
+
+# --- the HTTP client -----------------------------------------------------------------------
+
+
+class _Backend(BaseHTTPRequestHandler):
+    """A loopback stand-in for Baton's executor API that answers from a per-test script."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        self._answer()
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._answer()
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        self.server.seen.append((self.command, self.path, self.headers.get("Authorization"), body))
+        status, payload = self.server.script.pop(0) if self.server.script else (200, {})
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def backend() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
+    server.script, server.seen = [], []
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _client(server: ThreadingHTTPServer, **kwargs: object) -> BackendClient:
+    host, port = server.server_address
+    return BackendClient(base_url=f"http://{host}:{port}", token="t0k", worker_id="w", **kwargs)
+
+
+def test_transient_answers_are_retried_and_final_ones_are_not(backend):
+    backend.script = [(503, {}), (502, {}), (200, {"turns": [], "next_ready_in_seconds": None})]
+    client = _client(backend)
+    assert client.dispatch(kinds=["codex"], limit=2).turns == []
+    assert len(backend.seen) == 3
+    assert backend.seen[0][2] == "Token t0k"
+    assert json.loads(backend.seen[0][3]) == {"kinds": ["codex"], "limit": 2, "worker_id": "w"}
+    backend.script = [(400, {"detail": "bad", "code": "invalid"})]
+    with pytest.raises(BackendError) as error:
+        client.dispatch(kinds=["codex"], limit=1)
+    assert (error.value.status, len(backend.seen)) == (400, 4)
+
+
+def test_cancelled_and_lost_claims_are_told_apart(backend):
+    client = _client(backend)
+    backend.script = [(409, {"detail": "x", "code": "cancelled"})]
+    with pytest.raises(TurnCancelled):
+        client.progress(subtask_id=1, attempt=1, events=[], partial_text=None)
+    backend.script = [(409, {"detail": "x", "code": "lease_lost"})]
+    with pytest.raises(LeaseLost):
+        client.report(subtask_id=1, attempt=1, status="COMPLETED", result={"value": "x"})
+
+
+def test_an_unreachable_backend_gives_up_after_the_budget():
+    client = BackendClient(
+        base_url="http://127.0.0.1:9", token="t", worker_id="w", retry_budget_seconds=0.5
+    )
+    with pytest.raises(BackendUnavailable):
+        client.dispatch(kinds=["codex"], limit=1)
+
+
+def test_downloads_are_checked_before_they_appear(backend, tmp_path):
+    content = b"the whole text\n" * 1000
+    client = _client(backend)
+    workspace = task_workspace(root=tmp_path, task_id=7)
+    entry = _entry(content, ".baton/artifacts/x.txt")
+    backend.script = [(200, b"tampered" + content)]
+    with pytest.raises(BackendError, match="checksum mismatch"):
+        materialize_artifacts(client=client, workspace=workspace, manifest=[entry])
+    target = workspace / ".baton" / "artifacts" / "x.txt"
+    assert not target.exists()
+    assert list(target.parent.iterdir()) == []  # no partial file left behind
+    backend.script = [(200, content)]
+    assert materialize_artifacts(client=client, workspace=workspace, manifest=[entry]) == 1
+    assert target.read_bytes() == content
+    # The next turn names the same artifact: it is already there and is not fetched again.
+    assert materialize_artifacts(client=client, workspace=workspace, manifest=[entry]) == 0
+    # Another origin never gets the token.
+    elsewhere = _entry(content, ".baton/artifacts/y.txt", url="http://example.com/a")
+    with pytest.raises(BackendError, match="not on this backend"):
+        materialize_artifacts(client=client, workspace=workspace, manifest=[elsewhere])
+
+
+def test_workspaces_are_per_task_and_reused(tmp_path):
+    first = task_workspace(root=tmp_path, task_id=3)
+    (first / "notes.txt").write_text("kept")
+    assert task_workspace(root=tmp_path, task_id=3) == first
+    assert (first / "notes.txt").read_text() == "kept"
+    assert task_workspace(root=tmp_path, task_id=4) != first
+    assert isinstance(first, Path)
