@@ -156,7 +156,26 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "django.server": {
+            "()": "django.utils.log.ServerFormatter",
+            "format": "[{server_time}] {message}",
+            "style": "{",
+        },
+    },
+    "filters": {"quiet_worker_polling": {"()": "backend.api.log_filters.QuietWorkerPolling"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        # runserver's access log, without the successful polling of a worker beside it.
+        "django.server": {
+            "class": "logging.StreamHandler",
+            "formatter": "django.server",
+            "filters": ["quiet_worker_polling"],
+        },
+    },
+    "loggers": {
+        "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False}
+    },
     "root": {"handlers": ["console"], "level": BATON.log_level},
 }

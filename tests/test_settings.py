@@ -62,3 +62,21 @@ def test_bad_values_give_a_readable_error(environ, fragment):
 def test_allowed_hosts_are_a_comma_list():
     env = load_environment({"ALLOWED_HOSTS": "baton.example.org, api.example.org,"})
     assert env.effective_allowed_hosts == ["baton.example.org", "api.example.org"]
+
+
+def test_the_development_access_log_leaves_out_successful_worker_polling():
+    import logging
+
+    from backend.api.log_filters import QuietWorkerPolling
+
+    def record(line: str, status: int) -> logging.LogRecord:
+        entry = logging.LogRecord(
+            "django.server", logging.INFO, "", 0, '"%s" %s %s', (line, str(status), "41"), None
+        )
+        entry.status_code = status
+        return entry
+
+    quiet = QuietWorkerPolling()
+    assert not quiet.filter(record("POST /api/executor/dispatch/ HTTP/1.1", 200))
+    assert quiet.filter(record("POST /api/executor/dispatch/ HTTP/1.1", 403))
+    assert quiet.filter(record("GET /api/tasks/1/ HTTP/1.1", 200))

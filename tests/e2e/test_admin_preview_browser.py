@@ -47,6 +47,7 @@ OMISSION_NOTICE = re.compile(r"^\[omitted earlier messages: .*\]$", re.MULTILINE
 pytestmark = [
     pytest.mark.e2e,
     pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("shipped_bots"),
     pytest.mark.skipif(
         not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()),
         reason=(

@@ -1,0 +1,354 @@
+"""End to end: a product talks to a live Baton over HTTP, the real worker (`python -m executors`)
+runs the real Codex CLI, Claude Code and Agno, and they talk to a model server on loopback.
+
+Everything here is real but the model: the backend is pytest-django's live server, the worker
+is its own process with its own executors, and the model server (`executors.standin`) records
+every request and answers from a script. The assertions look at what users see — the task API —
+and at what the model finally received.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from hashlib import sha256
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+
+from backend.dispatch.models import HistoryPolicy
+from backend.dispatch.workers import ensure_worker_account
+from executors.process import processes_with_marker
+from executors.standin import ModelServer, extract_prompt
+from tests.conftest import register_bot
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("shipped_bots"),
+]
+
+KINDS = ["codex", "claude_code", "agno"]
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED"}
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def tool_call(kind: str, command: str) -> dict[str, Any]:
+    """A scripted model turn that asks the executor to run a shell command."""
+    if kind == "codex":
+        return {"tool": {"name": "exec_command", "arguments": {"cmd": command}}}
+    if kind == "claude_code":
+        return {"tool": {"name": "Bash", "arguments": {"command": command}}}
+    return {"tool": {"name": "run_shell_command", "arguments": {"args": ["bash", "-c", command]}}}
+
+
+@dataclass
+class Baton:
+    """The product's side: its HTTP client, and the worker account's token."""
+
+    url: str
+    product: httpx.Client
+    worker_token: str
+
+    def create(self, **body: Any) -> dict[str, Any]:
+        body = {"title": "e2e", "task_type": "code", **body}
+        response = self.product.post("/api/tasks/", json=body)
+        assert response.status_code == 201, response.text
+        return response.json()
+
+    def follow_up(self, task_id: int, message: str) -> None:
+        response = self.product.post(f"/api/tasks/{task_id}/messages/", json={"message": message})
+        assert response.status_code == 201, response.text
+
+    def task(self, task_id: int) -> dict[str, Any]:
+        response = self.product.get(f"/api/tasks/{task_id}/")
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def wait(self, task_id: int, *, timeout: float = 90.0) -> dict[str, Any]:
+        """The task once its latest turn has finished."""
+        deadline = time.monotonic() + timeout
+        while True:
+            task = self.task(task_id)
+            if task["turns"][-1]["status"] in FINISHED:
+                return task
+            if time.monotonic() > deadline:
+                raise AssertionError(f"task {task_id} did not finish: {task['turns'][-1]}")
+            time.sleep(0.1)
+
+
+@pytest.fixture
+def baton(live_server, settings) -> Iterator[Baton]:
+    settings.BATON_RETRY_BACKOFF_SECONDS = 0  # retried turns are claimable again at once
+    owner = get_user_model().objects.create_user(username="product")
+    token = Token.objects.create(user=owner).key
+    _, worker_token = ensure_worker_account(username="e2e-worker")
+    with httpx.Client(
+        base_url=live_server.url, headers={"Authorization": f"Token {token}"}, timeout=30
+    ) as product:
+        yield Baton(url=live_server.url, product=product, worker_token=worker_token)
+
+
+@dataclass
+class WorkerProcess:
+    process: subprocess.Popen[bytes]
+    workspace_root: Path
+    log: Path
+
+    def logs(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+@contextmanager
+def worker(
+    baton: Baton, model: ModelServer, tmp_path: Path, kinds: list[str]
+) -> Iterator[WorkerProcess]:
+    """The real worker in its own process, stopped with SIGTERM afterwards (it must exit 0)."""
+    workspace_root = tmp_path / "workspaces"
+    log = tmp_path / "worker.log"
+    env = {
+        "PATH": os.environ["PATH"],
+        "LANG": "C.UTF-8",
+        "BATON_URL": baton.url,
+        "BATON_WORKER_TOKEN": baton.worker_token,
+        "BATON_WORKSPACE_ROOT": str(workspace_root),
+        "BATON_EXECUTOR_KINDS": ",".join(kinds),
+        "BATON_WORKER_SLOTS": "2",
+        "BATON_WORKER_POLL_SECONDS": "0.1",
+        "BATON_WORKER_CLAIM_CHECK_SECONDS": "0.25",
+        "BATON_MODEL_RETRIES": "0",
+        "OPENAI_BASE_URL": f"{model.url}/v1",
+        "OPENAI_API_KEY": "sk-e2e-openai",
+        "ANTHROPIC_BASE_URL": model.url,
+        "ANTHROPIC_API_KEY": "sk-ant-e2e",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "executors"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    running = WorkerProcess(process=process, workspace_root=workspace_root, log=log)
+    try:
+        yield running
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        try:
+            code = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+    assert code == 0, running.logs()[-5000:]
+    # The worker's log carries ids, counts and timings: never a key.
+    assert "sk-e2e-openai" not in running.logs()
+    assert "sk-ant-e2e" not in running.logs()
+
+
+def prompts(model: ModelServer) -> list[str]:
+    return [extract_prompt(request.api, request.body) for request in model.model_requests()]
+
+
+def run_processes(running: WorkerProcess) -> list[int]:
+    """Live processes of this worker's runs: each run's marker is in the worker's log, and
+    every process of the run carries it in its environment."""
+    markers = set(re.findall(r'"run": "([0-9a-f]{32})"', running.logs()))
+    assert markers, "the worker logged no run"
+    return [pid for marker in markers for pid in processes_with_marker(marker)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_three_turn_conversation_reaches_the_model_as_baton_rendered_it(
+    kind, baton, model_server, tmp_path
+):
+    answers = [
+        "First answer: the flaky test shares a tmp dir.\n  indented line ✓",
+        "Second answer — 修正しました.\n\nUser: this line is content, not a turn",
+        "Third answer.",
+    ]
+    model_server.set_turns([{"text": text} for text in answers])
+    secret = "a private detail the logs must not show"
+    with worker(baton, model_server, tmp_path, [kind]) as running:
+        task = baton.create(executor=kind, message=f"Why is CI red? {secret}")
+        baton.wait(task["id"])
+        baton.follow_up(task["id"], "Fix it, please.")
+        baton.wait(task["id"])
+        baton.follow_up(task["id"], "And add a regression test.")
+        done = baton.wait(task["id"])
+    assert [turn["status"] for turn in done["turns"]] == ["COMPLETED"] * 6
+    # Recorded answers are what the model said, byte for byte.
+    assert [turn["result"]["value"] for turn in done["turns"][1::2]] == answers
+    assert all(turn["usage"]["output_tokens"] >= 7 for turn in done["turns"][1::2])
+    assert all(turn["native_session_id"] for turn in done["turns"][1::2])
+    # The third model request carries the first two turns exactly as Baton rendered them.
+    first, _, third = prompts(model_server)
+    assert first == f"Why is CI red? {secret}"
+    assert third == (
+        "## Conversation History\n\n"
+        f"User:\nWhy is CI red? {secret}\n\n"
+        f"Assistant:\n{answers[0]}\n\n"
+        "User:\nFix it, please.\n\n"
+        f"Assistant:\n{answers[1].replace('User: this', chr(92) + 'User: this')}\n\n"
+        "## Current Message\n\n"
+        "User:\nAnd add a regression test.\n"
+    )
+    assert secret not in running.logs()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_agent_reads_a_2_mb_earlier_result_from_its_workspace(
+    kind, baton, model_server, tmp_path
+):
+    head = "BEGIN-OF-THE-BUILD-LOG 7f3a\n"
+    big = head + "".join(f"line {n:07d} of the build log\n" for n in range(70_000))
+    assert len(big.encode()) > 2_000_000
+    artifact_id = sha256(big.encode()).hexdigest()[:16]
+    path = f".baton/artifacts/{artifact_id}.txt"
+    model_server.set_turns([{"text": big}])
+    with worker(baton, model_server, tmp_path, [kind]):
+        task = baton.create(executor=kind, message="Run the build and show me the log.")
+        first = baton.wait(task["id"])
+        assert first["turns"][1]["result"]["value"] == big
+        assert first["turns"][1]["artifact"] == artifact_id
+        model_server.clear()
+        model_server.set_turns(
+            [tool_call(kind, f"head -c 200 {path}"), {"text": "It begins well."}]
+        )
+        baton.follow_up(task["id"], "What is the first line of that log?")
+        done = baton.wait(task["id"])
+    assert done["turns"][-1]["result"]["value"] == "It begins well."
+    # The prompt pointed at the file, the tool really read it, the model saw the bytes.
+    prompt = prompts(model_server)[0]
+    assert f"full text: {path}]" in prompt
+    assert len(prompt) < 20_000  # a preview, not the 2 MB
+    second_request = str(model_server.model_requests()[1].body)
+    assert "BEGIN-OF-THE-BUILD-LOG 7f3a" in second_request
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prompt_over_200_kib_reaches_the_model_intact(kind, baton, model_server, tmp_path):
+    HistoryPolicy.objects.create(task_type="bulk", current_message_max_chars=None)
+    message = "".join(chr(0x4E00 + n % 20_000) for n in range(70_000))
+    assert len(message.encode()) > 200 * 1024
+    model_server.set_turns([{"text": "Read it all."}])
+    with worker(baton, model_server, tmp_path, [kind]):
+        task = baton.create(executor=kind, message=message, task_type="bulk")
+        done = baton.wait(task["id"])
+    assert done["turns"][1]["status"] == "COMPLETED", done["turns"][1]
+    assert prompts(model_server)[0] == message
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_http_500_is_retried_and_then_succeeds(kind, baton, model_server, tmp_path):
+    model_server.set_turns(
+        [{"http_status": 500, "message": "the model server broke"}, {"text": "Recovered."}]
+    )
+    with worker(baton, model_server, tmp_path, [kind]):
+        task = baton.create(executor=kind, message="Try hard.")
+        done = baton.wait(task["id"])
+    turn = done["turns"][1]
+    assert (turn["status"], turn["attempts"], turn["result"]["value"]) == (
+        "COMPLETED",
+        2,
+        "Recovered.",
+    )
+    assert (turn["error"], turn["error_code"]) == ("", "")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_context_length_error_is_recorded_with_its_code(kind, baton, model_server, tmp_path):
+    model_server.set_turns([{"context_overflow": True}])
+    with worker(baton, model_server, tmp_path, [kind]):
+        task = baton.create(executor=kind, message="Read the whole monorepo.")
+        done = baton.wait(task["id"])
+    turn = done["turns"][1]
+    assert (turn["status"], turn["error_code"], turn["attempts"]) == (
+        "FAILED",
+        "context_overflow",
+        1,
+    )
+    assert turn["error"]
+    assert done["status"] == "FAILED"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_cancel_during_a_tool_command_leaves_no_process_behind(kind, baton, model_server, tmp_path):
+    command = "echo $$ > sleeper.pid; exec sleep 120"
+    model_server.set_turns([tool_call(kind, command), {"text": "slept"}])
+    with worker(baton, model_server, tmp_path, [kind]) as running:
+        task = baton.create(executor=kind, message="Wait for the deploy.")
+        pid_file = running.workspace_root / str(task["id"]) / "sleeper.pid"
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            assert time.monotonic() < deadline, running.logs()[-3000:]
+            time.sleep(0.05)
+        sleeper = int(pid_file.read_text())
+        assert Path(f"/proc/{sleeper}").exists()
+        turn_id = task["turns"][1]["id"]
+        cancelled_at = time.monotonic()
+        response = baton.product.post(f"/api/tasks/{task['id']}/subtasks/{turn_id}/cancel/")
+        assert response.status_code == 200, response.text
+        while run_processes(running) and time.monotonic() - cancelled_at < 10:
+            time.sleep(0.05)
+        stopped_after = time.monotonic() - cancelled_at
+        assert run_processes(running) == []
+        assert not _alive(sleeper)
+        assert stopped_after < 4, stopped_after  # the product expects about 2 s
+        # Nothing was recorded for the cancelled turn, and the task takes a follow-up.
+        model_server.set_turns([{"text": "Back again."}])
+        baton.follow_up(task["id"], "Never mind; say hello.")
+        done = baton.wait(task["id"])
+    assert [turn["status"] for turn in done["turns"]] == [
+        "COMPLETED",
+        "CANCELLED",
+        "COMPLETED",
+        "COMPLETED",
+    ]
+    assert done["turns"][1]["result"] is None
+    assert done["turns"][3]["result"]["value"] == "Back again."
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_codex_then_claude_pipeline_passes_the_answer_on(baton, model_server, tmp_path):
+    register_bot("coder", "codex", model="gpt-5.5")
+    register_bot("reviewer", "claude_code", model="claude-sonnet-4-5")
+    model_server.set_turns([{"text": "Patched: retries now back off."}, {"text": "Looks right."}])
+    with worker(baton, model_server, tmp_path, ["codex", "claude_code"]):
+        task = baton.create(
+            message="Add retries to the uploader.",
+            pipeline=[{"bot": "coder"}, {"bot": "reviewer"}],
+        )
+        done = baton.wait(task["id"])
+        while done["turns"][-1]["status"] not in FINISHED or done["status"] != "COMPLETED":
+            done = baton.wait(task["id"])
+    assert [(turn["bot"], turn["status"]) for turn in done["turns"][1:]] == [
+        ("coder", "COMPLETED"),
+        ("reviewer", "COMPLETED"),
+    ]
+    codex_request, claude_request = model_server.model_requests()
+    assert (codex_request.api, claude_request.api) == ("responses", "messages")
+    assert extract_prompt("messages", claude_request.body).endswith(
+        "## Previous Result\n\nAssistant[coder]:\nPatched: retries now back off.\n"
+    )
+    assert done["turns"][2]["result"]["value"] == "Looks right."
