@@ -123,7 +123,8 @@ class TurnRun:
         try:
             self._run()
         except Exception as error:  # noqa: BLE001 - a worker bug must not kill the worker
-            logger.exception(_log_line("turn_crashed", self, error_type=type(error).__name__))
+            # The type only: an exception's text may quote the prompt or the answer.
+            logger.error(_log_line("turn_crashed", self, error_type=type(error).__name__))
             if self.reported is None and self.stop_reason not in (CANCELLED, LEASE_LOST):
                 self._report(
                     status="FAILED",

@@ -120,14 +120,14 @@ class Worker:
                     self._wake.clear()
                     continue
                 except BackendError as error:
-                    if error.status in (401, 403):
-                        logger.error(
-                            "the backend refused this worker's token (HTTP %s): is it a worker "
-                            "account's token (manage.py create_worker)?",
-                            error.status,
-                        )
-                        return 2
-                    raise
+                    # Not transient: a wrong URL, token or version. Say so and stop.
+                    hint = {
+                        401: "is the token right?",
+                        403: "is it a worker account's token (manage.py create_worker)?",
+                        404: "is BATON_URL the Baton backend's base URL?",
+                    }.get(error.status or 0, "")
+                    logger.error("the backend refused to dispatch: %s %s", error, hint)
+                    return 2
                 for turn in dispatch.turns:
                     self._start(turn)
                 if dispatch.turns:

@@ -112,7 +112,7 @@ class WorkerProcess:
 
 @contextmanager
 def worker(
-    baton: Baton, model: ModelServer, tmp_path: Path, kinds: list[str]
+    baton: Baton, model: ModelServer, tmp_path: Path, kinds: list[str], **extra_env: str
 ) -> Iterator[WorkerProcess]:
     """The real worker in its own process, stopped with SIGTERM afterwards (it must exit 0)."""
     workspace_root = tmp_path / "workspaces"
@@ -133,6 +133,7 @@ def worker(
         "ANTHROPIC_BASE_URL": model.url,
         "ANTHROPIC_API_KEY": "sk-ant-e2e",
         "PYTHONPATH": str(REPO_ROOT),
+        **extra_env,
     }
     with log.open("wb") as output:
         process = subprocess.Popen(
@@ -298,6 +299,13 @@ def test_cancel_during_a_tool_command_leaves_no_process_behind(kind, baton, mode
             time.sleep(0.05)
         sleeper = int(pid_file.read_text())
         assert Path(f"/proc/{sleeper}").exists()
+        # The product sees the running tool command in the turn's progress.
+        while not any(
+            event["type"] == "tool_started"
+            for event in baton.task(task["id"])["turns"][1]["progress_events"] or []
+        ):
+            assert time.monotonic() < deadline, running.logs()[-3000:]
+            time.sleep(0.05)
         turn_id = task["turns"][1]["id"]
         cancelled_at = time.monotonic()
         response = baton.product.post(f"/api/tasks/{task['id']}/subtasks/{turn_id}/cancel/")
@@ -352,3 +360,84 @@ def test_a_codex_then_claude_pipeline_passes_the_answer_on(baton, model_server, 
         "## Previous Result\n\nAssistant[coder]:\nPatched: retries now back off.\n"
     )
     assert done["turns"][2]["result"]["value"] == "Looks right."
+
+
+def wait_for_file(path: Path, running: WorkerProcess, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().strip()):
+        assert time.monotonic() < deadline, running.logs()[-3000:]
+        time.sleep(0.05)
+
+
+def test_a_turn_past_its_bots_timeout_is_stopped_and_fails_with_a_clear_error(
+    baton, model_server, tmp_path
+):
+    register_bot("hasty", "codex", model="gpt-5.5", timeout_seconds=3)
+    model_server.set_turns([tool_call("codex", "echo $$ > sleeper.pid; exec sleep 120")])
+    with worker(baton, model_server, tmp_path, ["codex"]) as running:
+        task = baton.create(bot="hasty", message="Wait for the deploy.")
+        done = baton.wait(task["id"])
+        assert run_processes(running) == []
+    turn = done["turns"][1]
+    assert (turn["status"], turn["error_code"]) == ("FAILED", "timeout")
+    assert "timeout of 3 s" in turn["error"]
+    sleeper = int((running.workspace_root / str(task["id"]) / "sleeper.pid").read_text())
+    assert not _alive(sleeper)
+
+
+def test_shutdown_lets_the_grace_period_pass_then_releases_the_turn(baton, model_server, tmp_path):
+    model_server.set_turns([tool_call("codex", "echo $$ > sleeper.pid; exec sleep 120")])
+    with worker(
+        baton, model_server, tmp_path, ["codex"], BATON_WORKER_GRACE_SECONDS="1"
+    ) as running:
+        task = baton.create(executor="codex", message="Wait for the deploy.")
+        wait_for_file(running.workspace_root / str(task["id"]) / "sleeper.pid", running)
+        stopping = time.monotonic()
+        running.process.send_signal(signal.SIGTERM)
+        assert running.process.wait(timeout=30) == 0
+        assert 1 <= time.monotonic() - stopping < 10
+        assert run_processes(running) == []
+    turn = baton.task(task["id"])["turns"][1]
+    # Back to pending at once for another worker, the attempt not used up, reported once.
+    assert (turn["status"], turn["error_code"], turn["attempts"]) == ("PENDING", "shutdown", 1)
+    assert running.logs().count('"event": "turn_reported"') == 1
+    # A new worker picks it up and finishes it.
+    model_server.set_turns([{"text": "Deployed."}])
+    (tmp_path / "second").mkdir()
+    with worker(baton, model_server, tmp_path / "second", ["codex"]):
+        done = baton.wait(task["id"])
+    assert (done["turns"][1]["status"], done["turns"][1]["result"]["value"]) == (
+        "COMPLETED",
+        "Deployed.",
+    )
+    assert done["turns"][1]["attempts"] == 2
+
+
+def test_a_worker_asked_for_an_executor_that_is_not_installed_refuses_to_start(tmp_path):
+    # The interpreter's import system cannot find claude_agent_sdk in this run.
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text(
+        "import importlib.util, sys\n"
+        "_real = importlib.util.find_spec\n"
+        "def _find(name, *args):\n"
+        "    return None if name.split('.')[0] == 'claude_agent_sdk' else _real(name, *args)\n"
+        "importlib.util.find_spec = _find\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "executors", "--kinds", "codex,claude_code"],
+        cwd=REPO_ROOT,
+        env={
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": f"{tmp_path}:{REPO_ROOT}",
+            "BATON_URL": "http://127.0.0.1:9",
+            "BATON_WORKER_TOKEN": "unused",
+            "OPENAI_API_KEY": "k",
+            "ANTHROPIC_API_KEY": "k",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "claude_code" in result.stderr
+    assert "pip install" in result.stderr
