@@ -175,7 +175,7 @@ class ExecutorProcess:
                 start_new_session=True,
             )
             _owned_pids[popen.pid] += 1
-        logger.info(
+        logger.debug(
             "started executor %s pid %d for run %s",
             os.path.basename(launch.argv[0]),
             popen.pid,
@@ -267,7 +267,9 @@ class ExecutorProcess:
                 self._group_active = False
             self._stopped.set()
             reap_adopted_zombies()
-        logger.info(
+        # The normal end of every run signals nothing; only a real stop is worth a line.
+        logger.log(
+            logging.INFO if terminated or survivors else logging.DEBUG,
             "stopped run %s: %d processes signalled, %d left alive",
             self.marker,
             len(terminated),

@@ -60,7 +60,7 @@ _EXECUTORS_ROOT = Path(executors.__file__).resolve().parent.parent
 class AgnoAdapter(ExecutorAdapter):
     kind: ClassVar[str] = "agno"
 
-    def locate(self) -> str:
+    def _find(self) -> str:
         """The Python that runs the runner (this one), once agno and openai are found in it."""
         # find_spec looks a package up without importing it: the worker stays free of both.
         missing = [name for name in ("agno", "openai") if importlib.util.find_spec(name) is None]

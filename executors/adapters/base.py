@@ -81,10 +81,18 @@ class StreamParser(Protocol):
 
 class ExecutorAdapter(ABC):
     kind: ClassVar[str]  # "codex", "claude_code" or "agno"
+    _located: str | None = None
+
+    def locate(self) -> str:
+        """The executor (binary path or interpreter), found once per adapter; ExecutorUnavailable
+        if it is absent."""
+        if self._located is None:
+            self._located = self._find()
+        return self._located
 
     @abstractmethod
-    def locate(self) -> str:
-        """Find the executor (binary path or module); raise ExecutorUnavailable if it is absent."""
+    def _find(self) -> str:
+        """Look the executor up (called once, by `locate`)."""
 
     @abstractmethod
     def launch(self, request: RunRequest) -> Launch:

@@ -88,14 +88,9 @@ class ClaudeCodeAdapter(ExecutorAdapter):
 
     kind = "claude_code"
 
-    def __init__(self) -> None:
-        self._binary: str | None = None
-
-    def locate(self) -> str:
+    def _find(self) -> str:
         """The bundled `claude` binary's path, found once per adapter."""
-        if self._binary is None:
-            self._binary = _bundled_binary()
-        return self._binary
+        return _bundled_binary()
 
     def launch(self, request: RunRequest) -> Launch:
         """`claude -p` in stream-json mode with the prompt on stdin.

@@ -86,14 +86,9 @@ class CodexAdapter(ExecutorAdapter):
 
     kind = "codex"
 
-    def __init__(self) -> None:
-        self._binary: str | None = None
-
-    def locate(self) -> str:
+    def _find(self) -> str:
         """The bundled `codex` binary's path, found once per adapter."""
-        if self._binary is None:
-            self._binary = _bundled_binary()
-        return self._binary
+        return _bundled_binary()
 
     def launch(self, request: RunRequest) -> Launch:
         """`codex exec` (or `codex exec resume <id>`) with the prompt on stdin.

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -52,9 +51,9 @@ from executors.events import (
     Usage,
     UsageReported,
 )
-from executors.process import ExecutorProcess
 from executors.standin import ModelServer, RecordedRequest
 from executors.standin.errors import CHAT_CONTEXT_MESSAGE
+from tests.executors.runs import FinishedRun, run_as_worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "agno"
@@ -72,18 +71,6 @@ ARTIFACT = ".baton/artifacts/x.txt"
 
 
 # -- running the runner ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Finished:
-    """One finished runner process, as the worker would see it."""
-
-    lines: list[str]
-    events: list[Event]
-    outcome: Outcome
-    exit_code: int
-    stderr: str
-    seconds: float
 
 
 def _request(
@@ -112,30 +99,13 @@ def _request(
     )
 
 
-def _run(request: RunRequest, launch: Launch | None = None) -> Finished:
+def _run(request: RunRequest, launch: Launch | None = None) -> FinishedRun:
     """Start the runner as the worker does, read it to the end, parse what it printed."""
-    adapter = AgnoAdapter()
-    launch = launch or adapter.launch(request)
-    parser = adapter.parser(request)
-    started = time.monotonic()
-    process = ExecutorProcess.start(launch, marker=uuid.uuid4().hex)
-    watchdog = threading.Timer(WATCHDOG_SECONDS, process.stop, kwargs={"grace_seconds": 0})
-    watchdog.start()
-    try:
-        lines = list(process.lines())
-        exit_code = process.wait(timeout=WATCHDOG_SECONDS)
-    finally:
-        watchdog.cancel()
-        process.stop(grace_seconds=0)
-    assert exit_code is not None
-    seconds = time.monotonic() - started
-    stderr = process.stderr_tail()
+    finished = run_as_worker(AgnoAdapter(), request, launch=launch, timeout=WATCHDOG_SECONDS)
     # Nothing but protocol lines on stdout, whatever Agno logged or tools printed.
-    for line in lines:
+    for line in finished.lines:
         assert json.loads(line)["type"] in PROTOCOL_TYPES, line[:200]
-    events = [event for line in lines for event in parser.feed(line)]
-    outcome = parser.finish(exit_code=exit_code, stderr_tail=stderr)
-    return Finished(lines, events, outcome, exit_code, stderr, seconds)
+    return finished
 
 
 def _dead_url() -> str:
@@ -223,7 +193,7 @@ RECORDED_CASES = {
 }
 
 
-def _record(name: str, case: RecordedCase, server: ModelServer, root: Path) -> Finished:
+def _record(name: str, case: RecordedCase, server: ModelServer, root: Path) -> FinishedRun:
     server.set_turns(case.turns)
     server.clear()
     request = _request(

@@ -19,8 +19,6 @@ import re
 import socket
 import subprocess
 import sys
-import threading
-import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -59,8 +57,8 @@ from executors.events import (
     Usage,
     UsageReported,
 )
-from executors.process import ExecutorProcess
 from executors.standin import ModelServer
+from tests.executors.runs import FinishedRun, of_type, run_as_worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "claude_code"
@@ -77,16 +75,6 @@ INSTRUCTIONS = "Be \"terse\" — très \\ bref.\nSecond line\twith tab; 日本�
 
 
 # -- running the real binary -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ClaudeRun:
-    lines: list[str]
-    events: list[Event]
-    outcome: Outcome
-    exit_code: int
-    stderr: str
-    seconds: float
 
 
 def _request(
@@ -117,35 +105,9 @@ def _request(
     )
 
 
-def _run(request: RunRequest) -> ClaudeRun:
+def _run(request: RunRequest) -> FinishedRun:
     """Run Claude Code for `request` as the worker will: ExecutorProcess, parser, outcome."""
-    adapter = ClaudeCodeAdapter()
-    launch = adapter.launch(request)
-    parser = adapter.parser(request)
-    started = time.monotonic()
-    process = ExecutorProcess.start(launch, marker=f"claude-test-{uuid.uuid4().hex}")
-    watchdog = threading.Timer(RUN_TIMEOUT_SECONDS, process.stop)
-    watchdog.start()
-    lines: list[str] = []
-    events: list[Event] = []
-    try:
-        for line in process.lines():
-            lines.append(line)
-            events += parser.feed(line)
-        exit_code = process.wait(timeout=RUN_TIMEOUT_SECONDS)
-    finally:
-        watchdog.cancel()
-        left = process.stop()
-    assert left == [], "processes of the run survived stop()"
-    assert exit_code is not None
-    seconds = time.monotonic() - started
-    stderr = process.stderr_tail()
-    outcome = parser.finish(exit_code=exit_code, stderr_tail=stderr)
-    return ClaudeRun(lines, events, outcome, exit_code, stderr, seconds)
-
-
-def _of_type(events: list[Event], kind: type[Event]) -> list[Event]:
-    return [event for event in events if isinstance(event, kind)]
+    return run_as_worker(ClaudeCodeAdapter(), request)
 
 
 def _dead_port_url() -> str:
@@ -540,7 +502,7 @@ def test_every_recording_has_a_table_entry() -> None:
 
 def test_text_deltas_add_up_to_the_final_text() -> None:
     events, outcome, _ = _replay("text")
-    deltas = "".join(event.text for event in _of_type(events, MessageDelta))
+    deltas = "".join(event.text for event in of_type(events, MessageDelta))
     assert deltas == outcome.final_text == FINAL_TEXT
 
 
@@ -810,7 +772,7 @@ def test_file_changes_are_relative_to_the_workspace_when_inside(
     events: list[Event] = []
     for line in _tool_round("Edit", {"file_path": file_path}):
         events += parser.feed(json.dumps(line))
-    assert _of_type(events, FileChanged) == [FileChanged(path=expected, change="update")]
+    assert of_type(events, FileChanged) == [FileChanged(path=expected, change="update")]
 
 
 def test_a_refused_write_changes_no_file() -> None:
@@ -818,7 +780,7 @@ def test_a_refused_write_changes_no_file() -> None:
     events: list[Event] = []
     for line in _tool_round("Write", {"file_path": "/w/x", "content": ""}, is_error=True):
         events += parser.feed(json.dumps(line))
-    assert _of_type(events, FileChanged) == []
+    assert of_type(events, FileChanged) == []
     assert parser.finish(exit_code=1, stderr_tail="").files_changed == ()
 
 
@@ -982,7 +944,7 @@ def test_final_text_is_byte_exact(model_server: ModelServer, tmp_path: Path) -> 
     run = _run(_request(tmp_path, model_server, prompt="Say it exactly."))
     assert run.outcome.status == OutcomeStatus.COMPLETED, run.outcome.error
     assert run.outcome.final_text == FINAL_TEXT
-    assert "".join(event.text for event in _of_type(run.events, MessageDelta)) == FINAL_TEXT
+    assert "".join(event.text for event in of_type(run.events, MessageDelta)) == FINAL_TEXT
     assert run.events[0] == SessionStarted(session_id=run.outcome.session_id)
     assert _first_user_prompt(model_server) == "Say it exactly."
     # One model call and nothing else: no telemetry, no `HEAD /api/hello`.
@@ -1029,8 +991,8 @@ def test_bash_tool_runs_in_the_workspace(model_server: ModelServer, tmp_path: Pa
     workspace = tmp_path / "workspace"
     assert (workspace / "out.txt").read_text() == "hi\n"
     assert (workspace / "where.txt").read_text().strip() == str(workspace)
-    started = _of_type(run.events, ToolStarted)
-    finished = _of_type(run.events, ToolFinished)
+    started = of_type(run.events, ToolStarted)
+    finished = of_type(run.events, ToolFinished)
     assert started == [ToolStarted(call_id=started[0].call_id, tool="Bash", command=command)]
     assert finished == [ToolFinished(call_id=started[0].call_id, tool="Bash", command=command)]
     assert run.outcome.commands == ({"command": command, "exit_code": None},)
@@ -1056,7 +1018,7 @@ def test_read_only_refuses_writes_and_commands_but_reads(
     run = _run(request)
     assert run.outcome.status == OutcomeStatus.COMPLETED, run.outcome.error
     assert sorted(path.name for path in request.workspace.iterdir()) == ["data.txt"]
-    finished = {event.tool: event for event in _of_type(run.events, ToolFinished)}
+    finished = {event.tool: event for event in of_type(run.events, ToolFinished)}
     assert finished["Bash"].is_error and finished["Write"].is_error
     assert not finished["Read"].is_error
     assert run.outcome.files_changed == ()
@@ -1139,7 +1101,7 @@ def test_usage_and_cost(model_server: ModelServer, tmp_path: Path) -> None:
     )
     result = json.loads(run.lines[-1])
     assert usage.cost_usd == result["total_cost_usd"] > 0
-    assert _of_type(run.events, UsageReported) == [UsageReported(usage=usage)]
+    assert of_type(run.events, UsageReported) == [UsageReported(usage=usage)]
 
 
 @e2e
@@ -1159,7 +1121,7 @@ def test_background_subagent_calls_are_counted(model_server: ModelServer, tmp_pa
         cached_input_tokens=10 * extra,
         output_tokens=57 + 20 * extra,
     )
-    reported = _of_type(run.events, UsageReported)
+    reported = of_type(run.events, UsageReported)
     assert sum(event.usage.input_tokens for event in reported) == run.outcome.usage.input_tokens
 
 

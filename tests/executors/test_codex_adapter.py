@@ -17,8 +17,6 @@ import os
 import re
 import shutil
 import sys
-import threading
-import time
 import tomllib
 import uuid
 from collections.abc import Sequence
@@ -60,8 +58,8 @@ from executors.events import (
     UsageReported,
     Warning,
 )
-from executors.process import ExecutorProcess
 from executors.standin import ModelServer
+from tests.executors.runs import FinishedRun, of_type, run_as_worker
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "codex"
 WORKSPACE_PLACEHOLDER = "/baton/workspace"
@@ -88,16 +86,6 @@ PATCH_MIXED = (
 
 
 # -- running the real binary -------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CodexRun:
-    lines: list[str]
-    events: list[Event]
-    outcome: Outcome
-    exit_code: int
-    stderr: str
-    seconds: float
 
 
 def _request(
@@ -128,37 +116,13 @@ def _request(
     )
 
 
-def _run(request: RunRequest, *, wrap: Sequence[str] = ()) -> CodexRun:
-    """Run Codex for `request` as the worker will: ExecutorProcess, parser, outcome."""
+def _run(request: RunRequest, *, wrap: Sequence[str] = ()) -> FinishedRun:
+    """Run Codex for `request` as the worker will (optionally under a wrapper such as strace)."""
     adapter = CodexAdapter()
     launch = adapter.launch(request)
     if wrap:
         launch = replace(launch, argv=[*wrap, *launch.argv])
-    parser = adapter.parser(request)
-    started = time.monotonic()
-    process = ExecutorProcess.start(launch, marker=f"codex-test-{uuid.uuid4().hex}")
-    watchdog = threading.Timer(RUN_TIMEOUT_SECONDS, process.stop)
-    watchdog.start()
-    lines: list[str] = []
-    events: list[Event] = []
-    try:
-        for line in process.lines():
-            lines.append(line)
-            events += parser.feed(line)
-        exit_code = process.wait(timeout=RUN_TIMEOUT_SECONDS)
-    finally:
-        watchdog.cancel()
-        left = process.stop()
-    assert left == [], "processes of the run survived stop()"
-    assert exit_code is not None
-    seconds = time.monotonic() - started
-    stderr = process.stderr_tail()
-    outcome = parser.finish(exit_code=exit_code, stderr_tail=stderr)
-    return CodexRun(lines, events, outcome, exit_code, stderr, seconds)
-
-
-def _of_type(events: list[Event], kind: type[Event]) -> list[Event]:
-    return [event for event in events if isinstance(event, kind)]
+    return run_as_worker(adapter, request, launch=launch)
 
 
 # -- recordings --------------------------------------------------------------------------------
@@ -889,8 +853,8 @@ def test_a_tool_call_runs_in_the_workspace_without_the_key(
     assert marker.startswith("codex-test-")  # while the worker's run marker still reaches them
     wrapped = run.outcome.commands[0]["command"]
     assert command in wrapped  # Codex shows it wrapped: /bin/bash -lc '…'
-    assert _of_type(run.events, ToolStarted) == [ToolStarted("item_0", "shell", wrapped)]
-    assert _of_type(run.events, ToolFinished) == [
+    assert of_type(run.events, ToolStarted) == [ToolStarted("item_0", "shell", wrapped)]
+    assert of_type(run.events, ToolFinished) == [
         ToolFinished("item_0", "shell", wrapped, exit_code=4, is_error=True)
     ]
     assert run.outcome.commands == ({"command": wrapped, "exit_code": 4},)
@@ -909,7 +873,7 @@ def test_apply_patch_changes_the_workspace_and_reports_the_file(
     request = _request(tmp_path, model_server)
     run = _run(request)
     assert (request.workspace / "notes" / "hello.txt").read_text() == "hello from the patch\n"
-    assert _of_type(run.events, FileChanged) == [FileChanged("notes/hello.txt", "add")]
+    assert of_type(run.events, FileChanged) == [FileChanged("notes/hello.txt", "add")]
     assert run.outcome.files_changed == ("notes/hello.txt",)
 
 
@@ -1020,7 +984,7 @@ def test_model_failures_map_to_status_and_code(
     run = _run(_request(tmp_path, model_server))
     assert (run.exit_code, run.outcome.status, run.outcome.error_code) == (1, status, code)
     assert run.outcome.error and run.outcome.final_text is None
-    assert not _of_type(run.events, Warning)  # the final error is not also a warning
+    assert not of_type(run.events, Warning)  # the final error is not also a warning
     _only_model_calls(model_server, 1)  # max_retries=0: one call, no retry
 
 
