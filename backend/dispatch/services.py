@@ -620,6 +620,7 @@ def heartbeat_claims(
                 lease_expires_at=renewed_until, updated_at=now
             )
         renewed = set(ids)
+    lost_meanwhile = {subtask.pk for subtask in to_renew} - renewed
     states = []
     for subtask_id, attempt in claims:
         subtask = rows.get(subtask_id)
@@ -627,8 +628,8 @@ def heartbeat_claims(
             states.append(LeaseState(subtask_id, attempt, "lease_lost", None))
             continue
         state = _lease_state(subtask, worker_id=worker_id, attempt=attempt)
-        if subtask.pk in [row.pk for row in to_renew] and subtask.pk not in renewed:
-            state = "lease_lost"  # changed between the read and the renewal
+        if subtask.pk in lost_meanwhile:
+            state = "lease_lost"  # cancelled or reclaimed between the read and the renewal
         expires = renewed_until if subtask.pk in renewed else subtask.lease_expires_at
         states.append(LeaseState(subtask_id, attempt, state, expires))
     return states
