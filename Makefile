@@ -29,7 +29,7 @@ install-test: $(VENV)/.installed-test
 # stand-in model. Ctrl-C stops both.
 run: install
 	$(PY) manage.py migrate --noinput
-	$(PY) manage.py seed_demo
+	$(PY) manage.py seed_demo --base-url http://$(HOST):$(PORT)
 	@BATON_URL=http://$(HOST):$(PORT) BATON_WORKER_TOKEN_FILE=var/demo-worker-token \
 	  BATON_WORKSPACE_ROOT=var/workspaces BATON_WORKER_ID=demo-worker \
 	  $(PY) -m executors --standin-model auto & worker=$$!; \

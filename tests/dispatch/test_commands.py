@@ -38,6 +38,16 @@ def test_seed_demo_is_idempotent_and_prints_a_login(settings, tmp_path):
     admin_token = Token.objects.get(user__username="admin").key
     worker_token = Token.objects.get(user__username="demo-worker")
     assert admin_token in first and worker_token.key in first
+    # make run's worker reads the token from a file only this user may read.
+    token_file = tmp_path / "demo-worker-token"
+    assert token_file.read_text().strip() == worker_token.key
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    # The bots the demo tasks name are registered.
+    assert {step["bot"] for step in pipeline.pipeline} == {"coder", "reviewer"}
+    assert "http://127.0.0.1:8000/admin/" in first
+    elsewhere = run("seed_demo", "--base-url", "http://127.0.0.1:18765/")
+    assert "http://127.0.0.1:18765/admin/" in elsewhere
+    assert "8000" not in elsewhere
     assert is_executor_worker(worker_token.user)
 
 

@@ -61,7 +61,15 @@ def _pending_assistant_turns(task: Task) -> list[Subtask]:
 class Command(BaseCommand):
     help = "Create the demo admin user, an API token and two demo tasks; print the login."
 
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--base-url",
+            default="http://127.0.0.1:8000",
+            help="where the server will listen, for the URLs printed (make run passes its own)",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
+        base_url = options["base_url"].rstrip("/")
         password_file = settings.VAR_DIR / "demo-admin-password"
         if password_file.exists():
             password = password_file.read_text().strip()
@@ -92,13 +100,15 @@ class Command(BaseCommand):
 
         self.stdout.write(
             "\nBaton demo is ready.\n"
-            f"  Admin:     http://127.0.0.1:8000/admin/\n"
+            f"  Admin:     {base_url}/admin/\n"
             f"             user {ADMIN_USERNAME}  password {password}\n"
             f"  API token: {token.key}\n"
             "  Try:       curl -H 'Authorization: Token "
-            f"{token.key}' http://127.0.0.1:8000/api/tasks/\n"
+            f"{token.key}' {base_url}/api/tasks/\n"
             f"  Worker token (executor API): {worker_token}\n"
-            "  API docs:  http://127.0.0.1:8000/api/docs/\n"
+            f"  API docs:  {base_url}/api/docs/\n"
+            "  A worker runs beside the server (make run); with no model keys it answers with\n"
+            "  Baton's stand-in model.\n"
         )
 
     def _group_chat(self, owner: Any) -> None:
