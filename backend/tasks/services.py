@@ -96,7 +96,7 @@ def resolve_pipeline(
     if single:
         pipeline = [pipeline]
 
-    def _step_field(pipeline: Sequence[PipelineStep], index: int, name: str) -> str:
+    def _step_field(index: int, name: str) -> str:
         return name if single else f"pipeline.{index}.{name}"
 
     if not pipeline:
@@ -105,18 +105,16 @@ def resolve_pipeline(
         if step.executor is not None and step.executor not in ExecutorKind.values:
             raise InvalidInput(
                 f"executor {step.executor!r} is not one of {', '.join(ExecutorKind.values)}.",
-                field=_step_field(pipeline, index, "executor"),
+                field=_step_field(index, "executor"),
             )
         if step.context_passing is not None and step.context_passing not in ContextPassing.values:
             raise InvalidInput(
                 f"context_passing {step.context_passing!r} is not one of "
                 f"{', '.join(ContextPassing.values)}.",
-                field=_step_field(pipeline, index, "context_passing"),
+                field=_step_field(index, "context_passing"),
             )
         if step.bot is None and step.executor is None:
-            raise InvalidInput(
-                "Name a bot or an executor.", field=_step_field(pipeline, index, "executor")
-            )
+            raise InvalidInput("Name a bot or an executor.", field=_step_field(index, "executor"))
     named = {step.bot for step in pipeline if step.bot is not None}
     bots = {bot.name: bot for bot in Bot.objects.filter(name__in=named)}
     default_kinds = {step.executor for step in pipeline if step.bot is None}
@@ -136,19 +134,19 @@ def resolve_pipeline(
                 raise InvalidInput(
                     f"bot {step.bot!r} is not registered; GET /api/bots/ lists the bots "
                     "(operators add them in the admin).",
-                    field=_step_field(pipeline, index, "bot"),
+                    field=_step_field(index, "bot"),
                 )
             if step.executor is not None and step.executor != bot.executor:
                 raise InvalidInput(
                     f"bot {bot.name!r} runs on {bot.executor}, not {step.executor}.",
-                    field=_step_field(pipeline, index, "executor"),
+                    field=_step_field(index, "executor"),
                 )
         else:
             bot = defaults.get(step.executor)
             if bot is None:
                 raise InvalidInput(
                     f"executor {step.executor!r} has no default bot; name a bot instead.",
-                    field=_step_field(pipeline, index, "executor"),
+                    field=_step_field(index, "executor"),
                 )
         steps.append(
             {"bot": bot.name, "executor": bot.executor, "context_passing": step.context_passing}
