@@ -82,6 +82,12 @@ class ArtifactEntry(_Payload):
     download_url: str
 
 
+class NativeSessionPayload(_Payload):
+    id: str
+    worker_id: str
+    seen_through_message_id: int
+
+
 class DispatchedTurn(_Payload):
     task_id: int
     subtask_id: int
@@ -95,6 +101,10 @@ class DispatchedTurn(_Payload):
     prompt_report: dict[str, Any] = {}
     artifacts: list[ArtifactEntry] = []
     native_session_id: str = ""
+    # Offered when this worker holds the bot's native session: resume it with resume_prompt.
+    native_session: NativeSessionPayload | None = None
+    resume_prompt: str | None = None
+    resume_reason: str = ""
     heartbeat_interval_seconds: int = 60
 
 

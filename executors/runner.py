@@ -90,6 +90,8 @@ class TurnRun:
     stop_reason: str | None = None
     # Set once the executor has exited: its progress is over; the result is what counts now.
     executor_done: bool = False
+    # True when the run resumed the native session the dispatch offered.
+    session_resumed: bool = False
     # What was reported for the claim ("COMPLETED", "FAILED", "RETRY", "RELEASE"), or None.
     reported: str | None = None
     _process: ExecutorProcess | None = None
@@ -152,23 +154,62 @@ class TurnRun:
             return
         self.timings.artifacts_ms = (time.monotonic() - started) * 1000
 
-        tmp_dir = self.state_root / "tmp" / self.marker
-        tmp_dir.mkdir(parents=True)
-        try:
-            outcome, exit_code = self._execute(workspace=workspace, tmp_dir=tmp_dir)
-        finally:
-            self.executor_done = True
-            shutil.rmtree(tmp_dir, ignore_errors=True)
+        outcome, exit_code = self._run_executor(workspace=workspace)
         if self.timings.exited is None:
             self.timings.exited = time.monotonic()
         self._report_outcome(outcome, exit_code=exit_code)
 
-    def _execute(self, *, workspace: Path, tmp_dir: Path) -> tuple[Outcome | None, int | None]:
+    def _run_executor(self, *, workspace: Path) -> tuple[Outcome | None, int | None]:
+        """Resume the bot's native session when the dispatch offers it to this worker, and
+        run fresh with the full prompt, within the same claim, if that session is not here
+        after all (it lived on another worker, or its files are gone)."""
+        turn = self.turn
+        session = turn.native_session
+        if (
+            session is not None
+            and turn.resume_prompt is not None
+            and session.worker_id == self.client.worker_id
+        ):
+            try:
+                outcome, exit_code = self._execute(
+                    workspace=workspace, prompt=turn.resume_prompt, resume_session_id=session.id
+                )
+            except ValueError:
+                # The adapter refused the session id before starting anything.
+                outcome, exit_code = None, None
+            resumed = outcome is not None and not self.adapter.missing_session(outcome)
+            if resumed or self.stop_reason is not None:
+                self.session_resumed = resumed
+                return outcome, exit_code
+            logger.info(_log_line("turn_resume_failed", self))
+            self.timings.exited = None
+            self.executor_done = False
+        return self._execute(workspace=workspace, prompt=turn.prompt, resume_session_id=None)
+
+    def _execute(
+        self, *, workspace: Path, prompt: str, resume_session_id: str | None
+    ) -> tuple[Outcome | None, int | None]:
+        tmp_dir = self.state_root / "tmp" / f"{self.marker}-{uuid.uuid4().hex[:8]}"
+        tmp_dir.mkdir(parents=True)
+        try:
+            return self._execute_in(
+                workspace=workspace,
+                tmp_dir=tmp_dir,
+                prompt=prompt,
+                resume_session_id=resume_session_id,
+            )
+        finally:
+            self.executor_done = True
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+
+    def _execute_in(
+        self, *, workspace: Path, tmp_dir: Path, prompt: str, resume_session_id: str | None
+    ) -> tuple[Outcome | None, int | None]:
         config = self.turn.bot_config
         state_dir = self.state_root / self.adapter.kind
         state_dir.mkdir(parents=True, exist_ok=True)
         request = RunRequest(
-            prompt=self.turn.prompt,
+            prompt=prompt,
             bot=BotConfig(
                 name=config.bot,
                 model=config.model,
@@ -181,6 +222,7 @@ class TurnRun:
             state_dir=state_dir,
             tmp_dir=tmp_dir,
             endpoint=self.endpoint,
+            resume_session_id=resume_session_id,
             passthrough_env=self.passthrough_env,
         )
         launch = self.adapter.launch(request)
@@ -257,6 +299,7 @@ class TurnRun:
             if outcome.usage is not None:
                 body["usage"] = outcome.usage.to_json()
             body["native_session_id"] = outcome.session_id
+            body["session_resumed"] = self.session_resumed
         try:
             self.client.report(subtask_id=self.turn.subtask_id, attempt=self.turn.attempt, **body)
         except (TurnCancelled, LeaseLost) as refused:

@@ -70,6 +70,14 @@ class ResultInput(ClaimInput):
     native_session_id = serializers.CharField(
         required=False, allow_blank=True, default="", max_length=200
     )
+    session_resumed = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text=(
+            "True when the executor resumed the offered native session with resume_prompt; "
+            "false when it ran the full prompt (in a fresh session)."
+        ),
+    )
 
 
 class ArtifactManifestEntry(serializers.Serializer):
@@ -97,6 +105,12 @@ class BotConfigOutput(serializers.Serializer):
     pipeline_length = serializers.IntegerField()
 
 
+class NativeSessionOutput(serializers.Serializer):
+    id = serializers.CharField()
+    worker_id = serializers.CharField()
+    seen_through_message_id = serializers.IntegerField()
+
+
 class DispatchedTurnOutput(serializers.Serializer):
     task_id = serializers.IntegerField()
     subtask_id = serializers.IntegerField()
@@ -110,6 +124,15 @@ class DispatchedTurnOutput(serializers.Serializer):
     prompt_report = serializers.DictField()
     artifacts = ArtifactManifestEntry(many=True)
     native_session_id = serializers.CharField(allow_blank=True)
+    native_session = NativeSessionOutput(allow_null=True)
+    resume_prompt = serializers.CharField(
+        allow_null=True,
+        help_text="Only what the native session has not seen; null when no resume is offered.",
+    )
+    resume_prompt_report = serializers.DictField(allow_null=True)
+    resume_reason = serializers.CharField(
+        help_text="resume, or why not: no_session, other_worker, context_full, policy_off, ..."
+    )
     lease_expires_at = serializers.DateTimeField()
     heartbeat_interval_seconds = serializers.IntegerField()
 

@@ -54,7 +54,19 @@ def _turn_payload(turn: services.ClaimedTurn, *, heartbeat_interval: int) -> dic
         "prompt": turn.prompt.build.text,
         "prompt_report": turn.prompt.build.report.to_dict(),
         "artifacts": turn.manifest,
-        "native_session_id": turn.native_session_id,
+        "native_session_id": turn.session.session_id if turn.session else "",
+        "native_session": (
+            {
+                "id": turn.session.session_id,
+                "worker_id": turn.session.worker_id,
+                "seen_through_message_id": turn.session.seen_through_message_id,
+            }
+            if turn.session
+            else None
+        ),
+        "resume_prompt": turn.resume.build.text if turn.resume else None,
+        "resume_prompt_report": turn.resume.build.report.to_dict() if turn.resume else None,
+        "resume_reason": turn.resume_reason,
         "lease_expires_at": subtask.lease_expires_at,
         "heartbeat_interval_seconds": heartbeat_interval,
     }
@@ -93,7 +105,11 @@ class DispatchApi(ExecutorApi):
         )
         interval = services.heartbeat_interval_seconds()
         turns = [_turn_payload(turn, heartbeat_interval=interval) for turn in claimed]
-        next_ready = None if turns else services.next_ready_in_seconds(kinds=data["kinds"])
+        next_ready = (
+            None
+            if turns
+            else services.next_ready_in_seconds(kinds=data["kinds"], worker_id=data["worker_id"])
+        )
         return Response(DispatchOutput({"turns": turns, "next_ready_in_seconds": next_ready}).data)
 
 
@@ -176,5 +192,6 @@ class ResultApi(ExecutorApi):
             error_code=data["error_code"],
             usage=data["usage"],
             native_session_id=data["native_session_id"],
+            session_resumed=data["session_resumed"],
         )
         return Response(ResultOutput({**_lease(subtask), "changed": changed}).data)

@@ -61,6 +61,8 @@ class PolicyInput(StrictInput):
     previous_result_max_chars = _optional_cap()
     current_message_max_chars = _optional_cap()
     context_passing = serializers.ChoiceField(choices=ContextPassing.choices, required=False)
+    resume_native_sessions = serializers.BooleanField(required=False)
+    resume_max_context_fraction = serializers.FloatField(required=False)
 
 
 class PolicyListApi(APIView):

@@ -146,6 +146,17 @@ class HistoryPolicyAdmin(admin.ModelAdmin):
                 ]
             },
         ),
+        (
+            "Native sessions",
+            {
+                "fields": ["resume_native_sessions", "resume_max_context_fraction"],
+                "description": (
+                    "Codex CLI and Claude Code keep their own session on the worker; resuming "
+                    "it with only the unseen turns saves the model from reading every earlier "
+                    "turn again."
+                ),
+            },
+        ),
         ("Change record", {"fields": ["version", "updated_by", "updated_at"]}),
     ]
 

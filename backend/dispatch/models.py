@@ -52,6 +52,14 @@ CAP_HELP = {
         "Default for pipeline steps that do not set their own: what a step sees besides "
         "history (none / original_user / previous_bot / original_and_previous)."
     ),
+    "resume_native_sessions": (
+        "When the bot's executor keeps a live session (Codex CLI, Claude Code) on the worker "
+        "that claims the turn, send only the turns that session has not seen."
+    ),
+    "resume_max_context_fraction": (
+        "A session whose last turn used more than this share of the bot's context window "
+        "starts fresh with the full prompt instead."
+    ),
 }
 
 
@@ -92,6 +100,12 @@ class HistoryPolicy(models.Model):
         choices=[(mode.value, mode.value) for mode in ContextPassing],
         default=ContextPassing.ORIGINAL_AND_PREVIOUS.value,
         help_text=CAP_HELP["context_passing"],
+    )
+    resume_native_sessions = models.BooleanField(
+        default=True, help_text=CAP_HELP["resume_native_sessions"]
+    )
+    resume_max_context_fraction = models.FloatField(
+        default=0.8, help_text=CAP_HELP["resume_max_context_fraction"]
     )
     version = models.PositiveIntegerField(default=1, editable=False)
     updated_by = models.ForeignKey(
@@ -150,8 +164,16 @@ class PromptReport(models.Model):
     previous_result_tokens = models.PositiveIntegerField()
     token_encoding = models.CharField(max_length=64)
     artifacts = models.JSONField(default=list)
+    included_message_ids = models.JSONField(default=list)
     first_user_message_pinned = models.BooleanField()
     build_ms = models.FloatField()
+    # "full": the whole bounded prompt; "resume": only what a live native session has not
+    # seen. A dispatch that offers a resume stores both reports.
+    kind = models.CharField(max_length=8, default="full")
+    # Why a resume prompt was offered or not (resume, no_session, other_worker, ...).
+    resume_reason = models.CharField(max_length=32, blank=True)
+    # Which of the dispatch's prompts the worker sent (set when the result is reported).
+    sent = models.BooleanField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -161,7 +183,10 @@ class PromptReport(models.Model):
             models.CheckConstraint(
                 condition=Q(policy_source__in=["row", "settings"]),
                 name="promptreport_policy_source_valid",
-            )
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=["full", "resume"]), name="promptreport_kind_valid"
+            ),
         ]
 
     def __str__(self) -> str:

@@ -37,6 +37,8 @@ POLICY_FIELDS = (
     "previous_result_max_chars",
     "current_message_max_chars",
     "context_passing",
+    "resume_native_sessions",
+    "resume_max_context_fraction",
 )
 
 

@@ -28,9 +28,16 @@ from backend.artifacts.services import replace_unstorable_chars
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import policy_rows, resolve_from_rows
 from backend.dispatch.prompts import TurnPrompt, build_turn_prompt
+from backend.dispatch.sessions import (
+    RESUME,
+    native_sessions_for,
+    record_session,
+    resume_input,
+    resume_reason,
+)
 from backend.errors import Conflict, InvalidInput, LeaseLost, NotFound, TurnCancelled
-from backend.tasks.history import any_of, prompt_inputs_for
-from backend.tasks.models import Bot, Role, Subtask, SubtaskStatus, Task, TaskStatus
+from backend.tasks.history import any_of, prompt_input_for, prompt_inputs_for
+from backend.tasks.models import Bot, NativeSession, Role, Subtask, SubtaskStatus, Task, TaskStatus
 from backend.tasks.selectors import turn_result
 from backend.tasks.services import (
     check_text_size,
@@ -60,7 +67,11 @@ class ClaimedTurn:
     prompt: TurnPrompt
     report: PromptReport
     manifest: list[dict[str, Any]]
-    native_session_id: str
+    # Offered when the claiming worker can resume the bot's native session (see sessions.py).
+    session: NativeSession | None
+    resume: TurnPrompt | None
+    resume_report: PromptReport | None
+    resume_reason: str
 
 
 @dataclass(frozen=True)
@@ -206,9 +217,7 @@ def _claim_ids(
         "updated_at": now,
     }
     candidates = (
-        _dispatchable(kinds)
-        .filter(Q(not_before__isnull=True) | Q(not_before__lte=now))
-        .order_by("pending_since", "id")
+        _dispatchable(kinds).filter(_claimable_by(worker_id, now)).order_by("pending_since", "id")
     )
     with transaction.atomic():
         if connection.features.has_select_for_update_skip_locked:
@@ -244,20 +253,37 @@ def _dispatchable(kinds: Sequence[str]):
     )
 
 
-def next_ready_in_seconds(*, kinds: Sequence[str]) -> float | None:
-    """For an idle worker: seconds until a pending turn of these kinds may be claimed (0: now),
-    or None when none is pending. Turns waiting out a retry backoff count."""
+def _claimable_by(worker_id: str, now: datetime) -> Q:
+    """Past any retry backoff, and not held for the worker that has the bot's native session
+    (which gets BATON_SESSION_AFFINITY_SECONDS to claim it and resume the session)."""
+    affinity_over = now - timedelta(seconds=settings.BATON_SESSION_AFFINITY_SECONDS)
+    return (Q(not_before__isnull=True) | Q(not_before__lte=now)) & (
+        Q(session_worker="") | Q(session_worker=worker_id) | Q(pending_since__lte=affinity_over)
+    )
+
+
+def next_ready_in_seconds(*, kinds: Sequence[str], worker_id: str) -> float | None:
+    """For an idle worker: seconds until a pending turn of these kinds may be claimed by it
+    (0: now), or None when none is pending. Turns waiting out a retry backoff, or held for
+    the worker of their native session, count."""
     now = timezone.now()
+    held = ~Q(session_worker="") & ~Q(session_worker=worker_id)
     found = _dispatchable(kinds).aggregate(
         pending=Count("id"),
-        ready=Count("id", filter=Q(not_before__isnull=True) | Q(not_before__lte=now)),
-        earliest=Min("not_before"),
+        ready=Count("id", filter=_claimable_by(worker_id, now)),
+        backoff_ends=Min("not_before"),
+        held_since=Min("pending_since", filter=held),
     )
     if not found["pending"]:
         return None
     if found["ready"]:
         return 0.0
-    return max(0.0, (found["earliest"] - now).total_seconds())
+    ends = [found["backoff_ends"]]
+    if found["held_since"] is not None:
+        ends.append(
+            found["held_since"] + timedelta(seconds=settings.BATON_SESSION_AFFINITY_SECONDS)
+        )
+    return max(0.0, (min(end for end in ends if end is not None) - now).total_seconds())
 
 
 def _bots_for(subtasks: Sequence[Subtask]) -> dict[int, Bot]:
@@ -278,40 +304,14 @@ def _bots_for(subtasks: Sequence[Subtask]) -> dict[int, Bot]:
     return found
 
 
-def _native_sessions_to_resume(subtasks: Sequence[Subtask]) -> dict[int, str]:
-    """Per subtask id: the executor's own session id from the same bot's latest earlier turn
-    in its task (one query for the batch)."""
-    if not subtasks:
-        return {}
-    condition = any_of(
-        [
-            Q(
-                task_id=subtask.task_id,
-                bot=subtask.bot,
-                executor=subtask.executor,
-                message_id__lt=subtask.message_id,
-            )
-            for subtask in subtasks
-        ]
-    )
-    latest: dict[tuple[int, str, str], str] = {}
-    rows = (
-        Subtask.objects.filter(condition, role=Role.ASSISTANT)
-        .exclude(native_session_id="")
-        .order_by("task_id", "-message_id")
-        .values_list("task_id", "bot", "executor", "native_session_id")
-    )
-    for task_id, bot, executor, session_id in rows:
-        latest.setdefault((task_id, bot, executor), session_id)
-    return {
-        subtask.pk: latest.get((subtask.task_id, subtask.bot, subtask.executor), "")
-        for subtask in subtasks
-    }
-
-
-def _report_row(*, subtask: Subtask, worker_id: str, prompt: TurnPrompt) -> PromptReport:
+def _report_row(
+    *, subtask: Subtask, worker_id: str, prompt: TurnPrompt, kind: str, resume_reason: str
+) -> PromptReport:
     report = prompt.build.report
     return PromptReport(
+        kind=kind,
+        resume_reason=resume_reason,
+        included_message_ids=list(report.included_message_ids),
         subtask=subtask,
         task_id=subtask.task_id,
         attempt=subtask.attempts,
@@ -348,6 +348,8 @@ def _log_dispatch(row: PromptReport, subtask: Subtask) -> None:
         json.dumps(
             {
                 "event": "dispatch",
+                "prompt": row.kind,
+                "resume_reason": row.resume_reason,
                 "task": subtask.task_id,
                 "subtask": subtask.pk,
                 "message_id": subtask.message_id,
@@ -445,60 +447,118 @@ def claim_turns(
         )
     except Exception:  # noqa: BLE001 - fall back to one turn at a time to isolate the failure
         inputs = {}
-    built: list[tuple[Subtask, TurnPrompt]] = []
+    try:
+        sessions = native_sessions_for(subtasks)
+    except Exception as error:  # noqa: BLE001 - any failure must release the claims
+        for subtask in subtasks:
+            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
+        return []
+    built: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]] = []
     for subtask in subtasks:
         if subtask.pk not in bots:
             _build_failed(
                 subtask=subtask, worker_id=worker_id, error=LookupError("no bot for the turn")
             )
             continue
+        policy = resolved[subtask.pk]
         try:
-            prompt = build_turn_prompt(
-                subtask=subtask,
-                task=subtask.task,
-                resolved=resolved[subtask.pk],
-                prompt_input=inputs.get(subtask.pk),
+            full_input = inputs.get(subtask.pk) or prompt_input_for(
+                subtask=subtask, task=subtask.task, policy=policy.policy
             )
+            prompt = build_turn_prompt(
+                subtask=subtask, task=subtask.task, resolved=policy, prompt_input=full_input
+            )
+            session = sessions.get(subtask.pk)
+            reason = resume_reason(
+                subtask=subtask,
+                session=session,
+                bot=bots[subtask.pk],
+                policy=policy.policy,
+                worker_id=worker_id,
+                full_input=full_input,
+            )
+            resume = None
+            if reason == RESUME:
+                assert session is not None
+                resume = build_turn_prompt(
+                    subtask=subtask,
+                    task=subtask.task,
+                    resolved=policy,
+                    prompt_input=resume_input(
+                        full_input, seen_through=session.seen_through_message_id
+                    ),
+                )
         except Exception as error:  # noqa: BLE001 - any failure must release the claim
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)
             continue
-        built.append((subtask, prompt))
+        built.append((subtask, prompt, resume, reason))
     try:
         manifest_entries = {
             entry["id"]: entry
             for entry in artifact_manifest(
                 artifact_ids=[
                     artifact_id
-                    for _, prompt in built
-                    for artifact_id in prompt.build.report.artifacts
+                    for _, prompt, resume, _ in built
+                    for artifact_id in _artifacts_of(prompt, resume)
                 ],
                 request_base_url=request_base_url,
             )
         }
-        sessions = _native_sessions_to_resume([subtask for subtask, _ in built])
     except Exception as error:  # noqa: BLE001
-        for subtask, _ in built:
+        for subtask, *_ in built:
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)
         return []
     claimed: list[ClaimedTurn] = []
-    for subtask, prompt in built:
+    for subtask, prompt, resume, reason in built:
         claimed.append(
             ClaimedTurn(
                 subtask=subtask,
                 task=subtask.task,
                 bot=bots[subtask.pk],
                 prompt=prompt,
-                report=_report_row(subtask=subtask, worker_id=worker_id, prompt=prompt),
+                report=_report_row(
+                    subtask=subtask,
+                    worker_id=worker_id,
+                    prompt=prompt,
+                    kind="full",
+                    resume_reason=reason,
+                ),
                 manifest=[
-                    manifest_entries[artifact_id] for artifact_id in prompt.build.report.artifacts
+                    manifest_entries[artifact_id] for artifact_id in _artifacts_of(prompt, resume)
                 ],
-                native_session_id=sessions[subtask.pk],
+                session=sessions.get(subtask.pk) if resume is not None else None,
+                resume=resume,
+                resume_report=(
+                    _report_row(
+                        subtask=subtask,
+                        worker_id=worker_id,
+                        prompt=resume,
+                        kind=RESUME,
+                        resume_reason=reason,
+                    )
+                    if resume is not None
+                    else None
+                ),
+                resume_reason=reason,
             )
         )
-    PromptReport.objects.bulk_create([turn.report for turn in claimed])
+    PromptReport.objects.bulk_create(
+        [report for turn in claimed for report in (turn.report, turn.resume_report) if report]
+    )
     for turn in claimed:
         _log_dispatch(turn.report, turn.subtask)
+        if turn.resume_report is not None:
+            _log_dispatch(turn.resume_report, turn.subtask)
     return claimed
+
+
+def _artifacts_of(prompt: TurnPrompt, resume: TurnPrompt | None) -> list[str]:
+    """Artifacts either prompt points to, each once: one manifest serves both (with fewer
+    turns, a resume prompt may keep a turn the full prompt dropped)."""
+    ids = list(prompt.build.report.artifacts)
+    if resume is not None:
+        ids += [artifact for artifact in resume.build.report.artifacts if artifact not in ids]
+    return ids
 
 
 # --- heartbeat, progress, result ------------------------------------------------------------
@@ -686,6 +746,7 @@ def report_result(
     error_code: str = "",
     usage: dict | None,
     native_session_id: str,
+    session_resumed: bool = False,
 ) -> tuple[Subtask, bool]:
     """Record the outcome of a claimed turn. Returns (turn, changed).
 
@@ -743,6 +804,14 @@ def report_result(
                 error_code=error_code,
                 usage=usage,
                 native_session_id=native_session_id,
+            )
+            subtask.refresh_from_db()
+            record_session(
+                subtask=subtask,
+                worker_id=worker_id,
+                session_id=native_session_id,
+                resumed=session_resumed,
+                usage=usage,
             )
         subtask.refresh_from_db()
     logger.info(

@@ -86,6 +86,18 @@ class HistoryPolicy(BaseModel):
     preview_head_chars: int = 2_000
     preview_tail_chars: int = 2_000
     context_passing: ContextPassing = ContextPassing.ORIGINAL_AND_PREVIOUS
+    # Native sessions. The builder does not read these; dispatch does, to choose between the
+    # full prompt and a resume prompt holding only the turns a live executor session has not
+    # seen. Past this share of the bot's context window, the session starts fresh instead.
+    resume_native_sessions: bool = True
+    resume_max_context_fraction: float = 0.8
+
+    @field_validator("resume_max_context_fraction")
+    @classmethod
+    def _fraction_of_the_window(cls, value: float) -> float:
+        if not 0 < value <= 1:
+            raise ValueError("must be above 0 and at most 1 (a share of the context window)")
+        return value
 
     @field_validator(*_CAP_FIELDS)
     @classmethod

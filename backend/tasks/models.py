@@ -227,6 +227,9 @@ class Subtask(models.Model):
     releases = models.PositiveIntegerField(default=0)
     # A turn requeued after a retryable failure waits until then (backoff).
     not_before = models.DateTimeField(null=True, blank=True)
+    # The worker holding this bot's native session when the turn was created: it is offered
+    # the turn first, for BATON_SESSION_AFFINITY_SECONDS, so it can resume the session.
+    session_worker = models.CharField(max_length=200, blank=True)
     # Streamed progress from the executor: the latest events (bounded) and the partial answer.
     progress_events = LosslessJSONField(null=True, blank=True)
     partial_text = models.TextField(blank=True)
@@ -301,3 +304,37 @@ class Subtask(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} message {self.message_id} ({self.role} {self.status})"
+
+
+class NativeSession(models.Model):
+    """An executor's own session (Codex thread, Claude Code conversation) for one bot of a task.
+
+    It lives on one worker's disk. Baton records which turns it has seen, so a later turn on
+    that worker can resume it with only the turns it has not seen.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="native_sessions")
+    bot = models.CharField(max_length=100)
+    executor = models.CharField(max_length=32, choices=ExecutorKind.choices)
+    session_id = models.CharField(max_length=200)
+    worker_id = models.CharField(max_length=200)
+    # Every turn up to this message id is in the session's context (or was dropped from the
+    # prompt that started it, with an omission notice).
+    seen_through_message_id = models.PositiveIntegerField()
+    seen_message_ids = models.JSONField(default=list)
+    # Input tokens of the session's latest turn: about how full its context is.
+    context_tokens = models.PositiveIntegerField(null=True, blank=True)
+    turns = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["task_id", "bot"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["task", "bot", "executor"], name="native_session_per_bot"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.executor} session of {self.bot} in task {self.task_id}"

@@ -27,6 +27,7 @@ from backend.tasks.models import (
     Bot,
     ContextPassing,
     ExecutorKind,
+    NativeSession,
     Role,
     Subtask,
     SubtaskStatus,
@@ -189,6 +190,12 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
     steps = task.pipeline
     first_id = allocate_message_ids(task_id=task.pk, count=1 + len(steps))
     now = timezone.now()
+    session_workers = dict(
+        ((bot, executor), worker_id)
+        for bot, executor, worker_id in NativeSession.objects.filter(task_id=task.pk).values_list(
+            "bot", "executor", "worker_id"
+        )
+    )
     user_turn = Subtask(
         task=task,
         message_id=first_id,
@@ -215,6 +222,7 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
                 # Only the first step is dispatchable now; each later step becomes eligible
                 # when the step before it completes.
                 pending_since=now if index == 0 else None,
+                session_worker=session_workers.get((step["bot"], step["executor"]), ""),
             )
         )
     Subtask.objects.bulk_create(turns)

@@ -101,3 +101,9 @@ class ExecutorAdapter(ABC):
     @abstractmethod
     def parser(self, request: RunRequest) -> StreamParser:
         """A fresh parser for this run's stdout."""
+
+    def missing_session(self, outcome: Outcome) -> bool:
+        """Whether a resumed run failed because this machine has no such session (it lives on
+        another worker, or its files are gone); the worker then runs fresh. Executors that
+        Baton does not resume never say so."""
+        return False

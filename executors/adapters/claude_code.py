@@ -92,6 +92,9 @@ class ClaudeCodeAdapter(ExecutorAdapter):
         """The bundled `claude` binary's path, found once per adapter."""
         return _bundled_binary()
 
+    def missing_session(self, outcome: Outcome) -> bool:
+        return is_missing_session(outcome)
+
     def launch(self, request: RunRequest) -> Launch:
         """`claude -p` in stream-json mode with the prompt on stdin.
 

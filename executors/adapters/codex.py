@@ -90,6 +90,9 @@ class CodexAdapter(ExecutorAdapter):
         """The bundled `codex` binary's path, found once per adapter."""
         return _bundled_binary()
 
+    def missing_session(self, outcome: Outcome) -> bool:
+        return is_missing_session(outcome)
+
     def launch(self, request: RunRequest) -> Launch:
         """`codex exec` (or `codex exec resume <id>`) with the prompt on stdin.
 

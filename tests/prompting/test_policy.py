@@ -24,7 +24,15 @@ def test_defaults_match_the_design() -> None:
         "preview_head_chars": 2_000,
         "preview_tail_chars": 2_000,
         "context_passing": ContextPassing.ORIGINAL_AND_PREVIOUS,
+        "resume_native_sessions": True,
+        "resume_max_context_fraction": 0.8,
     }
+
+
+@pytest.mark.parametrize("fraction", [0, -0.1, 1.01])
+def test_the_resume_fraction_is_a_share_of_the_window(fraction) -> None:
+    with pytest.raises(ValueError, match="at most 1"):
+        HistoryPolicy(resume_max_context_fraction=fraction)
 
 
 def test_context_passing_values() -> None:

@@ -1,0 +1,165 @@
+"""Native sessions: resume an executor's own session with only the turns it has not seen.
+
+Codex CLI and Claude Code keep each conversation in a session on the worker's disk. When a
+turn's bot has a live session on the worker that claims it, the dispatch offers a
+`resume_prompt` beside the full `prompt`: built by the same core, with the same sections,
+escaping and caps, but holding only the turns after the last one the session saw — the current
+message, and whatever happened since (other group members' messages, other bots' answers, the
+previous pipeline step's result). The session already holds the rest, so the model reads
+every earlier turn once instead of again on every turn.
+
+When a result comes back, `record_session` notes what the session has now seen: the turns in
+the prompt that was sent, the message it answered and its own answer. A resume is offered only
+when it is safe; `resume_reason` says why not otherwise (another worker holds the session, the
+session's context is nearly full, history is off, unseen turns fell outside the window, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models import Case, F, Q, Value, When
+
+from backend.dispatch.models import PromptReport
+from backend.prompting.inputs import PromptInput
+from backend.prompting.policy import HistoryPolicy as BuilderPolicy
+from backend.tasks.history import any_of
+from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus
+
+# Agno runs keep Baton's prompt: their sessions live in the runner's own store and replay
+# tool results of earlier runs, so a resume would not save what it does for the CLIs.
+RESUMABLE_EXECUTORS = frozenset({"codex", "claude_code"})
+RESUME = "resume"
+
+
+def native_sessions_for(subtasks: Sequence[Subtask]) -> dict[int, NativeSession]:
+    """Per subtask id: the native session of its bot in its task, if any (one query)."""
+    if not subtasks:
+        return {}
+    rows = NativeSession.objects.filter(
+        any_of(
+            [
+                Q(task_id=subtask.task_id, bot=subtask.bot, executor=subtask.executor)
+                for subtask in subtasks
+            ]
+        )
+    )
+    by_key = {(row.task_id, row.bot, row.executor): row for row in rows}
+    found = {}
+    for subtask in subtasks:
+        session = by_key.get((subtask.task_id, subtask.bot, subtask.executor))
+        if session is not None:
+            found[subtask.pk] = session
+    return found
+
+
+def resume_reason(
+    *,
+    subtask: Subtask,
+    session: NativeSession | None,
+    bot: Bot,
+    policy: BuilderPolicy,
+    worker_id: str,
+    full_input: PromptInput,
+) -> str:
+    """ "resume" when the claiming worker may resume the session; otherwise why not."""
+    if session is None:
+        return "no_session"
+    if subtask.executor not in RESUMABLE_EXECUTORS:
+        return "executor_keeps_baton_prompt"
+    if not policy.resume_native_sessions:
+        return "policy_off"
+    if not policy.enabled:
+        return "history_disabled"
+    if session.worker_id != worker_id:
+        return "other_worker"
+    if (
+        bot.context_window
+        and session.context_tokens is not None
+        and session.context_tokens > policy.resume_max_context_fraction * bot.context_window
+    ):
+        return "context_full"
+    if session.seen_through_message_id >= subtask.parent_message_id:
+        return "session_ahead"  # the session claims to have seen this turn: start over
+    if not _window_covers_unseen(full_input, seen_through=session.seen_through_message_id):
+        return "unseen_beyond_window"
+    return RESUME
+
+
+def _window_covers_unseen(full_input: PromptInput, *, seen_through: int) -> bool:
+    """Whether every turn after `seen_through` is in the history window the full prompt used.
+
+    The window holds the newest turns; older ones are only counted. If turns older than the
+    window exist and the window starts after the session's last seen turn, some unseen turns
+    may be among the dropped ones, and only a fresh session would be told about them.
+    """
+    dropped_before_window = full_input.earlier_user_messages + full_input.earlier_assistant_messages
+    if not dropped_before_window:
+        return True
+    windowed = [
+        message.message_id
+        for message in full_input.history
+        if message.message_id != full_input.first_user_message_id
+    ]
+    return bool(windowed) and min(windowed) <= seen_through + 1
+
+
+def resume_input(full_input: PromptInput, *, seen_through: int) -> PromptInput:
+    """The builder input of a resume prompt: the same turn, with only the unseen history.
+
+    The session already holds the first user message and every turn up to `seen_through`, so
+    nothing is pinned and nothing is reported as omitted before the unseen turns.
+    """
+    data: dict[str, Any] = {field: getattr(full_input, field) for field in PromptInput.model_fields}
+    data.update(
+        history=tuple(m for m in full_input.history if m.message_id > seen_through),
+        first_user_message_id=None,
+        earlier_user_messages=0,
+        earlier_assistant_messages=0,
+    )
+    return PromptInput(**data)
+
+
+def record_session(
+    *, subtask: Subtask, worker_id: str, session_id: str, resumed: bool, usage: dict | None
+) -> None:
+    """After a result: mark which prompt was sent, and what the session has now seen.
+
+    Runs in the result's transaction, under the task's lock. A failed turn updates no
+    session: its session may hold a half-finished exchange, so the next turn starts fresh.
+    """
+    reports = PromptReport.objects.filter(subtask=subtask, attempt=subtask.attempts)
+    sent_kind = RESUME if resumed else "full"
+    reports.update(
+        sent=Case(When(kind=sent_kind, then=Value(True)), default=Value(False)),
+        resume_reason=Case(
+            When(kind=RESUME, then=Value("resumed" if resumed else "resume_failed")),
+            default=F("resume_reason"),
+        ),
+    )
+    if not session_id or subtask.status != SubtaskStatus.COMPLETED:
+        return
+    sent = reports.filter(kind=sent_kind).values_list("included_message_ids", flat=True).first()
+    seen_now = {*(sent or []), subtask.parent_message_id, subtask.message_id}
+    if subtask.pipeline_step:
+        seen_now.add(subtask.parent_message_id + subtask.pipeline_step)  # the previous step
+    context_tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
+    existing = NativeSession.objects.filter(
+        task_id=subtask.task_id, bot=subtask.bot, executor=subtask.executor
+    ).first()
+    if resumed and existing is not None and existing.session_id == session_id:
+        existing.seen_message_ids = sorted(set(existing.seen_message_ids) | seen_now)
+        existing.turns += 1
+    else:
+        # A fresh session (or one that replaced a session the worker could not resume).
+        existing = existing or NativeSession(
+            task_id=subtask.task_id, bot=subtask.bot, executor=subtask.executor
+        )
+        existing.session_id = session_id
+        existing.seen_message_ids = sorted(seen_now)
+        existing.turns = 1
+    existing.worker_id = worker_id
+    existing.seen_through_message_id = subtask.message_id
+    existing.context_tokens = context_tokens
+    existing.save()
