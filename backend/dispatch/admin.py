@@ -251,6 +251,9 @@ class PromptReportAdmin(admin.ModelAdmin):
         "task",
         "subtask",
         "attempt",
+        "kind",
+        "sent",
+        "resume_reason",
         "policy_label",
         "messages_included",
         "messages_omitted",
@@ -259,7 +262,7 @@ class PromptReportAdmin(admin.ModelAdmin):
         "build_ms",
         "created_at",
     ]
-    list_filter = ["policy_source", "history_enabled", "context_passing"]
+    list_filter = ["kind", "sent", "resume_reason", "policy_source", "history_enabled"]
     list_select_related = ["task", "subtask", "policy"]
     search_fields = ["=task__id", "=subtask__id", "worker_id"]
     date_hierarchy = "created_at"

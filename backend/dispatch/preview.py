@@ -26,11 +26,13 @@ from backend.dispatch.policies import (
     settings_policy,
 )
 from backend.dispatch.prompts import TurnPrompt, build_turn_prompt, next_turn_to_dispatch
+from backend.dispatch.sessions import RESUME, native_sessions_for, resume_input, resume_reason
 from backend.errors import InvalidInput, NotFound
 from backend.prompting.build import PromptBudgetError
 from backend.prompting.report import BuildReport
-from backend.tasks.history import HISTORY_STATUSES, HistoryUnavailable
-from backend.tasks.models import Role, Subtask, Task
+from backend.tasks.history import HISTORY_STATUSES, HistoryUnavailable, prompt_input_for
+from backend.tasks.models import NativeSession, Role, Subtask, Task
+from backend.tasks.selectors import bots_for_turns
 
 # The history list under the prompt names turns by id and role only, but a task can have
 # thousands: list the newest ones (and any older turn the prompt includes, the pinned first
@@ -88,6 +90,12 @@ class PromptPreview:
     budget: tuple[BudgetSegment, ...]
     history_turns: tuple[HistoryTurn, ...]
     history_turns_not_listed: int
+    session: NativeSession | None = None
+    """The bot's native session in this task, if an earlier turn reported one."""
+    resume_reason: str = ""
+    """For the session's own worker: "resume", or why it would get the full prompt only."""
+    resume_prompt: TurnPrompt | None = None
+    """What that worker would send the resumed session: only the turns it has not seen."""
 
     @property
     def text(self) -> str:
@@ -228,7 +236,13 @@ def preview_prompt(
         raise InvalidInput(f"Turn {subtask.pk} is not a turn of task {task.pk}.", field="subtask")
     resolved, values, label = _resolve(task=task, values_or_row=values_or_row)
     try:
-        turn_prompt = build_turn_prompt(subtask=subtask, task=task, resolved=resolved)
+        full_input = prompt_input_for(subtask=subtask, task=task, policy=resolved.policy)
+        turn_prompt = build_turn_prompt(
+            subtask=subtask, task=task, resolved=resolved, prompt_input=full_input
+        )
+        session, reason, resume_prompt = _resume_preview(
+            subtask=subtask, task=task, resolved=resolved, full_input=full_input
+        )
     except HistoryUnavailable as error:
         raise InvalidInput(str(error), field="subtask") from None
     except PromptBudgetError as error:
@@ -247,4 +261,35 @@ def preview_prompt(
         budget=_budget(report, resolved.policy.max_tokens),
         history_turns=history_turns,
         history_turns_not_listed=not_listed,
+        session=session,
+        resume_reason=reason,
+        resume_prompt=resume_prompt,
     )
+
+
+def _resume_preview(
+    *, subtask: Subtask, task: Task, resolved: ResolvedPolicy, full_input: Any
+) -> tuple[NativeSession | None, str, TurnPrompt | None]:
+    """The bot's session, and the resume prompt its own worker would get (as dispatch builds
+    it), or why it would get none."""
+    session = native_sessions_for([subtask]).get(subtask.pk)
+    bot = bots_for_turns([subtask]).get(subtask.pk)
+    if session is None or bot is None:
+        return session, "no_session", None
+    reason = resume_reason(
+        subtask=subtask,
+        session=session,
+        bot=bot,
+        policy=resolved.policy,
+        worker_id=session.worker_id,
+        full_input=full_input,
+    )
+    if reason != RESUME:
+        return session, reason, None
+    resume = build_turn_prompt(
+        subtask=subtask,
+        task=task,
+        resolved=resolved,
+        prompt_input=resume_input(full_input, seen_through=session.seen_through_message_id),
+    )
+    return session, reason, resume

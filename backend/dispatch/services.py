@@ -38,7 +38,7 @@ from backend.dispatch.sessions import (
 from backend.errors import Conflict, InvalidInput, LeaseLost, NotFound, TurnCancelled
 from backend.tasks.history import any_of, prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Bot, NativeSession, Role, Subtask, SubtaskStatus, Task, TaskStatus
-from backend.tasks.selectors import turn_result
+from backend.tasks.selectors import bots_for_turns, turn_result
 from backend.tasks.services import (
     check_text_size,
     lock_task,
@@ -286,24 +286,6 @@ def next_ready_in_seconds(*, kinds: Sequence[str], worker_id: str) -> float | No
     return max(0.0, (min(end for end in ends if end is not None) - now).total_seconds())
 
 
-def _bots_for(subtasks: Sequence[Subtask]) -> dict[int, Bot]:
-    """Per subtask id: its registered bot (one query). Turns stored before the registry, or
-    whose bot is gone, get their executor's default bot."""
-    kinds = {subtask.executor for subtask in subtasks}
-    names = {subtask.bot for subtask in subtasks}
-    rows = list(Bot.objects.filter(Q(name__in=names) | Q(is_default=True, executor__in=kinds)))
-    by_name = {bot.name: bot for bot in rows}
-    defaults = {bot.executor: bot for bot in rows if bot.is_default}
-    found = {}
-    for subtask in subtasks:
-        bot = by_name.get(subtask.bot)
-        if bot is None or bot.executor != subtask.executor:
-            bot = defaults.get(subtask.executor)
-        if bot is not None:
-            found[subtask.pk] = bot
-    return found
-
-
 def _report_row(
     *, subtask: Subtask, worker_id: str, prompt: TurnPrompt, kind: str, resume_reason: str
 ) -> PromptReport:
@@ -435,7 +417,7 @@ def claim_turns(
         .defer("result", "prompt", "history_text", "preview_head", "preview_tail")
         .order_by("pending_since", "id")
     )
-    bots = _bots_for(subtasks)
+    bots = bots_for_turns(subtasks)
     rows = policy_rows(task_types={subtask.task.task_type for subtask in subtasks})
     resolved = {
         subtask.pk: resolve_from_rows(task_type=subtask.task.task_type, rows=rows)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from backend.artifacts.storage import verified_chunks
 from backend.errors import NotFound
@@ -73,3 +75,21 @@ def get_bot(*, name: str) -> Bot:
     if bot is None:
         raise NotFound(f"Bot {name!r} does not exist.")
     return bot
+
+
+def bots_for_turns(subtasks: Sequence[Subtask]) -> dict[int, Bot]:
+    """Per subtask id: its registered bot (one query). Turns stored before the registry, or
+    whose bot is gone, get their executor's default bot."""
+    kinds = {subtask.executor for subtask in subtasks}
+    names = {subtask.bot for subtask in subtasks}
+    rows = list(Bot.objects.filter(Q(name__in=names) | Q(is_default=True, executor__in=kinds)))
+    by_name = {bot.name: bot for bot in rows}
+    defaults = {bot.executor: bot for bot in rows if bot.is_default}
+    found = {}
+    for subtask in subtasks:
+        bot = by_name.get(subtask.bot)
+        if bot is None or bot.executor != subtask.executor:
+            bot = defaults.get(subtask.executor)
+        if bot is not None:
+            found[subtask.pk] = bot
+    return found

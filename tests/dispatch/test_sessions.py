@@ -197,3 +197,36 @@ def test_unseen_turns_outside_the_window_mean_a_fresh_session(api, worker_api):
     [turn] = dispatch(worker_api)
     assert turn["resume_reason"] == "unseen_beyond_window"
     assert turn["resume_prompt"] is None
+
+
+def test_the_admin_preview_shows_both_prompts_for_a_turn_with_a_live_session(
+    api, worker_api, admin_client
+):
+    task = create(api)
+    [first] = dispatch(worker_api)
+    answer(worker_api, first, "First answer.")
+    follow_up(api, task, "Second <question>.")
+    page = admin_client.get("/admin/dispatch/historypolicy/preview/", {"task": task["id"]})
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "codex session s1 on worker w1" in text.replace("OpenAI Codex CLI", "codex")
+    assert '<pre id="resume-prompt-text">\nSecond &lt;question&gt;.</pre>' in text
+    assert "First answer." in text  # the full prompt, for any other worker
+    # Reports of dispatched turns say which prompt went out, and why.
+    [second] = dispatch(worker_api)
+    answer(worker_api, second, "Second answer.", resumed=True)
+    listing = admin_client.get("/admin/dispatch/promptreport/").content.decode()
+    assert "resumed" in listing
+
+
+def test_the_preview_says_why_no_resume_would_be_offered(api, worker_api, admin_client):
+    task = create(api)
+    [first] = dispatch(worker_api)
+    answer(worker_api, first, "First answer.")
+    HistoryPolicy.objects.filter(task_type="code").update(resume_native_sessions=False)
+    follow_up(api, task, "Second question.")
+    page = admin_client.get(
+        "/admin/dispatch/historypolicy/preview/", {"task": task["id"]}
+    ).content.decode()
+    assert "in a fresh session (policy_off)" in page
+    assert '<pre id="resume-prompt-text">' not in page
