@@ -18,40 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._django import REPO_ROOT, bench_database  # noqa: E402
+from bench._django import bench_database  # noqa: E402
+from bench._live import live_baton, running_worker  # noqa: E402
 
 KINDS = ("codex", "claude_code", "agno")
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _wait_until_up(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"{url}/api/schema/", timeout=2)
-            return
-        except httpx.TransportError:
-            time.sleep(0.2)
-    raise SystemExit(f"the backend did not come up at {url}")
 
 
 def _percentile(values: list[float], share: float) -> float:
@@ -67,90 +45,38 @@ def main() -> None:
     args = parser.parse_args()
     kinds = [kind for kind in args.kinds.split(",") if kind]
 
-    with bench_database(args.postgres) as vendor:
-        from django.contrib.auth import get_user_model
-        from rest_framework.authtoken.models import Token
-
-        from backend.dispatch.workers import ensure_worker_account
-
-        owner = get_user_model().objects.create_user(username="bench-product")
-        product_token = Token.objects.create(user=owner).key
-        _, worker_token = ensure_worker_account(username="bench-worker")
-
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "ALLOWED_HOSTS": "127.0.0.1", "BATON_LOG_LEVEL": "WARNING"}
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "backend.wsgi",
-                "--workers",
-                "4",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--log-level",
-                "warning",
-            ],
-            cwd=REPO_ROOT,
-            env=env,
-        )
-        workdir = Path(tempfile.mkdtemp(prefix="baton-bench-worker-"))
-        log_path = workdir / "worker.log"
-        try:
-            _wait_until_up(url)
-            worker_env = {
-                "PATH": os.environ["PATH"],
-                "LANG": "C.UTF-8",
-                "BATON_URL": url,
-                "BATON_WORKER_TOKEN": worker_token,
-                "BATON_WORKSPACE_ROOT": str(workdir / "workspaces"),
-                "BATON_EXECUTOR_KINDS": ",".join(kinds),
-                "BATON_WORKER_SLOTS": "1",
-                "BATON_STANDIN_MODEL": "always",
-                "BATON_WORKER_POLL_SECONDS": "0.05",
-            }
-            with log_path.open("wb") as log:
-                worker = subprocess.Popen(
-                    [sys.executable, "-m", "executors"],
-                    cwd=REPO_ROOT,
-                    env=worker_env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
+    workdir = Path(tempfile.mkdtemp(prefix="baton-bench-worker-"))
+    with (
+        bench_database(args.postgres) as vendor,
+        live_baton() as baton,
+        running_worker(
+            baton, workdir=workdir, kinds=kinds, BATON_STANDIN_MODEL="always"
+        ) as log_path,
+    ):
+        task_ids = []
+        for kind in kinds:
+            for number in range(args.turns):
+                response = baton.product.post(
+                    "/api/tasks/",
+                    json={
+                        "title": f"bench {kind} {number}",
+                        "task_type": "code",
+                        "executor": kind,
+                        "message": f"Turn {number}: say hello.",
+                    },
                 )
-            product = httpx.Client(
-                base_url=url, headers={"Authorization": f"Token {product_token}"}, timeout=30
-            )
-            task_ids = []
-            for kind in kinds:
-                for number in range(args.turns):
-                    response = product.post(
-                        "/api/tasks/",
-                        json={
-                            "title": f"bench {kind} {number}",
-                            "task_type": "code",
-                            "executor": kind,
-                            "message": f"Turn {number}: say hello.",
-                        },
-                    )
-                    response.raise_for_status()
-                    task_ids.append(response.json()["id"])
-            deadline = time.monotonic() + 60 + 10 * len(task_ids)
-            while True:
-                page = product.get("/api/tasks/", params={"page_size": 200}).json()["results"]
-                done = [task for task in page if task["status"] in ("COMPLETED", "FAILED")]
-                if len(done) == len(task_ids):
-                    break
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"only {len(done)} of {len(task_ids)} turns finished")
-                time.sleep(0.25)
-            failed = [task["id"] for task in page if task["status"] != "COMPLETED"]
-            worker.send_signal(signal.SIGTERM)
-            worker.wait(timeout=60)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+                response.raise_for_status()
+                task_ids.append(response.json()["id"])
+        deadline = time.monotonic() + 60 + 10 * len(task_ids)
+        while True:
+            page = baton.product.get("/api/tasks/", params={"page_size": 200}).json()
+            done = [t for t in page["results"] if t["status"] in ("COMPLETED", "FAILED")]
+            if len(done) == len(task_ids):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"only {len(done)} of {len(task_ids)} turns finished")
+            time.sleep(0.25)
+        failed = [t["id"] for t in page["results"] if t["status"] != "COMPLETED"]
 
     reported = [
         json.loads(line.split(" baton.worker ", 1)[1])

@@ -1,0 +1,121 @@
+"""A live Baton for benchmarks: gunicorn on a throwaway database, accounts, and the real worker.
+
+What users see is measured over real HTTP against the production server, so benchmarks that
+involve the worker start Baton under gunicorn (4 sync workers) and the worker
+(`python -m executors`) as its own process, exactly as they run in production.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench._django import REPO_ROOT
+
+
+@dataclass(frozen=True)
+class LiveBaton:
+    url: str
+    product: httpx.Client
+    worker_token: str
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def live_baton() -> Iterator[LiveBaton]:
+    """Baton under gunicorn on the database `bench_database` configured, with a product
+    account and a worker account."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    from backend.dispatch.workers import ensure_worker_account
+
+    owner = get_user_model().objects.create_user(username="bench-product")
+    product_token = Token.objects.create(user=owner).key
+    _, worker_token = ensure_worker_account(username="bench-worker")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "ALLOWED_HOSTS": "127.0.0.1", "BATON_LOG_LEVEL": "WARNING"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "backend.wsgi", "--workers", "4"]
+        + ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"],
+        cwd=REPO_ROOT,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{url}/api/schema/", timeout=2)
+                break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"the backend did not come up at {url}") from None
+                time.sleep(0.2)
+        with httpx.Client(
+            base_url=url, headers={"Authorization": f"Token {product_token}"}, timeout=30
+        ) as product:
+            yield LiveBaton(url=url, product=product, worker_token=worker_token)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+@contextmanager
+def running_worker(
+    baton: LiveBaton, *, workdir: Path, kinds: list[str], **env: str
+) -> Iterator[Path]:
+    """The real worker, one slot, polling every 50 ms; yields its log file's path."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "worker.log"
+    worker_env = {
+        "PATH": os.environ["PATH"],
+        "LANG": "C.UTF-8",
+        "BATON_URL": baton.url,
+        "BATON_WORKER_TOKEN": baton.worker_token,
+        "BATON_WORKSPACE_ROOT": str(workdir / "workspaces"),
+        "BATON_EXECUTOR_KINDS": ",".join(kinds),
+        "BATON_WORKER_SLOTS": "1",
+        "BATON_WORKER_POLL_SECONDS": "0.05",
+        **env,
+    }
+    with log_path.open("wb") as log:
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "executors"],
+            cwd=REPO_ROOT,
+            env=worker_env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield log_path
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+
+
+def wait_for_task(baton: LiveBaton, task_id: int, *, timeout: float = 120) -> dict:
+    """The task once its latest turn has finished."""
+    deadline = time.monotonic() + timeout
+    while True:
+        task = baton.product.get(f"/api/tasks/{task_id}/").json()
+        if task["turns"][-1]["status"] in ("COMPLETED", "FAILED", "CANCELLED"):
+            return task
+        if time.monotonic() > deadline:
+            raise SystemExit(f"task {task_id} did not finish")
+        time.sleep(0.05)
