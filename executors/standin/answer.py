@@ -113,15 +113,29 @@ def _message_line(title: str, section: _Section | None) -> str:
     return line
 
 
-def standin_answer(prompt: str) -> str:
-    """The stand-in's deterministic answer to ``prompt``; see the tests for the exact text."""
+def _session_line(earlier_answers: int) -> list[str]:
+    if not earlier_answers:
+        return []
+    return [
+        f"The session this continues already holds {_plural(earlier_answers, 'earlier answer')} "
+        "(a resumed session: Baton sent only what it had not seen)."
+    ]
+
+
+def standin_answer(prompt: str, *, earlier_answers: int = 0) -> str:
+    """The stand-in's deterministic answer to ``prompt``; see the tests for the exact text.
+
+    ``earlier_answers`` counts the assistant messages already in the request's conversation:
+    an executor that resumed its own session sends them before the new prompt.
+    """
     sections = _sections(prompt)
     if not sections:
         return "\n".join(
             [
                 STANDIN_LABEL,
                 f"Received a verbatim prompt of {_plural(len(prompt), 'character')}; "
-                "no conversation history.",
+                "no conversation history in it.",
+                *_session_line(earlier_answers),
                 f'Current message: "{_one_line(prompt)}"',
             ]
         )
@@ -132,6 +146,7 @@ def standin_answer(prompt: str) -> str:
         + ", ".join(section.title for section in sections)
         + ".",
         _history_line(by_title.get(HISTORY)),
+        *_session_line(earlier_answers),
         _message_line("Current message", by_title.get(CURRENT)),
     ]
     if PREVIOUS_RESULT in by_title:
@@ -175,3 +190,15 @@ def extract_prompt(api: str, body: Mapping[str, Any]) -> str | None:
         if isinstance(message, Mapping) and message.get("role") == "user":
             return _last_text(message.get("content"), _TEXT_PART_TYPES[api])
     return None
+
+
+def earlier_answers(api: str, body: Mapping[str, Any]) -> int:
+    """How many assistant messages come before the prompt in a request's conversation."""
+    conversation = body.get(_CONVERSATION_KEY[api])
+    if not isinstance(conversation, list):
+        return 0
+    return sum(
+        1
+        for message in conversation
+        if isinstance(message, Mapping) and message.get("role") == "assistant"
+    )

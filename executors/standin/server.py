@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from executors.standin import anthropic_messages, openai_chat, openai_responses
-from executors.standin.answer import extract_prompt, standin_answer
+from executors.standin.answer import earlier_answers, extract_prompt, standin_answer
 from executors.standin.errors import anthropic_error, openai_error
 from executors.standin.script import ScriptError, Turn, parse_turns
 from executors.standin.wire import IdSource, JsonReply, Reply, StreamReply
@@ -221,7 +221,8 @@ class ModelServer:
             if not self._turns:
                 self._record(request)
                 prompt = extract_prompt(request.api, request.body) or ""
-                return Turn(text=standin_answer(prompt))
+                answers = earlier_answers(request.api, request.body or {})
+                return Turn(text=standin_answer(prompt, earlier_answers=answers))
             index = min(self._next_turn, len(self._turns) - 1)
             self._next_turn += 1
             self._record(replace(request, turn_index=index))

@@ -95,7 +95,7 @@ HISTORY_PROMPT = (
         pytest.param(
             "Fix the login bug",
             [
-                "Received a verbatim prompt of 17 characters; no conversation history.",
+                "Received a verbatim prompt of 17 characters; no conversation history in it.",
                 'Current message: "Fix the login bug"',
             ],
             id="verbatim",
@@ -103,7 +103,7 @@ HISTORY_PROMPT = (
         pytest.param(
             "line one\n\n  line two\ttabbed\n",
             [
-                "Received a verbatim prompt of 28 characters; no conversation history.",
+                "Received a verbatim prompt of 28 characters; no conversation history in it.",
                 'Current message: "line one line two tabbed"',
             ],
             id="verbatim-on-one-line",
@@ -111,7 +111,7 @@ HISTORY_PROMPT = (
         pytest.param(
             "x" * 250,
             [
-                "Received a verbatim prompt of 250 characters; no conversation history.",
+                "Received a verbatim prompt of 250 characters; no conversation history in it.",
                 'Current message: "' + "x" * 200 + '…"',
             ],
             id="verbatim-cut-at-200",
@@ -119,7 +119,7 @@ HISTORY_PROMPT = (
         pytest.param(
             "",
             [
-                "Received a verbatim prompt of 0 characters; no conversation history.",
+                "Received a verbatim prompt of 0 characters; no conversation history in it.",
                 'Current message: ""',
             ],
             id="empty",
@@ -173,6 +173,29 @@ HISTORY_PROMPT = (
 )
 def test_standin_answer_exact_text(prompt: str, answer_lines: list[str]) -> None:
     assert standin_answer(prompt) == "\n".join([STANDIN_LABEL, *answer_lines])
+
+
+def test_a_resumed_session_is_told_apart() -> None:
+    from executors.standin.answer import earlier_answers
+
+    assert standin_answer("Add a test.", earlier_answers=2) == "\n".join(
+        [
+            STANDIN_LABEL,
+            "Received a verbatim prompt of 11 characters; no conversation history in it.",
+            "The session this continues already holds 2 earlier answers (a resumed session: "
+            "Baton sent only what it had not seen).",
+            'Current message: "Add a test."',
+        ]
+    )
+    resumed = {
+        "messages": [
+            {"role": "user", "content": "First."},
+            {"role": "assistant", "content": [{"type": "text", "text": "One."}]},
+            {"role": "user", "content": "Add a test."},
+        ]
+    }
+    assert earlier_answers("messages", resumed) == 1
+    assert earlier_answers("chat", {"messages": [{"role": "user", "content": "x"}]}) == 0
 
 
 def test_standin_answer_label_line() -> None:
