@@ -10,7 +10,7 @@ import re
 
 from rest_framework import serializers
 
-from backend.api.serializers import StrictInput
+from backend.api.serializers import StrictQuery
 from backend.artifacts.models import ArtifactKind
 from backend.artifacts.selectors import LineRange
 
@@ -36,7 +36,7 @@ class ArtifactOutput(ArtifactManifestEntryOutput):
     last_read_at = serializers.DateTimeField(allow_null=True)
 
 
-class ArtifactContentQuery(StrictInput):
+class ArtifactContentQuery(StrictQuery):
     """The content endpoint's query string: an optional line slice."""
 
     lines = serializers.CharField(

@@ -10,6 +10,7 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.settings import api_settings
 
 from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
@@ -45,6 +46,19 @@ class StrictInput(serializers.Serializer):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
                 raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+class StrictQuery(StrictInput):
+    """Query parameters: undeclared ones are refused, except DRF's own `?format=` override.
+
+    The browsable API links every page to `?format=json` and `?format=api`; the renderer reads
+    that parameter, so it is not a filter and must not be refused as one.
+    """
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k != api_settings.URL_FORMAT_OVERRIDE}
         return super().to_internal_value(data)
 
 
@@ -99,7 +113,7 @@ class MessageInput(StrictInput):
     sender = label_name_field(required=False, default="")
 
 
-class TaskListFilters(StrictInput):
+class TaskListFilters(StrictQuery):
     status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
     task_type = serializers.CharField(max_length=64, required=False)
     page = serializers.IntegerField(min_value=1, required=False)

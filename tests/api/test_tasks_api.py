@@ -323,6 +323,25 @@ def test_list_is_paginated_newest_first_and_filtered(api):
     assert [t["id"] for t in completed["results"]] == [ids[0]]
 
 
+def test_the_browsable_api_format_links_work_on_every_list(api):
+    """The browsable API links each page to `?format=json` and `?format=api`; both must answer."""
+    task_id = create(api, SINGLE)["id"]
+    for path in ("/api/tasks/", f"/api/tasks/{task_id}/", f"/api/tasks/{task_id}/subtasks/"):
+        as_json = api.get(path, {"format": "json"})
+        assert as_json.status_code == 200, (path, as_json.content[:200])
+        assert as_json["Content-Type"] == "application/json"
+        as_page = api.get(path, {"format": "api"})
+        assert as_page.status_code == 200, path
+        assert as_page["Content-Type"].startswith("text/html")
+        assert f"{path}?format=json".encode() in as_page.content
+
+
+def test_list_still_refuses_an_unknown_query_parameter(api):
+    response = api.get("/api/tasks/", {"statu": "COMPLETED"})
+    assert response.status_code == 400
+    assert response.json()["fields"] == {"statu": ["Unknown field."]}
+
+
 def test_list_rejects_an_unknown_status(api):
     response = api.get("/api/tasks/", {"status": "DONE"})
     assert response.status_code == 400
