@@ -178,7 +178,10 @@ LOGGING = {
         },
     },
     "loggers": {
-        "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False}
+        # Django's own default config also gives the "django" logger a console handler (in
+        # DEBUG); replacing it here means each request warning is printed once, by the root's.
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False},
     },
     "root": {"handlers": ["console"], "level": BATON.log_level},
 }

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -80,3 +83,17 @@ def test_the_development_access_log_leaves_out_successful_worker_polling():
     assert not quiet.filter(record("POST /api/executor/dispatch/ HTTP/1.1", 200))
     assert quiet.filter(record("POST /api/executor/dispatch/ HTTP/1.1", 403))
     assert quiet.filter(record("GET /api/tasks/1/ HTTP/1.1", 200))
+
+
+def test_a_request_warning_is_logged_once_by_the_dev_server(tmp_path):
+    """Django's default logging and Baton's root handler must not both print a request warning."""
+    script = (
+        "import django, logging; django.setup(); "
+        "logging.getLogger('django.request').warning('Not Found: /nowhere')"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "settings", "BATON_VAR_DIR": str(tmp_path)}
+    env.pop("DATABASE_URL", None)
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stderr.count("Not Found: /nowhere") == 1, done.stderr
