@@ -14,6 +14,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxLengthValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from backend.prompting.inputs import validate_name
 from backend.tasks.fields import LosslessJSONField
@@ -266,7 +267,9 @@ class Subtask(models.Model):
     result_value_in_artifact = models.BooleanField(default=False)
     recorded_at = models.DateTimeField(null=True, blank=True)
 
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Set by the service that stores a round, from the same clock reading as the user turn's
+    # `finished_at`, so a user turn never reads as finished before it was created.
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

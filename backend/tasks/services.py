@@ -203,6 +203,7 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
         status=SubtaskStatus.COMPLETED,
         sender=sender,
         prompt=message,
+        created_at=now,
         finished_at=now,
     )
     _apply_ingestion(user_turn, ingest_text(text=message, task=task), recorded_at=now)
@@ -222,6 +223,7 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
                 # Only the first step is dispatchable now; each later step becomes eligible
                 # when the step before it completes.
                 pending_since=now if index == 0 else None,
+                created_at=now,
                 session_worker=session_workers.get((step["bot"], step["executor"]), ""),
             )
         )

@@ -66,6 +66,15 @@ def test_create_task_stores_user_turn_and_one_pending_turn_per_step(user):
     assert task.is_multi_bot
 
 
+def test_a_round_is_stored_at_one_moment(user):
+    """The user turn is finished when it is stored: never before it was created."""
+    task = make_task(user, pipeline=TWO_STEPS)
+    user_turn, *assistant_turns = task.subtasks.order_by("message_id")
+    assert user_turn.finished_at == user_turn.created_at
+    assert {turn.created_at for turn in assistant_turns} == {user_turn.created_at}
+    assert [turn.finished_at for turn in assistant_turns] == [None, None]
+
+
 def test_follow_up_is_refused_while_a_turn_is_pending_and_stores_nothing(user):
     task = make_task(user)
     before = turns(task)
