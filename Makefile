@@ -40,13 +40,18 @@ test: install-test
 	@bash .ci/install-browser || echo "note: chromium/chromedriver missing and not installable here; the admin browser test will be skipped"
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+# The static checks CI runs (and .pre-commit-config.yaml runs before a commit): lint and format,
+# the import layers, types, and migrations that match the models.
 lint: install-test
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+	$(PY) manage.py makemigrations --check --dry-run
 
 format: install-test
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) var .pytest_cache .ruff_cache .mypy_cache .import_linter_cache .hypothesis
