@@ -31,13 +31,22 @@ failed turn), its escaped content on the following lines, and a pointer line whe
 lives in an artifact. The label has a line of its own so that, for tiktoken, the content starts
 a fresh pre-tokenizer chunk and its cached token count can be reused as is (see ``build``).
 
-Escaping keeps role boundaries unforgeable. At the start of every line of content (after any of
-``\n \r \v \f \x1c \x1d \x1e \x85 U+2028 U+2029``, so a model that breaks lines elsewhere is
-covered too), a line that begins with zero or more backslashes followed by something structural —
-a section header, ``User:``/``User[``, ``Assistant:``/``Assistant[``, ``[artifact `` or
-``[omitted `` — gets one more backslash. Unescaping removes one backslash from lines that begin
-with one or more backslashes and then such structure. Lines that do not look structural are never
-touched, so the mapping is exactly reversible.
+Escaping keeps role boundaries unforgeable, judged the way a model reads, not the way the parser
+does. A line of content "looks structural" when, after its leading backslashes, it reads as a
+section header, a speaker label, a pointer or notice line once what a reader does not see or does
+not tell apart is folded away (:func:`model_eye`): format and other invisible characters
+(U+200B, U+FEFF, U+00AD, U+202E…) and combining marks are dropped, compatibility forms
+(full-width ``Ｕｓｅｒ``) and common homoglyphs (Cyrillic ``Usеr``, Greek, small capitals)
+become the Latin letters they imitate, case is folded and leading whitespace is skipped. On that
+folded line, structure is ``#``-headers naming a section (``### current message``), a speaker
+label with an optional bracketed name and a colon (``user:``, ``Human:``, ``System [x] :``,
+``**Assistant:**``), or a line opening with ``[artifact``, ``[omitted`` or ``[note``.
+
+Lines start after any of ``\n \r \v \f \x1c \x1d \x1e \x85 U+2028 U+2029``, so a model that
+breaks lines elsewhere is covered too. Every line that looks structural gets one more leading
+backslash; unescaping removes one backslash from every line that starts with one and looks
+structural. Whether a line looks structural does not depend on its leading backslashes, and
+other lines are never touched, so the mapping is exactly reversible.
 
 Pointer line (stable, one line; ``char``/``line`` are singular for 1)::
 
@@ -51,7 +60,10 @@ plural-invariant so it stays one line of stable shape)::
 
 from __future__ import annotations
 
+import functools
 import re
+import unicodedata
+from collections.abc import Iterator
 
 from backend.prompting.document import OmissionNotice, PromptDocument, RenderedMessage, Section
 from backend.prompting.inputs import ArtifactPointer, Role
@@ -61,15 +73,45 @@ PROMPT_END = "\n"
 FAILED_MARKER = " [failed]"
 
 _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-_STRUCTURE = (
-    r"(?:## (?:Conversation History|Current Message|Previous Result)"
-    r"|(?:User|Assistant)[\[:]"
-    r"|\[(?:artifact |omitted ))"
+_LINE = re.compile(rf"(?:\A|(?<=[{_LINE_BREAKS}]))[^{_LINE_BREAKS}]*")
+
+# What a speaker label, a section header or a pointer/notice line looks like once `model_eye`
+# has folded a line (lower case, Latin letters, no invisible characters, no leading spaces).
+_SPACE = rf"[^\S{_LINE_BREAKS}]*"  # blanks within one line (the ASCII scan runs over many)
+_FOLDED_STRUCTURE = (
+    rf"(?:[*_]+{_SPACE})?(?:"
+    rf"#+{_SPACE}(?:conversation{_SPACE}history|current{_SPACE}message|previous{_SPACE}result)"
+    rf"|(?:user|assistant|human|system|developer|ai|bot){_SPACE}"
+    rf"(?:\[[^\]{_LINE_BREAKS}]*\]{_SPACE})?(?:[*_]+{_SPACE})?:"
+    rf"|\[{_SPACE}(?:artifact|omitted|note)(?![a-z])"
+    r")"
 )
-_NEEDS_ESCAPE_AT_START = re.compile(rf"\\*{_STRUCTURE}")
-_NEEDS_ESCAPE_INSIDE = re.compile(rf"[{_LINE_BREAKS}]\\*{_STRUCTURE}")
-_ESCAPE_POSITION = re.compile(rf"(?:\A|(?<=[{_LINE_BREAKS}]))(?=\\*{_STRUCTURE})")
-_UNESCAPE_POSITION = re.compile(rf"(?:\A|(?<=[{_LINE_BREAKS}]))\\(?=\\*{_STRUCTURE})")
+_LOOKS_STRUCTURAL = re.compile(_FOLDED_STRUCTURE)
+
+# Characters a line can start with (after backslashes and blanks) without any chance of folding
+# into structure: ASCII that starts no structure, line breaks, and large blocks of scripts and
+# punctuation that fold to neither Latin letters nor nothing. Tested against `model_eye`.
+_PLAIN_FIRST = (
+    '[\t-\r !-"$-)+-@CE-GI-RTV-Z\\]-^`cefgi-rtv-~\x1c-\x1f'
+    "\u2010-\u2016\u2018-\u2027\u3001\u3002\u3041-\u3096\u30a1-\u30fa\u3400-\u4dbf"
+    "\u4e00-\u9fff\uac00-\ud7a3]"
+)
+_LEADING = rf"(?:\\|[^\S{_LINE_BREAKS}])*+"
+# A line worth folding: its first visible character opens an ASCII structure word, or is a
+# control character, or is not plain.
+_CANDIDATE = (
+    r"(?:(?i:[*_#\[]|user|assistant|ai|human|system|developer|bot)|[\x00-\x08\x0e-\x1b\x7f]"
+    r"|(?i:[uahsdb][a-z]*)(?:[\x00-\x08\x0e-\x1b\x7f]|[^\x00-\x7f])"
+    rf"|(?![\x00-\x7f]){_PLAIN_FIRST.replace('[', '[^', 1)})"
+)
+_FIRST_LINE_CANDIDATE = re.compile(rf"{_LEADING}{_CANDIDATE}")
+_LATER_LINE_CANDIDATE = re.compile(rf"[{_LINE_BREAKS}](?={_LEADING}{_CANDIDATE})")
+# Plain ASCII needs no folding beyond case and leading blanks: one scan of the lower-cased text
+# finds the structural lines.
+_ASCII_FIRST_LINE = re.compile(rf"\\*[ \t\x1f]*{_FOLDED_STRUCTURE}")
+_ASCII_LATER_LINE = re.compile(rf"[{_LINE_BREAKS}](?=\\*[ \t\x1f]*{_FOLDED_STRUCTURE})")
+_LINE_END = re.compile(rf"[{_LINE_BREAKS}]")
+_ASCII_HIDDEN = re.compile(r"[\x00-\x08\x0e-\x1b\x7f]")
 
 _POINTER = re.compile(
     r"\[artifact (?P<id>[A-Za-z0-9_-]+) · (?P<kind>[a-z0-9_]+)"
@@ -82,30 +124,161 @@ _NOTICE = re.compile(
 )
 
 
-# Every structural prefix contains one of these; plain substring checks are far cheaper than the
-# regular expression, and most content contains none of them.
-_STRUCTURE_WORDS = ("User", "Assistant", "## ", "[artifact ", "[omitted ")
+# Letters of other scripts (and Latin small capitals) that render like the Latin letter a
+# reader takes them for; applied before case folding so capitals map to what they imitate.
+_CONFUSABLES = str.maketrans(
+    {
+        **dict.fromkeys("АаɑαΑ", "a"),
+        **dict.fromkeys("ВвΒβʙ", "b"),
+        **dict.fromkeys("СсϲϹ", "c"),
+        **dict.fromkeys("ԁᏧ", "d"),
+        **dict.fromkeys("ЕеЁёΕεᴇ", "e"),
+        **dict.fromkeys("ɡ", "g"),
+        **dict.fromkeys("НһΗʜհ", "h"),
+        **dict.fromkeys("ІіΙιɪıӀӏ", "i"),
+        **dict.fromkeys("Јј", "j"),
+        **dict.fromkeys("КкΚκᴋ", "k"),
+        **dict.fromkeys("ʟ", "l"),
+        **dict.fromkeys("МмΜᴍ", "m"),
+        **dict.fromkeys("ΝɴηՈո", "n"),
+        **dict.fromkeys("ОоΟοօᴏ", "o"),
+        **dict.fromkeys("РрΡρᴘ", "p"),
+        **dict.fromkeys("Ԛԛ", "q"),
+        **dict.fromkeys("ʀ", "r"),
+        **dict.fromkeys("ЅѕꜱՏ", "s"),
+        **dict.fromkeys("ТтΤτᴛ", "t"),
+        **dict.fromkeys("υսᴜ", "u"),
+        **dict.fromkeys("νѵᴠ", "v"),
+        **dict.fromkeys("ԜԝᴡωѡաW", "w"),
+        **dict.fromkeys("ХхΧχ", "x"),
+        **dict.fromkeys("УуΥʏү", "y"),
+        **dict.fromkeys("ΖᴢZ", "z"),
+        **dict.fromkeys("\u0589\u05c3\u2236\ua789\u02f8\u02d0", ":"),
+    }
+)
+# Blank letters: Hangul fillers and the braille blank render as nothing, like format characters.
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+_INVISIBLE_CATEGORIES = frozenset({"Cf", "Cc", "Cs", "Co", "Cn", "Mn", "Me"})
+
+
+def model_eye(line: str) -> str:
+    """``line`` as a reader takes it in: what ``_FOLDED_STRUCTURE`` is matched against.
+
+    Compatibility forms are decomposed (full-width letters, ligatures, ``…`` into ``...``),
+    invisible characters and combining marks dropped, homoglyphs mapped to Latin, case folded
+    and leading whitespace skipped.
+    """
+    decomposed = unicodedata.normalize("NFKD", line)
+    visible = "".join(
+        char
+        for char in decomposed
+        if not (
+            (unicodedata.category(char) in _INVISIBLE_CATEGORIES and not char.isspace())
+            or char in _BLANK_LETTERS
+        )
+    )
+    return visible.translate(_CONFUSABLES).casefold().lstrip()
+
+
+def looks_structural(line: str) -> bool:
+    """Whether a model would read ``line`` (one line of content) as prompt structure."""
+    visible = line.lstrip("\\").lstrip()
+    if not visible:
+        return False
+    if visible.isascii() and _ASCII_HIDDEN.search(visible) is None:
+        return _LOOKS_STRUCTURAL.match(visible.lower()) is not None
+    if not _may_start_structure(visible[0]):
+        return False
+    # The first few letters rule out most lines before the whole prefix is folded.
+    opening = model_eye(visible[:16])
+    if len(opening) >= _OPENING_CHARS and _STRUCTURE_OPENING.match(opening) is None:
+        return False
+    folded = model_eye(visible[:_FOLD_PREFIX_CHARS])
+    if len(folded) < _FOLDED_PREFIX_CHARS < len(visible):
+        folded = model_eye(visible)  # mostly invisible padding: read on
+    return _LOOKS_STRUCTURAL.match(folded) is not None
+
+
+# Structure is matched at the start of a line, so folding a bounded prefix decides; a prefix this
+# long holds any label a reader would take in at a glance, invisible padding included.
+_FOLD_PREFIX_CHARS = 512
+_FOLDED_PREFIX_CHARS = 128
+_STRUCTURE_OPENING = re.compile(r"[*_#\[]|user|assistant|ai|human|system|developer|bot")
+_OPENING_CHARS = len("developer")
+_STRUCTURE_STARTS = frozenset("*_#[uahsdb")
+
+
+@functools.cache
+def _may_start_structure(char: str) -> bool:
+    """Whether a line whose first visible character is ``char`` can fold into structure."""
+    folded = model_eye(char)
+    # An invisible first character says nothing: what follows it decides.
+    return not folded or folded[0] in _STRUCTURE_STARTS
+
+
+# Every structure ends its folded prefix with one of these; a line without any of them (or a
+# character that folds to one) cannot read as structure. Completeness is tested against Unicode.
+_STRUCTURE_PUNCTUATION = re.compile(
+    "[:#\\[\ufe13\ufe55\uff1a\ufe5f\uff03\ufe47\uff3b\u2a74\u0589\u05c3\u2236\ua789\u02f8\u02d0\U00010781]"
+)
+
+
+def _candidate_line_starts(content: str) -> Iterator[int]:
+    if _FIRST_LINE_CANDIDATE.match(content):
+        yield 0
+    for match in _LATER_LINE_CANDIDATE.finditer(content):
+        yield match.start() + 1
+
+
+def _structural_line_starts(content: str) -> list[int]:
+    """Offsets of the lines of ``content`` that look structural, in order."""
+    if _STRUCTURE_PUNCTUATION.search(content) is None:
+        return []
+    if content.isascii() and _ASCII_HIDDEN.search(content) is None:
+        lowered = content.lower()
+        starts = [0] if _ASCII_FIRST_LINE.match(lowered) else []
+        starts.extend(match.start() + 1 for match in _ASCII_LATER_LINE.finditer(lowered))
+        return starts
+    starts = []
+    for start in _candidate_line_starts(content):
+        end = _LINE_END.search(content, start)
+        if looks_structural(content[start : end.start() if end else len(content)]):
+            starts.append(start)
+    return starts
 
 
 def needs_escape(content: str) -> bool:
-    """Whether any line of ``content`` would read as structure (cheap check before escaping)."""
-    if not any(word in content for word in _STRUCTURE_WORDS):
-        return False
-    return bool(_NEEDS_ESCAPE_AT_START.match(content) or _NEEDS_ESCAPE_INSIDE.search(content))
+    """Whether any line of ``content`` would read as structure to a model."""
+    return bool(_structural_line_starts(content))
 
 
 def escape_content(content: str) -> str:
     """Prefix one backslash to every content line that would read as structure."""
-    if not needs_escape(content):
+    starts = _structural_line_starts(content)
+    if not starts:
         return content
-    return _ESCAPE_POSITION.sub("\\\\", content)
+    pieces: list[str] = []
+    previous = 0
+    for start in starts:
+        pieces.append(content[previous:start])
+        pieces.append("\\")
+        previous = start
+    pieces.append(content[previous:])
+    return "".join(pieces)
 
 
 def unescape_content(content: str) -> str:
     """Exact inverse of :func:`escape_content`."""
     if "\\" not in content:
         return content
-    return _UNESCAPE_POSITION.sub("", content)
+    pieces: list[str] = []
+    previous = 0
+    for start in _structural_line_starts(content):
+        if content.startswith("\\", start):
+            pieces.append(content[previous:start])
+            previous = start + 1
+    pieces.append(content[previous:])
+    return "".join(pieces)
 
 
 def role_label(role: Role, name: str | None) -> str:
