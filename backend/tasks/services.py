@@ -379,19 +379,27 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
     return turns
 
 
+def _ingestion_fields(ingested: IngestedText, *, recorded_at: Any) -> dict[str, Any]:
+    """The turn's columns that ingestion fills in, by name."""
+    return {
+        "history_text": ingested.history_text,
+        "history_text_tokens": ingested.history_text_tokens,
+        "preview_head": ingested.preview_head,
+        "preview_tail": ingested.preview_tail,
+        "history_chars": ingested.chars,
+        "history_bytes": ingested.bytes,
+        "history_lines": ingested.lines,
+        "history_tokens": ingested.tokens,
+        "history_tokens_estimated": ingested.tokens_estimated,
+        "history_replaced_chars": ingested.replaced_chars,
+        "artifact": ingested.artifact,
+        "recorded_at": recorded_at,
+    }
+
+
 def _apply_ingestion(subtask: Subtask, ingested: IngestedText, *, recorded_at: Any) -> None:
-    subtask.history_text = ingested.history_text
-    subtask.history_text_tokens = ingested.history_text_tokens
-    subtask.preview_head = ingested.preview_head
-    subtask.preview_tail = ingested.preview_tail
-    subtask.history_chars = ingested.chars
-    subtask.history_bytes = ingested.bytes
-    subtask.history_lines = ingested.lines
-    subtask.history_tokens = ingested.tokens
-    subtask.history_tokens_estimated = ingested.tokens_estimated
-    subtask.history_replaced_chars = ingested.replaced_chars
-    subtask.artifact = ingested.artifact
-    subtask.recorded_at = recorded_at
+    for name, value in _ingestion_fields(ingested, recorded_at=recorded_at).items():
+        setattr(subtask, name, value)
 
 
 def canonical_json(value: Any) -> str:
@@ -497,11 +505,14 @@ def record_result(
                 next_step.pending_since = now
                 next_step.save(update_fields=["pending_since", "updated_at"])
         else:
+            # The steps that never ran show the model why, like any failed turn.
+            reason = f"Not run: pipeline step {subtask.pipeline_step} ({subtask.bot}) failed."
             later_steps.update(
                 status=SubtaskStatus.FAILED,
-                error=f"Not run: pipeline step {subtask.pipeline_step} ({subtask.bot}) failed.",
+                error=reason,
                 finished_at=now,
                 updated_at=now,
+                **_ingestion_fields(ingest_text(text=reason, task=task), recorded_at=now),
             )
         refresh_task_status(task=task)
     return subtask

@@ -162,3 +162,20 @@ def test_query_count_is_constant(user, django_assert_num_queries, rounds):
     # the window's rows
     with django_assert_num_queries(3):
         prompt_input_for(subtask=turn, task=task, policy=HistoryPolicy(max_messages=4))
+
+
+def test_a_step_that_never_ran_shows_why_in_history(user):
+    """After step 0 fails, step 1 is failed unrun; the next prompt says so rather than nothing."""
+    steps = [
+        PipelineStep(bot="coder", executor="codex"),
+        PipelineStep(bot="reviewer", executor="claude_code"),
+    ]
+    task = chat(user, 0, pipeline=steps)
+    coder, _reviewer = pending(task)
+    record_result(subtask=coder, status=SubtaskStatus.FAILED, error="compiler crashed")
+    append_message(task=task, message="try again")
+    build = prompt_for(task, HistoryPolicy())
+    assert (
+        "Assistant[coder]: [failed]\ncompiler crashed\n\n"
+        "Assistant[reviewer]: [failed]\nNot run: pipeline step 0 (coder) failed.\n\n"
+    ) in build.text
