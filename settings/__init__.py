@@ -105,6 +105,8 @@ EXECUTOR_HISTORY_DEFAULTS = {
     "previous_result_max_chars": BATON.history_previous_result_max_chars,
     "current_message_max_chars": BATON.history_current_message_max_chars,
 }
+# The defaults above that the operator set in the environment (the others are built in).
+EXECUTOR_HISTORY_FROM_ENVIRONMENT = BATON.history_fields_from_environment
 # Executor workers: how long a claim lasts without a heartbeat, and how many claims a turn
 # gets before it fails.
 BATON_LEASE_SECONDS = BATON.lease_seconds

@@ -89,6 +89,15 @@ class BatonEnvironment(BaseModel):
     retry_backoff_max_seconds: float = Field(300.0, alias="BATON_RETRY_BACKOFF_MAX_SECONDS", ge=0)
     session_affinity_seconds: float = Field(5.0, alias="BATON_SESSION_AFFINITY_SECONDS", ge=0)
 
+    @property
+    def history_fields_from_environment(self) -> frozenset[str]:
+        """History policy fields (without the `history_` prefix) the environment set."""
+        return frozenset(
+            name.removeprefix("history_")
+            for name in self.model_fields_set
+            if name.startswith("history_") and name != "history_enabled"
+        )
+
     @field_validator(
         "history_max_messages",
         "history_max_chars",

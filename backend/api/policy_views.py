@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
@@ -19,7 +19,15 @@ from rest_framework.views import APIView
 
 from backend.api.serializers import StrictInput
 from backend.dispatch.models import DEFAULT_TASK_TYPE, HistoryPolicy
-from backend.dispatch.policies import POLICY_FIELDS, save_policy
+from backend.dispatch.policies import (
+    POLICY_FIELDS,
+    SOURCE_BUILT_IN,
+    SOURCE_DEFAULT_ROW,
+    SOURCE_ENVIRONMENT,
+    SOURCE_TASK_TYPE,
+    effective_values,
+    save_policy,
+)
 from backend.errors import InvalidInput, NotFound
 from backend.tasks.models import TASK_TYPE_PATTERN, ContextPassing
 
@@ -31,17 +39,56 @@ def _task_type(name: str) -> str:
     return DEFAULT_TASK_TYPE if name == DEFAULT_POLICY_NAME else name
 
 
+SOURCES = [SOURCE_TASK_TYPE, SOURCE_DEFAULT_ROW, SOURCE_ENVIRONMENT, SOURCE_BUILT_IN]
+
+
 class PolicyOutput(serializers.ModelSerializer):
+    """What dispatch uses for a row's task type, where each value comes from, and what it sets.
+
+    Each cap is the effective value. `sources` says where it comes from: `task_type` (this row
+    sets it), `default` (the default row), `environment` (an EXECUTOR_HISTORY_* variable) or
+    `built-in`; `overrides` lists the fields this row sets.
+    """
+
     name = serializers.SerializerMethodField()
     updated_by = serializers.CharField(source="updated_by.get_username", default=None)
+    sources = serializers.SerializerMethodField()
 
     class Meta:
         model = HistoryPolicy
-        fields = ["name", "task_type", *POLICY_FIELDS, "version", "updated_by", "updated_at"]
+        fields = [
+            "name",
+            "task_type",
+            *POLICY_FIELDS,
+            "overrides",
+            "sources",
+            "version",
+            "updated_by",
+            "updated_at",
+        ]
         read_only_fields = fields
 
     def get_name(self, row: HistoryPolicy) -> str:
         return row.task_type or DEFAULT_POLICY_NAME
+
+    def _effective(self, row: HistoryPolicy) -> tuple[dict[str, Any], dict[str, str]]:
+        default = self.context.get("default_row")
+        own, default = (None, row) if row.is_default else (row, default)
+        return effective_values(own=own, default=default)
+
+    @extend_schema_field(serializers.DictField(child=serializers.ChoiceField(choices=SOURCES)))
+    def get_sources(self, row: HistoryPolicy) -> dict[str, str]:
+        return self._effective(row)[1]
+
+    def to_representation(self, row: HistoryPolicy) -> dict[str, Any]:
+        data = super().to_representation(row)
+        data.update(self._effective(row)[0])
+        return data
+
+
+def _output(rows: Any, *, many: bool = False) -> Any:
+    default = HistoryPolicy.objects.filter(task_type=DEFAULT_TASK_TYPE).first()
+    return PolicyOutput(rows, many=many, context={"default_row": default}).data
 
 
 def _optional_cap() -> serializers.IntegerField:
@@ -63,6 +110,11 @@ class PolicyInput(StrictInput):
     context_passing = serializers.ChoiceField(choices=ContextPassing.choices, required=False)
     resume_native_sessions = serializers.BooleanField(required=False)
     resume_max_context_fraction = serializers.FloatField(required=False)
+    inherit = serializers.ListField(
+        child=serializers.ChoiceField(choices=list(POLICY_FIELDS)),
+        required=False,
+        help_text="Fields this row stops setting: they are inherited again.",
+    )
 
 
 class PolicyListApi(APIView):
@@ -71,7 +123,7 @@ class PolicyListApi(APIView):
     @extend_schema(operation_id="policies_list", responses=PolicyOutput(many=True))
     def get(self, request: Request) -> Response:
         rows = HistoryPolicy.objects.select_related("updated_by").order_by("task_type")
-        return Response(PolicyOutput(rows, many=True).data)
+        return Response(_output(rows, many=True))
 
 
 class PolicyDetailApi(APIView):
@@ -82,7 +134,7 @@ class PolicyDetailApi(APIView):
         row = HistoryPolicy.objects.filter(task_type=_task_type(name)).first()
         if row is None:
             raise NotFound(f"No history policy for task type {name!r}.")
-        return Response(PolicyOutput(row).data)
+        return Response(_output(row))
 
     @extend_schema(
         operation_id="policies_update",
@@ -99,10 +151,14 @@ class PolicyDetailApi(APIView):
         row = HistoryPolicy.objects.filter(task_type=task_type).first()
         created = row is None
         values: dict[str, Any] = dict(payload.validated_data)
+        inherit = values.pop("inherit", [])
         row = save_policy(
-            row=row or HistoryPolicy(task_type=task_type), changed_by=request.user, values=values
+            row=row or HistoryPolicy(task_type=task_type),
+            changed_by=request.user,
+            values=values,
+            inherit=inherit,
         )
         return Response(
-            PolicyOutput(row).data,
+            _output(row),
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )

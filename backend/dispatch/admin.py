@@ -21,10 +21,17 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
+from django.utils.html import format_html, format_html_join
 
 from backend.dispatch.admin_inlines import report_policy_label
 from backend.dispatch.models import HistoryPolicy, PromptReport
-from backend.dispatch.policies import POLICY_FIELDS, builder_policy, save_policy
+from backend.dispatch.policies import (
+    POLICY_FIELDS,
+    builder_policy,
+    effective_values,
+    resolve_policy,
+    save_policy,
+)
 from backend.dispatch.preview import PromptPreview, preview_prompt
 from backend.errors import BatonError, InvalidInput
 from backend.tasks.models import Task, task_type_validator
@@ -67,14 +74,47 @@ class PolicyValuesForm(forms.ModelForm):
 
 
 class HistoryPolicyForm(PolicyValuesForm):
+    """A row's caps: the ones it sets (ticked, or edited) and, shown for reference, the rest.
+
+    An untouched, unticked field stays inherited; its box shows the value it inherits now.
+    """
+
+    set_here = forms.MultipleChoiceField(
+        choices=[(name, name) for name in POLICY_FIELDS],
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Set by this row",
+        help_text=(
+            "Ticked fields use this row's value; the others are inherited (the default row, "
+            "then the EXECUTOR_HISTORY_* environment, then Baton's built-in default). Editing "
+            "a field's value ticks it."
+        ),
+    )
+
     class Meta(PolicyValuesForm.Meta):
         fields = ["task_type", *POLICY_FIELDS]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        row = self.instance
+        default = None if row.is_default else HistoryPolicy.objects.filter(task_type="").first()
+        own, default = (None, row) if row.is_default else (row, default)
+        effective, _ = effective_values(own=own if row.pk else None, default=default)
+        self.fields["set_here"].initial = list(row.overrides)
+        for name in POLICY_FIELDS:
+            if name not in row.overrides:
+                self.initial[name] = effective[name]
 
     def clean_task_type(self) -> str:
         task_type = self.cleaned_data["task_type"].strip()
         if task_type:
             task_type_validator(task_type)
         return task_type
+
+    def fields_set(self) -> list[str]:
+        """What the row sets after this save: the ticked fields and every edited one."""
+        chosen = set(self.cleaned_data.get("set_here") or ()) | set(self.changed_data)
+        return [name for name in POLICY_FIELDS if name in chosen]
 
 
 class PreviewForm(forms.Form):
@@ -116,7 +156,7 @@ class HistoryPolicyAdmin(admin.ModelAdmin):
     ]
     list_display_links = ["task_type_label"]
     list_select_related = ["updated_by"]
-    readonly_fields = ["version", "updated_by", "updated_at"]
+    readonly_fields = ["version", "updated_by", "updated_at", "effective_values_table"]
     fieldsets = [
         (None, {"fields": ["task_type", "enabled"]}),
         (
@@ -157,6 +197,16 @@ class HistoryPolicyAdmin(admin.ModelAdmin):
                 ),
             },
         ),
+        (
+            "Inheritance",
+            {
+                "fields": ["set_here", "effective_values_table"],
+                "description": (
+                    "A row sets only the ticked fields. The table shows what dispatch uses for "
+                    "this task type and where each value comes from."
+                ),
+            },
+        ),
         ("Change record", {"fields": ["version", "updated_by", "updated_at"]}),
     ]
 
@@ -178,12 +228,39 @@ class HistoryPolicyAdmin(admin.ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
+    @admin.display(description="Effective values")
+    def effective_values_table(self, row: HistoryPolicy) -> str:
+        """Each value dispatch uses for this row's task type, and where it comes from."""
+        if row.pk is None:
+            return "-"
+        resolved = resolve_policy(task_type=row.task_type)
+        return format_html(
+            "<table><thead><tr><th>field</th><th>value</th><th>from</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                (
+                    (name, getattr(resolved.policy, name), resolved.sources[name])
+                    for name in POLICY_FIELDS
+                ),
+            ),
+        )
+
     def save_model(
         self, request: HttpRequest, obj: HistoryPolicy, form: forms.ModelForm, change: bool
     ) -> None:
         if change and not form.has_changed():
             return  # nothing changed: no new version
-        save_policy(row=obj, changed_by=request.user, values=form.cleaned_data)
+        if not isinstance(form, HistoryPolicyForm):
+            raise TypeError("the history policy admin saves through HistoryPolicyForm")
+        setting = form.fields_set()
+        save_policy(
+            row=obj,
+            changed_by=request.user,
+            values={name: form.cleaned_data[name] for name in setting},
+            inherit=[name for name in POLICY_FIELDS if name not in setting],
+        )
 
     def get_urls(self) -> list[URLPattern]:
         preview = path(

@@ -107,6 +107,14 @@ class HistoryPolicy(models.Model):
     resume_max_context_fraction = models.FloatField(
         default=0.8, help_text=CAP_HELP["resume_max_context_fraction"]
     )
+    # The fields this row sets. Every other field is inherited: from the default row (for a
+    # task type's row), then the EXECUTOR_HISTORY_* environment, then Baton's built-in default.
+    overrides = models.JSONField(
+        default=list,
+        blank=True,
+        editable=False,
+        help_text="The fields this row sets; the others are inherited.",
+    )
     version = models.PositiveIntegerField(default=1, editable=False)
     updated_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,

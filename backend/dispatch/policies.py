@@ -1,9 +1,16 @@
 """History policy resolution and changes.
 
-Resolution for a task type: its own `HistoryPolicy` row → the default row (empty task type) →
-the EXECUTOR_HISTORY_* settings. Rows are read at every dispatch, so a change applies to the
-next dispatch without a restart. EXECUTOR_HISTORY_ENABLED=false is the global kill switch: it
-turns history off whatever the rows say.
+Resolution is per field. A row sets only the fields in its `overrides`; every other field is
+inherited. For a task type, each field comes from its own `HistoryPolicy` row if that row sets
+it, else from the default row (empty task type) if that row sets it, else from the
+EXECUTOR_HISTORY_* environment variable when the operator set one, else from Baton's built-in
+default. The shipped rows set only what differs from the built-in defaults, so an environment
+setting is never silently shadowed by a row nobody edited; `ResolvedPolicy.sources` says where
+each effective value came from, and the admin and `GET /api/policies/` show it.
+
+Rows are read at every dispatch, so a change applies to the next dispatch without a restart.
+EXECUTOR_HISTORY_ENABLED=false is the global kill switch: it turns history off whatever the
+rows say.
 
 Every row is validated by the prompt builder's own pydantic `HistoryPolicy`, so the admin, the
 API and the builder agree on what is valid.
@@ -11,8 +18,8 @@ API and the builder agree on what is valid.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
@@ -42,13 +49,25 @@ POLICY_FIELDS = (
 )
 
 
+# Where an effective value came from, most specific first.
+SOURCE_TASK_TYPE = "task_type"
+SOURCE_DEFAULT_ROW = "default"
+SOURCE_ENVIRONMENT = "environment"
+SOURCE_BUILT_IN = "built-in"
+
+
 @dataclass(frozen=True)
 class ResolvedPolicy:
     """The policy a dispatch uses and where it came from."""
 
     policy: BuilderPolicy
-    row: HistoryPolicy | None
+    row: HistoryPolicy | None  # the most specific row that applies, if any
     source: str  # "row" or "settings"
+    # For each policy field: SOURCE_TASK_TYPE, SOURCE_DEFAULT_ROW, SOURCE_ENVIRONMENT or
+    # SOURCE_BUILT_IN.
+    sources: Mapping[str, str] = field(default_factory=dict)
+    # Each policy field's effective value, before the kill switch.
+    values: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def row_id(self) -> int | None:
@@ -93,8 +112,38 @@ def row_values(row: HistoryPolicy) -> dict[str, Any]:
     return {name: getattr(row, name) for name in POLICY_FIELDS}
 
 
+def inherited_value(name: str) -> tuple[Any, str]:
+    """A field's value and source when no row sets it: the environment, else built in."""
+    defaults = settings.EXECUTOR_HISTORY_DEFAULTS
+    if name in defaults:
+        source = (
+            SOURCE_ENVIRONMENT
+            if name in settings.EXECUTOR_HISTORY_FROM_ENVIRONMENT
+            else SOURCE_BUILT_IN
+        )
+        return defaults[name], source
+    return BuilderPolicy.model_fields[name].get_default(call_default_factory=True), SOURCE_BUILT_IN
+
+
+def effective_values(
+    *, own: HistoryPolicy | None, default: HistoryPolicy | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each field's effective value and its source, under a task type's row and the default."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name in POLICY_FIELDS:
+        if own is not None and name in own.overrides:
+            values[name], sources[name] = getattr(own, name), SOURCE_TASK_TYPE
+        elif default is not None and name in default.overrides:
+            values[name], sources[name] = getattr(default, name), SOURCE_DEFAULT_ROW
+        else:
+            values[name], sources[name] = inherited_value(name)
+    return values, sources
+
+
 def settings_policy() -> BuilderPolicy:
-    return builder_policy({"enabled": True, **settings.EXECUTOR_HISTORY_DEFAULTS})
+    values, _ = effective_values(own=None, default=None)
+    return builder_policy(values)
 
 
 def _apply_kill_switch(policy: BuilderPolicy) -> BuilderPolicy:
@@ -105,13 +154,16 @@ def _apply_kill_switch(policy: BuilderPolicy) -> BuilderPolicy:
 
 def resolve_from_rows(*, task_type: str, rows: Mapping[str, HistoryPolicy]) -> ResolvedPolicy:
     """Resolve with rows already fetched (keyed by task type), for batch dispatch."""
-    row = rows.get(task_type) or rows.get(DEFAULT_TASK_TYPE)
-    if row is None:
-        return ResolvedPolicy(
-            policy=_apply_kill_switch(settings_policy()), row=None, source="settings"
-        )
+    own = rows.get(task_type) if task_type != DEFAULT_TASK_TYPE else None
+    default = rows.get(DEFAULT_TASK_TYPE)
+    values, sources = effective_values(own=own, default=default)
+    row = own or default
     return ResolvedPolicy(
-        policy=_apply_kill_switch(builder_policy(row_values(row))), row=row, source="row"
+        policy=_apply_kill_switch(builder_policy(values)),
+        row=row,
+        source="row" if row is not None else "settings",
+        sources=sources,
+        values=values,
     )
 
 
@@ -126,14 +178,45 @@ def resolve_policy(*, task_type: str) -> ResolvedPolicy:
 
 
 def save_policy(
-    *, row: HistoryPolicy, changed_by: AbstractBaseUser | None, values: Mapping[str, Any]
+    *,
+    row: HistoryPolicy,
+    changed_by: AbstractBaseUser | None,
+    values: Mapping[str, Any],
+    inherit: Iterable[str] = (),
 ) -> HistoryPolicy:
-    """Validate and store new cap values; the version goes up by one on every change."""
-    merged = {**row_values(row), **{k: v for k, v in values.items() if k in POLICY_FIELDS}}
-    builder_policy(merged)
+    """Validate and store new cap values; the version goes up by one on every change.
+
+    Every field in `values` becomes one this row sets (even when equal to what it would
+    inherit); every field in `inherit` goes back to being inherited. The policy the row then
+    resolves to is validated as a whole, inherited values included.
+    """
+    inherit = set(inherit)
+    unknown = sorted(inherit - set(POLICY_FIELDS))
+    if unknown:
+        raise InvalidInput(f"{unknown[0]} is not a policy field.", field="inherit")
+    setting = {k: v for k, v in values.items() if k in POLICY_FIELDS}
+    both = sorted(inherit & set(setting))
+    if both:
+        raise InvalidInput(f"{both[0]} cannot be both set and inherited.", field="inherit")
+    overrides = [
+        name
+        for name in POLICY_FIELDS
+        if (name in row.overrides or name in setting) and name not in inherit
+    ]
+    draft = HistoryPolicy(
+        task_type=row.task_type, overrides=overrides, **{**row_values(row), **setting}
+    )
+    default = (
+        None
+        if row.is_default
+        else HistoryPolicy.objects.filter(task_type=DEFAULT_TASK_TYPE).first()
+    )
+    own, default = (None, draft) if row.is_default else (draft, default)
+    builder_policy(effective_values(own=own, default=default)[0])
     with transaction.atomic():
-        for name, value in merged.items():
+        for name, value in setting.items():
             setattr(row, name, value)
+        row.overrides = overrides
         row.updated_by = changed_by
         if row.pk is None:
             row.version = 1

@@ -20,10 +20,9 @@ from backend.dispatch.models import HistoryPolicy
 from backend.dispatch.policies import (
     POLICY_FIELDS,
     ResolvedPolicy,
+    policy_rows,
     resolve_from_rows,
     resolve_policy,
-    row_values,
-    settings_policy,
 )
 from backend.dispatch.prompts import TurnPrompt, build_turn_prompt, next_turn_to_dispatch
 from backend.dispatch.sessions import RESUME, native_sessions_for, resume_input, resume_reason
@@ -114,35 +113,33 @@ class PromptPreview:
         return self.resolved.policy.max_tokens
 
 
-def _base_values(resolved: ResolvedPolicy) -> dict[str, Any]:
-    if resolved.row is not None:
-        return row_values(resolved.row)
-    return settings_policy().model_dump(mode="json", include=set(POLICY_FIELDS))
-
-
 def _resolve(
     *, task: Task, values_or_row: HistoryPolicy | Mapping[str, Any] | None
 ) -> tuple[ResolvedPolicy, dict[str, Any], str]:
     """The policy to preview, the cap values behind it and its label."""
     if values_or_row is None:
         resolved = resolve_policy(task_type=task.task_type)
-        return resolved, _base_values(resolved), resolved.label
+        return resolved, dict(resolved.values), resolved.label
+    rows = policy_rows(task_types={task.task_type})
     if isinstance(values_or_row, HistoryPolicy):
-        # Resolved as if this row were the task type's own, so the kill switch applies as at
-        # dispatch; the row may belong to another task type (try `chat` caps on a code task).
-        resolved = resolve_from_rows(task_type=task.task_type, rows={task.task_type: values_or_row})
-        return resolved, row_values(values_or_row), resolved.label
+        # Resolved as if this row were the task type's own, so the kill switch and the default
+        # row's values apply as at dispatch; the row may belong to another task type (try
+        # `chat` caps on a code task).
+        resolved = resolve_from_rows(
+            task_type=task.task_type, rows={**rows, task.task_type: values_or_row}
+        )
+        return resolved, dict(resolved.values), resolved.label
     unknown = sorted(set(values_or_row) - set(POLICY_FIELDS))
     if unknown:
         raise InvalidInput(
             f"{unknown[0]}: not a policy field (known: {', '.join(POLICY_FIELDS)})",
             field=unknown[0],
         )
-    base = resolve_policy(task_type=task.task_type)
-    values = {**_base_values(base), **values_or_row}
-    # A draft row that is never saved, resolved like a real one: the same validation
-    # (InvalidInput naming the field) and the same kill switch.
-    draft = HistoryPolicy(task_type=task.task_type, **values)
+    base = resolve_from_rows(task_type=task.task_type, rows=rows)
+    values = {**base.values, **values_or_row}
+    # A draft row that is never saved and sets every field, resolved like a real one: the
+    # same validation (InvalidInput naming the field) and the same kill switch.
+    draft = HistoryPolicy(task_type=task.task_type, overrides=list(POLICY_FIELDS), **values)
     resolved = resolve_from_rows(task_type=task.task_type, rows={task.task_type: draft})
     resolved = replace(resolved, row=None, source=UNSAVED_SOURCE)
     label = f"unsaved edit (based on {base.label})"

@@ -92,8 +92,13 @@ def form_data(values: dict[str, Any]) -> dict[str, str]:
     return data
 
 
-def change_data(row: HistoryPolicy, **changes: Any) -> dict[str, str]:
-    return {**form_data({**row_values(row), **changes}), "_save": "Save"}
+def change_data(row: HistoryPolicy, **changes: Any) -> dict[str, Any]:
+    """The change form as a browser posts it: the values shown, the row's ticked fields."""
+    return {
+        **form_data({**row_values(row), **changes}),
+        "set_here": list(row.overrides),
+        "_save": "Save",
+    }
 
 
 def shown_prompt(page: str) -> str:
@@ -631,3 +636,26 @@ def test_bots_are_registered_and_edited_in_the_admin(client, staff_user, api):
     )
     assert bad.status_code == 200
     assert b"square brackets" in bad.content
+
+
+def test_the_change_page_shows_where_each_value_comes_from_and_can_inherit_again(
+    admin_client, settings
+):
+    settings.EXECUTOR_HISTORY_DEFAULTS = {**settings.EXECUTOR_HISTORY_DEFAULTS, "max_messages": 2}
+    settings.EXECUTOR_HISTORY_FROM_ENVIRONMENT = frozenset({"max_messages"})
+    chat = HistoryPolicy.objects.get(task_type="chat")
+    url = f"/admin/dispatch/historypolicy/{chat.pk}/change/"
+    page = html.unescape(admin_client.get(url).content.decode())
+    assert "<tr><td>max_messages</td><td>12</td><td>task_type</td></tr>" in page
+    assert "<tr><td>per_message_max_chars</td><td>4000</td><td>built-in</td></tr>" in page
+    code = HistoryPolicy.objects.get(task_type="code")
+    code_page = admin_client.get(f"/admin/dispatch/historypolicy/{code.pk}/change/")
+    assert "<tr><td>max_messages</td><td>2</td><td>environment</td></tr>" in html.unescape(
+        code_page.content.decode()
+    )
+    # Unticking a field the row sets makes it inherit again (here: from the environment).
+    data = {**change_data(chat), "set_here": ["max_chars"]}
+    assert admin_client.post(url, data).status_code == 302
+    chat.refresh_from_db()
+    assert (chat.overrides, chat.version) == (["max_chars"], 2)
+    assert resolve_policy(task_type="chat").policy.max_messages == 2

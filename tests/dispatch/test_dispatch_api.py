@@ -276,7 +276,9 @@ def test_policy_change_applies_to_the_next_dispatch(api, worker_api):
         [turn] = dispatch(worker_api)
         assert report(worker_api, turn, result={"value": f"answer {number}"}).status_code == 200
         api.post(f"/api/tasks/{task['id']}/messages/", {"message": f"q{number}"}, format="json")
-    HistoryPolicy.objects.filter(task_type="code").update(max_messages=2, version=2)
+    HistoryPolicy.objects.filter(task_type="code").update(
+        max_messages=2, overrides=["max_messages"], version=2
+    )
     [turn] = dispatch(worker_api)
     assert turn["prompt_report"]["messages_included"] == 2
     assert "[omitted earlier messages: 6 (3 user, 3 assistant)]" in turn["prompt"]
@@ -413,7 +415,9 @@ def test_turns_report_what_ingestion_measured(api, worker_api):
 def test_policy_decides_context_passing_unless_the_step_sets_it(api, worker_api):
     steps = [{"bot": "coder", "executor": "codex"}, {"bot": "builder", "executor": "codex"}]
     create(api, {**PIPELINE, "pipeline": steps})
-    HistoryPolicy.objects.filter(task_type="code").update(context_passing="previous_bot")
+    HistoryPolicy.objects.filter(task_type="code").update(
+        context_passing="previous_bot", overrides=["context_passing"]
+    )
     [coder] = dispatch(worker_api)
     report(worker_api, coder, result={"value": "patched"})
     [reviewer] = dispatch(worker_api)

@@ -76,3 +76,40 @@ def test_bad_task_type_in_the_url(staff_api):
     response = staff_api.patch("/api/policies/Not%20A%20Type/", {"enabled": False}, format="json")
     assert response.status_code == 400
     assert "task_type" in response.json()["fields"]
+
+
+def test_each_value_says_where_it_comes_from(staff_api, settings):
+    """The shipped rows set only what differs from Baton's defaults; the rest is inherited."""
+    settings.EXECUTOR_HISTORY_DEFAULTS = {**settings.EXECUTOR_HISTORY_DEFAULTS, "max_messages": 2}
+    settings.EXECUTOR_HISTORY_FROM_ENVIRONMENT = frozenset({"max_messages"})
+    body = {row["name"]: row for row in staff_api.get("/api/policies/").json()}
+    assert body["chat"]["overrides"] == ["max_messages", "max_chars"]
+    assert (body["chat"]["max_messages"], body["chat"]["sources"]["max_messages"]) == (
+        12,
+        "task_type",
+    )
+    assert (body["code"]["max_messages"], body["code"]["sources"]["max_messages"]) == (
+        2,
+        "environment",
+    )
+    assert body["code"]["sources"]["max_chars"] == "built-in"
+
+    staff_api.patch("/api/policies/default/", {"max_chars": 30_000}, format="json")
+    code = staff_api.get("/api/policies/code/").json()
+    assert (code["max_chars"], code["sources"]["max_chars"]) == (30_000, "default")
+
+
+def test_a_field_can_be_inherited_again(staff_api):
+    response = staff_api.patch("/api/policies/chat/", {"inherit": ["max_chars"]}, format="json")
+    assert response.status_code == 200, response.json()
+    chat = response.json()
+    assert chat["overrides"] == ["max_messages"]
+    assert (chat["max_chars"], chat["sources"]["max_chars"]) == (40_000, "built-in")
+    refused = staff_api.patch(
+        "/api/policies/chat/", {"max_chars": 9_000, "inherit": ["max_chars"]}, format="json"
+    )
+    assert refused.status_code == 400
+    assert refused.json()["fields"] == {"inherit": ["max_chars cannot be both set and inherited."]}
+    unknown = staff_api.patch("/api/policies/chat/", {"inherit": ["max_mesages"]}, format="json")
+    assert unknown.status_code == 400
+    assert unknown.json()["fields"] == {"inherit.0": ['"max_mesages" is not a valid choice.']}

@@ -170,7 +170,9 @@ def test_when_a_session_starts_fresh_anyway(api, worker_api, settings, setup, re
     [first] = dispatch(worker_api, kinds=[kind])
     answer(worker_api, first, "First answer.", usage={"input_tokens": 900})
     if setup == "policy_off":
-        HistoryPolicy.objects.filter(task_type="code").update(resume_native_sessions=False)
+        HistoryPolicy.objects.filter(task_type="code").update(
+            resume_native_sessions=False, overrides=["resume_native_sessions"]
+        )
     if setup == "history_off":
         settings.EXECUTOR_HISTORY_ENABLED = False
     if setup == "context_full":
@@ -186,7 +188,9 @@ def test_when_a_session_starts_fresh_anyway(api, worker_api, settings, setup, re
 
 
 def test_unseen_turns_outside_the_window_mean_a_fresh_session(api, worker_api):
-    HistoryPolicy.objects.filter(task_type="code").update(max_messages=4)
+    HistoryPolicy.objects.filter(task_type="code").update(
+        max_messages=4, overrides=["max_messages"]
+    )
     task = create(api)
     for number in range(5):
         [turn] = dispatch(worker_api)
@@ -223,7 +227,9 @@ def test_the_preview_says_why_no_resume_would_be_offered(api, worker_api, admin_
     task = create(api)
     [first] = dispatch(worker_api)
     answer(worker_api, first, "First answer.")
-    HistoryPolicy.objects.filter(task_type="code").update(resume_native_sessions=False)
+    HistoryPolicy.objects.filter(task_type="code").update(
+        resume_native_sessions=False, overrides=["resume_native_sessions"]
+    )
     follow_up(api, task, "Second question.")
     page = admin_client.get(
         "/admin/dispatch/historypolicy/preview/", {"task": task["id"]}
