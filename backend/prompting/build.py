@@ -45,18 +45,10 @@ from backend.prompting.document import (
     Section,
 )
 from backend.prompting.inputs import HistoryMessage, PromptInput, Role
+from backend.prompting.pieces import SizedPiece, cut_chars, sized_piece
 from backend.prompting.policy import ContextPassing, HistoryPolicy
-from backend.prompting.render import (
-    escape_content,
-    header_piece,
-    message_prefix,
-    message_suffix,
-    notice_piece,
-    starts_with_header_line,
-)
+from backend.prompting.render import header_piece, notice_piece, starts_with_header_line
 from backend.prompting.report import BuildReport, TruncatedMessage
-from backend.prompting.truncate import Truncation, truncate_middle_with_count
-from backend.prompting.units import Unit
 
 _VERIFY_ROUNDS = 4
 
@@ -75,61 +67,6 @@ class PromptBuild:
 
 
 @dataclass(slots=True)
-class _Part:
-    """One message piece, rendered, with its size."""
-
-    message: RenderedMessage
-    text: str
-    prefix: str
-    body: str
-    suffix: str
-    cached_tokens: int | None
-    cut: Truncation | None = None
-    truncated: TruncatedMessage | None = None
-    _tokens: int | None = field(default=None)
-
-    @property
-    def chars(self) -> int:
-        return len(self.text)
-
-    def tokens(self, counter: TokenCounter) -> int:
-        if self._tokens is None:
-            self._tokens = counter.piece(self.prefix, self.body, self.suffix, self.cached_tokens)
-        return self._tokens
-
-
-def _cut_chars(text: str, cap: int | None) -> Truncation | None:
-    if cap is None or len(text) <= cap:
-        return None
-    return truncate_middle_with_count(text, cap, Unit.CHARS)
-
-
-def _part(
-    message: RenderedMessage,
-    content_tokens: int | None,
-    *,
-    last: bool = False,
-    cut: Truncation | None = None,
-    truncated: TruncatedMessage | None = None,
-) -> _Part:
-    body = escape_content(message.content)
-    if body is not message.content:
-        content_tokens = None  # escaping changed the text the cached count was for
-    prefix = message_prefix(message.role, message.name, failed=message.failed)
-    suffix = message_suffix(message.artifact, last=last)
-    return _Part(
-        message=message,
-        text=prefix + body + suffix,
-        prefix=prefix,
-        body=body,
-        suffix=suffix,
-        cached_tokens=content_tokens,
-        cut=cut,
-        truncated=truncated,
-    )
-
-
-@dataclass(slots=True)
 class _Fixed:
     """The Current Message or the Previous Result: its full text and its rendered piece."""
 
@@ -141,18 +78,18 @@ class _Fixed:
     """Cached count of ``original``, if any and if it was computed with the policy's encoding."""
     last: bool
     cap: int | None
-    part: _Part = field(init=False)
+    part: SizedPiece = field(init=False)
 
     def __post_init__(self) -> None:
         self.recut(self.cap)
 
     def recut(self, cap: int | None) -> None:
         self.cap = cap
-        cut = _cut_chars(self.original, cap)
+        cut = cut_chars(self.original, cap)
         content = cut.text if cut is not None else self.original
         tokens = self.original_tokens if cut is None else None
         message = RenderedMessage(role=self.role, name=self.name, content=content)
-        self.part = _part(message, tokens, last=self.last, cut=cut)
+        self.part = sized_piece(message, tokens, last=self.last, cut=cut)
 
     @property
     def kept_chars(self) -> int:
@@ -191,7 +128,7 @@ class _Selection:
     """The history messages chosen so far, with running totals."""
 
     pinned: int | None
-    parts: list[tuple[int, _Part]] = field(default_factory=list)
+    parts: list[tuple[int, SizedPiece]] = field(default_factory=list)
     chars: int = 0
     tokens: int = 0
     users: int = 0
@@ -207,7 +144,7 @@ class _Selection:
     def add(
         self,
         index: int,
-        part: _Part,
+        part: SizedPiece,
         role: Role,
         counter: TokenCounter,
         token_budget: int | None,
@@ -219,7 +156,7 @@ class _Selection:
         if role is Role.USER:
             self.users += 1
 
-    def oldest_first(self) -> list[tuple[int, _Part]]:
+    def oldest_first(self) -> list[tuple[int, SizedPiece]]:
         return sorted(self.parts, key=lambda item: item[0])
 
 
@@ -271,7 +208,7 @@ class _Builder:
             return message.sender if self.input.is_group_chat else None
         return message.bot if self.input.multi_bot else None
 
-    def _history_part(self, message: HistoryMessage) -> _Part:
+    def _history_part(self, message: HistoryMessage) -> SizedPiece:
         cap = self.policy.per_message_max_chars
         cached = message.token_count if self.counter.cached_counts_apply else None
         preview = None if message.shows_error else message.preview
@@ -294,7 +231,7 @@ class _Builder:
             assert source is not None
             if message.shows_error:
                 cached = None
-            cut = _cut_chars(source, cap)
+            cut = cut_chars(source, cap)
             content = source
             if cut is not None:
                 content, cached = cut.text, None
@@ -311,7 +248,7 @@ class _Builder:
             failed=message.failed,
             artifact=message.artifact,
         )
-        return _part(rendered, cached, truncated=truncated)
+        return sized_piece(rendered, cached, truncated=truncated)
 
     def _notice(self, included_user: int, included_assistant: int) -> OmissionNotice | None:
         omitted = self.considered - included_user - included_assistant
@@ -347,7 +284,7 @@ class _Builder:
                 produced += 1
 
     def _fits(
-        self, selection: _Selection, extra: list[tuple[int, _Part]], token_budget: int | None
+        self, selection: _Selection, extra: list[tuple[int, SizedPiece]], token_budget: int | None
     ) -> bool:
         max_chars = self.policy.max_chars
         if max_chars is not None and selection.chars + sum(p.chars for _, p in extra) > max_chars:
@@ -390,7 +327,7 @@ class _Builder:
         self,
         selection: _Selection,
         index: int,
-        part: _Part,
+        part: SizedPiece,
         order: Iterator[int],
         token_budget: int | None,
     ) -> None:
@@ -508,7 +445,7 @@ class _Builder:
             self.max_tokens - sum(fixed_tokens.values()) if self.max_tokens is not None else None
         )
 
-        selected: list[tuple[int, _Part]] = []
+        selected: list[tuple[int, SizedPiece]] = []
         pinned = False
         history_tokens = 0
         sections: list[RenderedSection] = []
@@ -556,7 +493,7 @@ class _Builder:
         tokens: int,
         fixed: list[_Fixed],
         fixed_tokens: dict[Section, int],
-        selected: list[tuple[int, _Part]],
+        selected: list[tuple[int, SizedPiece]],
         pinned: bool,
         history_tokens: int,
         verbatim: bool,
