@@ -10,6 +10,7 @@ This package imports nothing from Django (DESIGN.md, principle 4). Modules, one 
 * ``render`` — labels, escaping, pointer lines, the notice; document → text.
 * ``counting`` — exact token counts of a prompt's pieces, without encoding the prompt.
 * ``pieces`` — a rendered message piece with its size, the unit every cap budgets.
+* ``fixed`` — the Current Message and the Previous Result: cut at their caps, squeezed to fit.
 * ``build`` — :func:`build_prompt`: selection, caps, exact token counting, the report.
 * ``parse`` — :func:`parse_prompt`: text → document, the inverse of rendering.
 * ``report`` — :class:`BuildReport`, counts and flags only, never prompt text.

@@ -33,7 +33,7 @@ and the build is redone with the overshoot held back if it exceeded ``max_tokens
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from backend.prompting.counting import TokenCounter
@@ -44,6 +44,7 @@ from backend.prompting.document import (
     RenderedSection,
     Section,
 )
+from backend.prompting.fixed import FixedSection, squeeze
 from backend.prompting.inputs import HistoryMessage, PromptInput, Role
 from backend.prompting.pieces import SizedPiece, cut_chars, sized_piece
 from backend.prompting.policy import ContextPassing, HistoryPolicy
@@ -64,63 +65,6 @@ class PromptBuild:
     text: str
     report: BuildReport
     document: PromptDocument
-
-
-@dataclass(slots=True)
-class _Fixed:
-    """The Current Message or the Previous Result: its full text and its rendered piece."""
-
-    section: Section
-    role: Role
-    name: str | None
-    original: str
-    original_tokens: int | None
-    """Cached count of ``original``, if any and if it was computed with the policy's encoding."""
-    last: bool
-    cap: int | None
-    part: SizedPiece = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.recut(self.cap)
-
-    def recut(self, cap: int | None) -> None:
-        self.cap = cap
-        cut = cut_chars(self.original, cap)
-        content = cut.text if cut is not None else self.original
-        tokens = self.original_tokens if cut is None else None
-        message = RenderedMessage(role=self.role, name=self.name, content=content)
-        self.part = sized_piece(message, tokens, last=self.last, cut=cut)
-
-    @property
-    def kept_chars(self) -> int:
-        return self.part.cut.kept_chars if self.part.cut is not None else len(self.original)
-
-    @property
-    def removed_chars(self) -> int:
-        return self.part.cut.removed_chars if self.part.cut is not None else 0
-
-    def section_tokens(self, counter: TokenCounter) -> int:
-        return counter.constant(header_piece(self.section)) + self.part.tokens(counter)
-
-    def verbatim_tokens(self, counter: TokenCounter) -> int:
-        if self.part.cut is None and self.original_tokens is not None:
-            return self.original_tokens
-        return counter.count(self.part.message.content)
-
-
-def _squeeze(fixed: _Fixed, target_tokens: int, measure: Callable[[], int]) -> bool:
-    """Cut ``fixed`` further, in chars, until ``measure()`` fits ``target_tokens``.
-
-    The new limit shrinks in proportion to the overshoot (and by at least one code point), so a
-    few encodes of the bounded text suffice. Returns False when even the marker alone is too big.
-    """
-    limit = fixed.kept_chars
-    while (tokens := measure()) > target_tokens:
-        if limit == 0:
-            return False
-        limit = min(limit - 1, limit * max(target_tokens, 0) // tokens)
-        fixed.recut(limit)
-    return True
 
 
 @dataclass(slots=True)
@@ -197,9 +141,9 @@ class _Builder:
         cap: int | None,
         *,
         last: bool,
-    ) -> _Fixed:
+    ) -> FixedSection:
         tokens = text_tokens if self.counter.cached_counts_apply else None
-        return _Fixed(section, role, name, text, tokens, last, cap)
+        return FixedSection(section, role, name, text, tokens, last, cap)
 
     # -- history --------------------------------------------------------------------------------
 
@@ -362,7 +306,7 @@ class _Builder:
     # -- assembly -------------------------------------------------------------------------------
 
     def build(self) -> PromptBuild:
-        fixed: list[_Fixed] = []
+        fixed: list[FixedSection] = []
         current = self.input.current
         if self.show_current:
             fixed.append(
@@ -397,14 +341,14 @@ class _Builder:
             return self._build_verbatim(fixed[0])
         return self._build_sections(fixed)
 
-    def _build_verbatim(self, fixed: _Fixed) -> PromptBuild:
-        if self.max_tokens is not None and not _squeeze(
-            fixed, self.max_tokens, lambda: fixed.verbatim_tokens(self.counter)
+    def _build_verbatim(self, fixed: FixedSection) -> PromptBuild:
+        if self.max_tokens is not None and not squeeze(
+            fixed, self.max_tokens, lambda f: f.verbatim_tokens(self.counter)
         ):
             raise PromptBudgetError(f"max_tokens={self.policy.max_tokens} cannot hold a marker")
         tokens = fixed.verbatim_tokens(self.counter)
         # A verbatim prompt has no label, so its message has no name either.
-        message = RenderedMessage(role=Role.USER, name=None, content=fixed.part.message.content)
+        message = RenderedMessage(role=Role.USER, name=None, content=fixed.piece.message.content)
         document = PromptDocument(
             sections=(RenderedSection(Section.CURRENT, (message,)),), verbatim=True
         )
@@ -420,7 +364,7 @@ class _Builder:
         )
         return PromptBuild(text=message.content, report=report, document=document)
 
-    def _build_sections(self, fixed: list[_Fixed]) -> PromptBuild:
+    def _build_sections(self, fixed: list[FixedSection]) -> PromptBuild:
         history_floor = self._history_overhead(0, 0) if self.show_history else 0
         squeezed = False
         if self.max_tokens is not None:
@@ -434,7 +378,7 @@ class _Builder:
                 cut = fixed[index]
                 others = sum(f.section_tokens(self.counter) for f in fixed if f is not cut)
                 target = self.max_tokens - history_floor - others
-                if _squeeze(cut, target, lambda f=cut: f.section_tokens(self.counter)):
+                if squeeze(cut, target, lambda f: f.section_tokens(self.counter)):
                     break
             else:
                 raise PromptBudgetError(
@@ -471,8 +415,8 @@ class _Builder:
             )
         for f in fixed:
             pieces.append(header_piece(f.section))
-            pieces.append(f.part.text)
-            sections.append(RenderedSection(f.section, (f.part.message,)))
+            pieces.append(f.piece.text)
+            sections.append(RenderedSection(f.section, (f.piece.message,)))
         text = "".join(pieces)
         report = self._report(
             text=text,
@@ -491,7 +435,7 @@ class _Builder:
         *,
         text: str,
         tokens: int,
-        fixed: list[_Fixed],
+        fixed: list[FixedSection],
         fixed_tokens: dict[Section, int],
         selected: list[tuple[int, SizedPiece]],
         pinned: bool,
@@ -533,9 +477,9 @@ class _Builder:
             previous_result_tokens=fixed_tokens.get(Section.PREVIOUS_RESULT, 0),
             artifacts=tuple(artifacts),
             first_user_message_pinned=pinned,
-            current_truncated=current is not None and current.part.cut is not None,
+            current_truncated=current is not None and current.piece.cut is not None,
             current_removed_chars=current.removed_chars if current is not None else 0,
-            previous_result_truncated=previous is not None and previous.part.cut is not None,
+            previous_result_truncated=previous is not None and previous.piece.cut is not None,
             previous_result_removed_chars=previous.removed_chars if previous is not None else 0,
         )
 
