@@ -11,6 +11,7 @@ This package imports nothing from Django (DESIGN.md, principle 4). Modules, one 
 * ``counting`` — exact token counts of a prompt's pieces, without encoding the prompt.
 * ``pieces`` — a rendered message piece with its size, the unit every cap budgets.
 * ``fixed`` — the Current Message and the Previous Result: cut at their caps, squeezed to fit.
+* ``selection`` — which history messages fit, newest first, and the notice for the rest.
 * ``build`` — :func:`build_prompt`: selection, caps, exact token counting, the report.
 * ``parse`` — :func:`parse_prompt`: text → document, the inverse of rendering.
 * ``report`` — :class:`BuildReport`, counts and flags only, never prompt text.
