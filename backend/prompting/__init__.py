@@ -12,7 +12,8 @@ This package imports nothing from Django (DESIGN.md, principle 4). Modules, one 
 * ``pieces`` — a rendered message piece with its size, the unit every cap budgets.
 * ``fixed`` — the Current Message and the Previous Result: cut at their caps, squeezed to fit.
 * ``selection`` — which history messages fit, newest first, and the notice for the rest.
-* ``build`` — :func:`build_prompt`: selection, caps, exact token counting, the report.
+* ``tally`` — a build's pieces counted into its :class:`BuildReport`.
+* ``build`` — :func:`build_prompt`: the sections put together under the caps, in their order.
 * ``parse`` — :func:`parse_prompt`: text → document, the inverse of rendering.
 * ``report`` — :class:`BuildReport`, counts and flags only, never prompt text.
 """

@@ -11,7 +11,7 @@ The contract is DESIGN.md's "The prompt" and "Caps and the order they apply":
 3. Each selected message is cut at ``per_message_max_chars`` (a spilled message's stored preview
    is re-cut from its own head and tail, so its marker still counts against the original).
 4. Messages are dropped oldest first until the history's messages fit ``max_chars`` and the whole
-   prompt fits ``max_tokens``; the walk reads only what it includes and the first message that
+   prompt fits ``max_tokens``: the walk goes newest first and stops at the first message that
    does not fit, so its cost grows with the budget, not with the history. One omission notice at
    the top of the history counts what was dropped, by role.
 5. If the fixed sections alone leave no room under ``max_tokens`` for the history header and its
@@ -34,12 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from backend.prompting.counting import TokenCounter
-from backend.prompting.document import (
-    PromptDocument,
-    RenderedMessage,
-    RenderedSection,
-    Section,
-)
+from backend.prompting.document import PromptDocument, RenderedMessage, RenderedSection, Section
 from backend.prompting.fixed import FixedSection, squeeze
 from backend.prompting.inputs import PromptInput, Role
 from backend.prompting.pieces import SizedPiece
@@ -47,6 +42,7 @@ from backend.prompting.policy import ContextPassing, HistoryPolicy
 from backend.prompting.render import header_piece, notice_piece, starts_with_header_line
 from backend.prompting.report import BuildReport
 from backend.prompting.selection import HistorySection, Selection
+from backend.prompting.tally import tally_build
 
 _VERIFY_ROUNDS = 4
 
@@ -147,15 +143,18 @@ class _Builder:
         document = PromptDocument(
             sections=(RenderedSection(Section.CURRENT, (message,)),), verbatim=True
         )
-        report = self._report(
+        report = tally_build(
             text=message.content,
             tokens=tokens,
-            fixed=[fixed],
-            fixed_tokens={Section.CURRENT: tokens},
+            history=self.history,
             selected=[],
             pinned=False,
             history_tokens=0,
+            fixed=[fixed],
+            fixed_tokens={Section.CURRENT: tokens},
             verbatim=True,
+            context_passing=self.mode,
+            token_encoding=self.policy.token_encoding,
         )
         return PromptBuild(text=message.content, report=report, document=document)
 
@@ -213,74 +212,20 @@ class _Builder:
             pieces.append(f.piece.text)
             sections.append(RenderedSection(f.section, (f.piece.message,)))
         text = "".join(pieces)
-        report = self._report(
+        report = tally_build(
             text=text,
             tokens=history_tokens + sum(fixed_tokens.values()),
-            fixed=fixed,
-            fixed_tokens=fixed_tokens,
+            history=self.history,
             selected=selected,
             pinned=pinned,
             history_tokens=history_tokens,
+            fixed=fixed,
+            fixed_tokens=fixed_tokens,
             verbatim=False,
+            context_passing=self.mode,
+            token_encoding=self.policy.token_encoding,
         )
         return PromptBuild(text=text, report=report, document=PromptDocument(tuple(sections)))
-
-    def _report(
-        self,
-        *,
-        text: str,
-        tokens: int,
-        fixed: list[FixedSection],
-        fixed_tokens: dict[Section, int],
-        selected: list[tuple[int, SizedPiece]],
-        pinned: bool,
-        history_tokens: int,
-        verbatim: bool,
-    ) -> BuildReport:
-        history = self.input.history
-        users = sum(1 for i, _ in selected if history[i].role is Role.USER)
-        artifacts: list[str] = []
-        for _, piece in selected:
-            artifact = piece.message.artifact
-            if artifact is not None and artifact.artifact_id not in artifacts:
-                artifacts.append(artifact.artifact_id)
-        by_section = {f.section: f for f in fixed}
-        current = by_section.get(Section.CURRENT)
-        previous = by_section.get(Section.PREVIOUS_RESULT)
-        sections = [Section.HISTORY.value] if self.history.shown else []
-        sections += [f.section.value for f in fixed]
-        return BuildReport(
-            messages_considered=self.history.considered,
-            messages_included=len(selected),
-            messages_omitted=self.history.considered - len(selected),
-            omitted_user=(self.history.user_messages - users) if self.history.shown else 0,
-            omitted_assistant=(
-                self.history.assistant_messages - (len(selected) - users)
-                if self.history.shown
-                else 0
-            ),
-            included_message_ids=tuple(history[i].message_id for i, _ in selected),
-            truncated=tuple(
-                piece.truncated for _, piece in selected if piece.truncated is not None
-            ),
-            sections=tuple(sections),
-            verbatim=verbatim,
-            context_passing=self.mode.value,
-            chars=len(text),
-            bytes=len(text.encode("utf-8", "surrogatepass")),
-            tokens=tokens,
-            token_encoding=self.policy.token_encoding,
-            history_chars=sum(piece.chars for _, piece in selected),
-            history_tokens=history_tokens,
-            current_tokens=fixed_tokens.get(Section.CURRENT, 0),
-            previous_result_tokens=fixed_tokens.get(Section.PREVIOUS_RESULT, 0),
-            artifacts=tuple(artifacts),
-            first_user_message_pinned=pinned,
-            current_truncated=current is not None and current.piece.cut is not None,
-            current_removed_chars=current.removed_chars if current is not None else 0,
-            previous_result_truncated=previous is not None and previous.piece.cut is not None,
-            previous_result_removed_chars=previous.removed_chars if previous is not None else 0,
-        )
 
 
 def build_prompt(
