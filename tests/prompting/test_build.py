@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-import backend.prompting.build as build_module
+import backend.prompting.counting as counting_module
 from backend.prompting import (
     ArtifactPointer,
     ContextPassing,
@@ -359,7 +359,7 @@ def test_cached_token_counts_are_trusted() -> None:
 
 
 def test_encodings_without_safe_seams_are_verified_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(build_module, "SEAM_SAFE_ENCODINGS", frozenset())
+    monkeypatch.setattr(counting_module, "SEAM_SAFE_ENCODINGS", frozenset())
     history = tuple(user(i + 1, "text. " * 100) for i in range(30))
     policy = UNCAPPED.model_copy(update={"max_tokens": 1_500})
     build = build_prompt(conversation(*history), policy)

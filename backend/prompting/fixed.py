@@ -1,0 +1,80 @@
+"""The fixed sections: the Current Message and the Previous Result, never dropped, only cut.
+
+Each is cut head + tail at its own char cap. When the fixed sections alone leave no room under
+``max_tokens`` for the history's header and notice, :func:`squeeze` cuts one of them further,
+still in chars.
+
+Invariants kept here: every cut, the first and each squeeze, is made from the original text, so
+the marker counts the code points removed from the original and not from an earlier cut; and a
+squeeze keeps fewer code points each round (at least one fewer), so it ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from backend.prompting.counting import TokenCounter
+from backend.prompting.document import RenderedMessage, Section
+from backend.prompting.inputs import Role
+from backend.prompting.pieces import SizedPiece, cut_chars, sized_piece
+from backend.prompting.render import header_piece
+
+
+@dataclass(slots=True)
+class FixedSection:
+    """The Current Message or the Previous Result: its full text and its rendered piece."""
+
+    section: Section
+    role: Role
+    name: str | None
+    original: str
+    original_tokens: int | None
+    """Cached count of ``original``, if any and if it was computed with the policy's encoding."""
+    last: bool
+    cap: int | None
+    piece: SizedPiece = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.recut(self.cap)
+
+    def recut(self, cap: int | None) -> None:
+        self.cap = cap
+        cut = cut_chars(self.original, cap)
+        content = cut.text if cut is not None else self.original
+        tokens = self.original_tokens if cut is None else None
+        message = RenderedMessage(role=self.role, name=self.name, content=content)
+        self.piece = sized_piece(message, tokens, last=self.last, cut=cut)
+
+    @property
+    def kept_chars(self) -> int:
+        return self.piece.cut.kept_chars if self.piece.cut is not None else len(self.original)
+
+    @property
+    def removed_chars(self) -> int:
+        return self.piece.cut.removed_chars if self.piece.cut is not None else 0
+
+    def section_tokens(self, counter: TokenCounter) -> int:
+        return counter.constant(header_piece(self.section)) + self.piece.tokens(counter)
+
+    def verbatim_tokens(self, counter: TokenCounter) -> int:
+        if self.piece.cut is None and self.original_tokens is not None:
+            return self.original_tokens
+        return counter.count(self.piece.message.content)
+
+
+def squeeze(
+    fixed: FixedSection, target_tokens: int, measure: Callable[[FixedSection], int]
+) -> bool:
+    """Cut ``fixed`` further, in chars, until ``measure(fixed)`` fits ``target_tokens``.
+
+    The new limit shrinks in proportion to the overshoot (and by at least one code point), so a
+    few encodes of the bounded text suffice. Returns False when even the marker alone is too big.
+    """
+    limit = fixed.kept_chars
+    while (tokens := measure(fixed)) > target_tokens:
+        if limit == 0:
+            return False
+        limit = min(limit - 1, limit * max(target_tokens, 0) // tokens)
+        fixed.recut(limit)
+    return True

@@ -1,0 +1,79 @@
+"""A message piece ready to be budgeted: its rendered text and its size.
+
+History selection and the fixed sections budget the same unit, one rendered message: its label
+line, its escaped content and its suffix (pointer line, blank line). :class:`SizedPiece` keeps
+these three apart so the counter can reuse the content's cached token count at the seams, and
+counts the piece's tokens once, when first asked.
+
+Invariant kept here: a cached count goes with a piece only while it counts the exact body that is
+rendered. Escaping that changes the content drops it here; a caller that cuts the content passes
+none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from backend.prompting.counting import TokenCounter
+from backend.prompting.document import RenderedMessage
+from backend.prompting.render import escape_content, message_prefix, message_suffix
+from backend.prompting.report import TruncatedMessage
+from backend.prompting.truncate import Truncation, truncate_middle_with_count
+from backend.prompting.units import Unit
+
+
+@dataclass(slots=True)
+class SizedPiece:
+    """One message piece, rendered, with its size."""
+
+    message: RenderedMessage
+    text: str
+    prefix: str
+    body: str
+    suffix: str
+    cached_tokens: int | None
+    cut: Truncation | None = None
+    truncated: TruncatedMessage | None = None
+    _tokens: int | None = field(default=None)
+
+    @property
+    def chars(self) -> int:
+        return len(self.text)
+
+    def tokens(self, counter: TokenCounter) -> int:
+        if self._tokens is None:
+            self._tokens = counter.piece(self.prefix, self.body, self.suffix, self.cached_tokens)
+        return self._tokens
+
+
+def cut_chars(text: str, cap: int | None) -> Truncation | None:
+    """A head + tail cut of ``text`` to ``cap`` code points, or None when it fits."""
+    if cap is None or len(text) <= cap:
+        return None
+    return truncate_middle_with_count(text, cap, Unit.CHARS)
+
+
+def sized_piece(
+    message: RenderedMessage,
+    content_tokens: int | None,
+    *,
+    last: bool = False,
+    cut: Truncation | None = None,
+    truncated: TruncatedMessage | None = None,
+) -> SizedPiece:
+    """Render ``message`` as a piece; ``content_tokens`` is the cached count of its content."""
+    body = escape_content(message.content)
+    if body is not message.content:
+        content_tokens = None  # escaping changed the text the cached count was for
+    prefix = message_prefix(message.role, message.name, failed=message.failed)
+    suffix = message_suffix(message.artifact, last=last)
+    return SizedPiece(
+        message=message,
+        text=prefix + body + suffix,
+        prefix=prefix,
+        body=body,
+        suffix=suffix,
+        cached_tokens=content_tokens,
+        cut=cut,
+        truncated=truncated,
+    )
