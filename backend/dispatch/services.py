@@ -10,7 +10,6 @@ transactions also serialize writers).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from backend.dispatch.sessions import (
     resume_reason,
 )
 from backend.errors import Conflict, InvalidInput, LeaseLost, NotFound, TurnCancelled
+from backend.events import log_event, opaque_id
 from backend.tasks.history import any_of, prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Bot, NativeSession, Role, Subtask, SubtaskStatus, Task, TaskStatus
 from backend.tasks.selectors import bots_for_turns, turn_result
@@ -45,8 +45,6 @@ from backend.tasks.services import (
     record_result,
     refresh_task_status,
 )
-
-logger = logging.getLogger("baton.dispatch")
 
 EXECUTOR_GROUP = "baton-executors"
 MAX_CLAIM_LIMIT = 100
@@ -165,9 +163,7 @@ def reclaim_expired_leases(*, now: datetime | None = None) -> ReclaimSummary:
                 _requeue(subtask, error=f"{error}.", error_code="lease_expired")
                 requeued += 1
     if requeued or failed:
-        logger.info(
-            json.dumps({"event": "leases_reclaimed", "requeued": requeued, "failed": failed})
-        )
+        log_event("leases_reclaimed", requeued=requeued, failed=failed)
     return ReclaimSummary(requeued=requeued, failed=failed)
 
 
@@ -326,48 +322,40 @@ def _report_row(
 
 def _log_dispatch(row: PromptReport, subtask: Subtask) -> None:
     """One structured line per dispatch: ids, counts, sizes, timing — never text."""
-    logger.info(
-        json.dumps(
-            {
-                "event": "dispatch",
-                "prompt": row.kind,
-                "resume_reason": row.resume_reason,
-                "task": subtask.task_id,
-                "subtask": subtask.pk,
-                "message_id": subtask.message_id,
-                "executor": subtask.executor,
-                "attempt": row.attempt,
-                "worker_id": row.worker_id,
-                "policy_id": row.policy_id,
-                "policy_version": row.policy_version,
-                "policy_source": row.policy_source,
-                "history_enabled": row.history_enabled,
-                "messages_included": row.messages_included,
-                "messages_omitted": row.messages_omitted,
-                "truncated": row.truncated_count,
-                "chars": row.chars,
-                "bytes": row.bytes,
-                "tokens": row.tokens,
-                "artifacts": len(row.artifacts),
-                "build_ms": row.build_ms,
-            },
-            sort_keys=True,
-        )
+    log_event(
+        "dispatch",
+        prompt=row.kind,
+        resume_reason=row.resume_reason,
+        task=subtask.task_id,
+        subtask=subtask.pk,
+        message_id=subtask.message_id,
+        executor=subtask.executor,
+        attempt=row.attempt,
+        worker_id=opaque_id(row.worker_id),
+        policy_id=row.policy_id,
+        policy_version=row.policy_version,
+        policy_source=row.policy_source,
+        history_enabled=row.history_enabled,
+        messages_included=row.messages_included,
+        messages_omitted=row.messages_omitted,
+        truncated=row.truncated_count,
+        chars=row.chars,
+        bytes=row.bytes,
+        tokens=row.tokens,
+        artifacts=len(row.artifacts),
+        build_ms=row.build_ms,
     )
 
 
 def _build_failed(*, subtask: Subtask, worker_id: str, error: Exception) -> None:
     # The exception text may quote content; log only its type (principle 7).
-    logger.error(
-        json.dumps(
-            {
-                "event": "dispatch_build_failed",
-                "task": subtask.task_id,
-                "subtask": subtask.pk,
-                "attempt": subtask.attempts,
-                "error_type": type(error).__name__,
-            }
-        )
+    log_event(
+        "dispatch_build_failed",
+        level=logging.ERROR,
+        task=subtask.task_id,
+        subtask=subtask.pk,
+        attempt=subtask.attempts,
+        error_type=opaque_id(type(error).__name__),
     )
     _release_failed_claim(subtask=subtask, worker_id=worker_id, reason=type(error).__name__)
 
@@ -796,21 +784,16 @@ def report_result(
                 usage=usage,
             )
         subtask.refresh_from_db()
-    logger.info(
-        json.dumps(
-            {
-                "event": "result",
-                "task": subtask.task_id,
-                "subtask": subtask.pk,
-                "reported": status,
-                "status": subtask.status,
-                "error_code": subtask.error_code,
-                "attempt": subtask.attempts,
-                "history_chars": subtask.history_chars,
-                "spilled": subtask.artifact_id is not None,
-            },
-            sort_keys=True,
-        )
+    log_event(
+        "result",
+        task=subtask.task_id,
+        subtask=subtask.pk,
+        reported=status,
+        status=subtask.status,
+        error_code=subtask.error_code,
+        attempt=subtask.attempts,
+        history_chars=subtask.history_chars,
+        spilled=subtask.artifact_id is not None,
     )
     return subtask, True
 

@@ -257,7 +257,7 @@ def test_dispatch_input_errors_name_the_field(worker_api):
 def test_prompt_report_and_log_line_carry_no_text(api, worker_api, caplog):
     secret = "the secret launch code is 0000"
     create(api, {**SINGLE, "message": secret})
-    with caplog.at_level(logging.INFO, logger="baton.dispatch"):
+    with caplog.at_level(logging.INFO, logger="baton.events"):
         [turn] = dispatch(worker_api)
     row = PromptReport.objects.get(subtask_id=turn["subtask_id"])
     assert (row.policy.task_type, row.policy_version, row.attempt) == ("code", 1, 1)
