@@ -294,12 +294,12 @@ def test_kill_switch_sends_the_current_message_only(api, worker_api, settings):
 
 def test_failed_payload_build_rolls_the_claim_back(api, worker_api, monkeypatch):
     create(api)
-    import backend.dispatch.services as dispatch_services
+    import backend.dispatch.payload as dispatch_payload
 
     def broken(**kwargs):
         raise RuntimeError("content that must not be logged")
 
-    monkeypatch.setattr(dispatch_services, "build_turn_prompt", broken)
+    monkeypatch.setattr(dispatch_payload, "build_turn_prompt", broken)
     assert dispatch(worker_api) == []
     stored = Subtask.objects.get(role="ASSISTANT")
     assert (stored.status, stored.attempts, stored.error_code) == (
