@@ -30,7 +30,7 @@ from backend.dispatch.sessions import (
     resume_input,
     resume_reason,
 )
-from backend.events import log_event, opaque_id
+from backend.events import EventValue, log_event, opaque_id
 from backend.tasks.history import prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus, Task
 from backend.tasks.selectors import bots_for_turns
@@ -176,9 +176,9 @@ def build_claimed_turns(
         [report for turn in claimed for report in (turn.report, turn.resume_report) if report]
     )
     for turn in claimed:
-        _log_dispatch(turn.report, turn.subtask)
-        if turn.resume_report is not None:
-            _log_dispatch(turn.resume_report, turn.subtask)
+        for row in (turn.report, turn.resume_report):
+            if row is not None:
+                log_event("dispatch", **_dispatch_event(row=row, subtask=turn.subtask))
     return claimed
 
 
@@ -194,66 +194,72 @@ def _artifacts_of(prompt: TurnPrompt, resume: TurnPrompt | None) -> list[str]:
 def _report_row(
     *, subtask: Subtask, worker_id: str, prompt: TurnPrompt, kind: str, resume_reason: str
 ) -> PromptReport:
-    report = prompt.build.report
     return PromptReport(
-        kind=kind,
-        resume_reason=resume_reason,
-        included_message_ids=list(report.included_message_ids),
         subtask=subtask,
         task_id=subtask.task_id,
         attempt=subtask.attempts,
         worker_id=worker_id,
-        policy=prompt.resolved.row,
-        policy_source=prompt.resolved.source,
-        policy_version=prompt.resolved.version,
-        history_enabled=prompt.resolved.policy.enabled,
-        context_passing=prompt.context_passing,
-        messages_considered=report.messages_considered,
-        messages_included=report.messages_included,
-        messages_omitted=report.messages_omitted,
-        omitted_user=report.omitted_user,
-        omitted_assistant=report.omitted_assistant,
-        truncated=[item.model_dump(mode="json") for item in report.truncated],
-        truncated_count=len(report.truncated),
-        sections=list(report.sections),
-        chars=report.chars,
-        bytes=report.bytes,
-        tokens=report.tokens,
-        history_tokens=report.history_tokens,
-        current_tokens=report.current_tokens,
-        previous_result_tokens=report.previous_result_tokens,
-        token_encoding=report.token_encoding,
-        artifacts=list(report.artifacts),
-        first_user_message_pinned=report.first_user_message_pinned,
-        build_ms=round(prompt.build_ms, 3),
+        kind=kind,
+        resume_reason=resume_reason,
+        **_build_columns(prompt),
     )
 
 
-def _log_dispatch(row: PromptReport, subtask: Subtask) -> None:
-    """One structured line per dispatch: ids, counts, sizes, timing — never text."""
-    log_event(
-        "dispatch",
-        prompt=row.kind,
-        resume_reason=row.resume_reason,
-        task=subtask.task_id,
-        subtask=subtask.pk,
-        message_id=subtask.message_id,
-        executor=subtask.executor,
-        attempt=row.attempt,
-        worker_id=opaque_id(row.worker_id),
-        policy_id=row.policy_id,
-        policy_version=row.policy_version,
-        policy_source=row.policy_source,
-        history_enabled=row.history_enabled,
-        messages_included=row.messages_included,
-        messages_omitted=row.messages_omitted,
-        truncated=row.truncated_count,
-        chars=row.chars,
-        bytes=row.bytes,
-        tokens=row.tokens,
-        artifacts=len(row.artifacts),
-        build_ms=row.build_ms,
-    )
+def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
+    """The PromptReport columns a built prompt fills: the one place its report is copied.
+
+    The row is made from these and the dispatch log line from the row's columns, so a column
+    added here is stored and logged without a second copy.
+    """
+    report = prompt.build.report
+    return {
+        "policy": prompt.resolved.row,
+        "policy_source": prompt.resolved.source,
+        "policy_version": prompt.resolved.version,
+        "history_enabled": prompt.resolved.policy.enabled,
+        "context_passing": prompt.context_passing,
+        "messages_considered": report.messages_considered,
+        "messages_included": report.messages_included,
+        "messages_omitted": report.messages_omitted,
+        "omitted_user": report.omitted_user,
+        "omitted_assistant": report.omitted_assistant,
+        "included_message_ids": list(report.included_message_ids),
+        "truncated": [item.model_dump(mode="json") for item in report.truncated],
+        "truncated_count": len(report.truncated),
+        "sections": list(report.sections),
+        "chars": report.chars,
+        "bytes": report.bytes,
+        "tokens": report.tokens,
+        "history_tokens": report.history_tokens,
+        "current_tokens": report.current_tokens,
+        "previous_result_tokens": report.previous_result_tokens,
+        "token_encoding": report.token_encoding,
+        "artifacts": list(report.artifacts),
+        "first_user_message_pinned": report.first_user_message_pinned,
+        "build_ms": round(prompt.build_ms, 3),
+    }
+
+
+# Columns a dispatch line leaves out: the row's own id and time, and which prompt was sent
+# (known only when the result comes back).
+_NOT_LOGGED = frozenset({"id", "created_at", "sent"})
+
+
+def _dispatch_event(*, row: PromptReport, subtask: Subtask) -> dict[str, EventValue]:
+    """The fields of a dispatch log line: every column of its PromptReport row (a foreign key
+    by its id, a list by its length: counts, never the ids or titles themselves) and the
+    turn's message id and executor. The worker id is the client's choice: logged opaque."""
+    fields: dict[str, EventValue] = {
+        "message_id": subtask.message_id,
+        "executor": subtask.executor,
+    }
+    for column in PromptReport._meta.concrete_fields:
+        if column.name in _NOT_LOGGED:
+            continue
+        value = getattr(row, column.attname)
+        fields[column.name] = len(value) if isinstance(value, list) else value
+    fields["worker_id"] = opaque_id(row.worker_id)
+    return fields
 
 
 def _build_failed(*, subtask: Subtask, worker_id: str, error: Exception) -> None:
