@@ -2,12 +2,13 @@
 
 For every claimed turn: the bot, the resolved history policy, the full prompt and, when the
 claiming worker holds the bot's native session, a resume prompt; one artifact manifest for
-both; a PromptReport row per prompt and one `dispatch` log line per row. Built in batch with a
-fixed number of queries, however many turns were claimed and however long their histories.
+both; a PromptReport row per prompt and one `dispatch` log line per row. Built in batch: a
+fixed number of queries however many turns were claimed and however long their histories
+(tests/dispatch/test_claim_queries.py pins it).
 
-Invariants: a claimed turn either gets its payload or its claim is released (requeued, or
-failed after its last attempt) — no turn stays RUNNING for a payload nobody received; and no
-prompt or result text reaches a log or a report row (DESIGN.md, principle 7).
+Invariants: a claimed turn whose payload cannot be built is released at once (requeued, or
+failed after its last attempt) rather than left RUNNING until its lease expires; and no prompt
+or result text reaches a log line or a report row (DESIGN.md, principle 7).
 """
 
 from __future__ import annotations
@@ -178,7 +179,11 @@ def build_claimed_turns(
     for turn in claimed:
         for row in (turn.report, turn.resume_report):
             if row is not None:
-                log_event("dispatch", **_dispatch_event(row=row, subtask=turn.subtask))
+                log_event(
+                    "dispatch",
+                    level=logging.INFO,
+                    **_dispatch_event(row=row, subtask=turn.subtask),
+                )
     return claimed
 
 

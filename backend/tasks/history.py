@@ -226,18 +226,21 @@ def _history_windows(
     # the (per-message capped) sizes of the newer turns. This pass reads ids and numbers only,
     # and keeps only the turns that can make each window: the texts of those are fetched
     # afterwards, so a long history costs no more than a short one.
-    per_task = {"partition_by": [F("task_id")]}
-    newest_first = {**per_task, "order_by": F("message_id").desc()}
+    task = [F("task_id")]
+    newest_first = F("message_id").desc()
     ranked = Subtask.objects.filter(any_of([_history_condition(request) for request in batch]))
     ranked = ranked.annotate(
-        rank=Window(RowNumber(), **newest_first),
-        users_total=Window(Count("id", filter=Q(role=Role.USER)), **per_task),
-        assistants_total=Window(Count("id", filter=Q(role=Role.ASSISTANT)), **per_task),
+        rank=Window(RowNumber(), partition_by=task, order_by=newest_first),
+        users_total=Window(Count("id", filter=Q(role=Role.USER)), partition_by=task),
+        assistants_total=Window(Count("id", filter=Q(role=Role.ASSISTANT)), partition_by=task),
     )
     if any(_walks_chars(request.policy) for request in batch):
         ranked = ranked.annotate(
             newer_chars=Window(
-                Sum(_capped_size(batch)), frame=RowRange(start=None, end=-1), **newest_first
+                Sum(_capped_size(batch)),
+                partition_by=task,
+                order_by=newest_first,
+                frame=RowRange(start=None, end=-1),
             )
         )
     ranked = ranked.filter(any_of([_window_condition(request) for request in batch]))
