@@ -102,7 +102,7 @@ def worker_loop(index: int, limit: int, start_at: float, queue) -> None:
     import django
 
     django.setup()
-    from backend.dispatch.services import claim_turns
+    from backend.dispatch.claims import claim_turns
     from backend.dispatch.workers import ensure_worker_account
 
     worker, _ = ensure_worker_account(username=f"bench-worker-{index}")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from backend.api.serializers import ResultField, StrictInput, UsageFields
-from backend.dispatch.services import MAX_CLAIM_LIMIT, REPORT_STATUSES
+from backend.dispatch.claims import MAX_CLAIM_LIMIT
+from backend.dispatch.reports import REPORT_STATUSES
 from backend.tasks.models import ExecutorKind
 
 ERROR_CODE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"

@@ -22,12 +22,13 @@ from backend.api.executor_serializers import (
     ResultOutput,
 )
 from backend.api.permissions import IsExecutorWorker
-from backend.dispatch import services
+from backend.dispatch import claims, leases, reports
+from backend.dispatch.payload import ClaimedTurn
 from backend.errors import PayloadTooLarge
 from backend.tasks.models import Subtask
 
 
-def _turn_payload(turn: services.ClaimedTurn, *, heartbeat_interval: int) -> dict[str, Any]:
+def _turn_payload(turn: ClaimedTurn, *, heartbeat_interval: int) -> dict[str, Any]:
     subtask = turn.subtask
     bot = turn.bot
     return {
@@ -96,19 +97,19 @@ class DispatchApi(ExecutorApi):
         payload = DispatchInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        claimed = services.claim_turns(
+        claimed = claims.claim_turns(
             worker=request.user,
             worker_id=data["worker_id"],
             kinds=data["kinds"],
             limit=data["limit"],
             request_base_url=request.build_absolute_uri("/"),
         )
-        interval = services.heartbeat_interval_seconds()
+        interval = leases.heartbeat_interval_seconds()
         turns = [_turn_payload(turn, heartbeat_interval=interval) for turn in claimed]
         next_ready = (
             None
             if turns
-            else services.next_ready_in_seconds(kinds=data["kinds"], worker_id=data["worker_id"])
+            else claims.next_ready_in_seconds(kinds=data["kinds"], worker_id=data["worker_id"])
         )
         return Response(DispatchOutput({"turns": turns, "next_ready_in_seconds": next_ready}).data)
 
@@ -124,7 +125,7 @@ class HeartbeatBatchApi(ExecutorApi):
         payload = HeartbeatInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        states = services.heartbeat_claims(
+        states = reports.heartbeat_claims(
             worker=request.user,
             worker_id=data["worker_id"],
             claims=[(turn["subtask_id"], turn["attempt"]) for turn in data["turns"]],
@@ -133,7 +134,7 @@ class HeartbeatBatchApi(ExecutorApi):
             HeartbeatOutput(
                 {
                     "turns": [vars(state) for state in states],
-                    "heartbeat_interval_seconds": services.heartbeat_interval_seconds(),
+                    "heartbeat_interval_seconds": leases.heartbeat_interval_seconds(),
                 }
             ).data
         )
@@ -144,7 +145,7 @@ class HeartbeatApi(ExecutorApi):
     def post(self, request: Request, subtask_id: int) -> Response:
         payload = ClaimInput(data=request.data)
         payload.is_valid(raise_exception=True)
-        subtask = services.heartbeat(
+        subtask = reports.heartbeat(
             worker=request.user, subtask_id=subtask_id, **payload.validated_data
         )
         return Response(LeaseOutput(_lease(subtask)).data)
@@ -156,7 +157,7 @@ class ProgressApi(ExecutorApi):
         payload = ProgressInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        subtask = services.record_progress(
+        subtask = reports.record_progress(
             worker=request.user,
             worker_id=data["worker_id"],
             attempt=data["attempt"],
@@ -181,7 +182,7 @@ class ResultApi(ExecutorApi):
         payload = ResultInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        subtask, changed = services.report_result(
+        subtask, changed = reports.report_result(
             worker=request.user,
             worker_id=data["worker_id"],
             attempt=data["attempt"],

@@ -6,7 +6,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from backend.dispatch.services import is_executor_worker
+from backend.dispatch.workers import is_executor_worker
 
 
 class IsExecutorWorker(BasePermission):

@@ -1,4 +1,9 @@
-"""Executor worker accounts: ordinary users in the executor group, each with its own token."""
+"""Executor worker identity: ordinary user accounts in the executor group, each with its token.
+
+Owns the one answer to "is this caller a worker?", which the executor API's permission asks on
+every request. Every claim, heartbeat and report names the worker account that holds it, so a
+worker can only ever act on turns its own account claimed.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,18 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, Group
 from rest_framework.authtoken.models import Token
 
-from backend.dispatch.services import EXECUTOR_GROUP
+EXECUTOR_GROUP = "baton-executors"
+
+
+def is_executor_worker(user: AbstractBaseUser) -> bool:
+    """Whether `user` is an executor worker account (asked once per request, then cached)."""
+    if not user.is_authenticated:
+        return False
+    cached = getattr(user, "_baton_is_worker", None)
+    if cached is None:
+        cached = user.groups.filter(name=EXECUTOR_GROUP).exists()
+        user._baton_is_worker = cached
+    return cached
 
 
 def ensure_worker_account(

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db.models import Count, F, Q, Window
-from django.db.models.functions import Length, RowNumber
+from django.db.models import Case, Count, F, Q, RowRange, Sum, Value, When, Window
+from django.db.models.functions import Least, Length, RowNumber
 
 from backend.artifacts.models import Artifact, workspace_path
 from backend.prompting.inputs import (
@@ -93,35 +93,6 @@ def history_message(turn: Subtask) -> HistoryMessage:
     )
 
 
-def _window_size(*, task_id: int, before: int, policy: HistoryPolicy) -> int | None:
-    """How many newest history turns can matter under the policy (None: all of them).
-
-    With `max_messages` set that is the answer. Without it, walk the turns' sizes newest first
-    (ids and lengths only, no text) until `max_chars` is used up, so an unlimited message count
-    still reads only the texts that can fit.
-    """
-    if policy.max_messages is not None:
-        return policy.max_messages
-    if policy.max_chars is None:
-        return None
-    cap = policy.per_message_max_chars
-    used = 0
-    count = 0
-    sizes = (
-        Subtask.objects.filter(task_id=task_id, message_id__lt=before, status__in=HISTORY_STATUSES)
-        .order_by("-message_id")
-        .annotate(size=Length("history_text"))
-        .values_list("size", flat=True)
-        .iterator(chunk_size=500)
-    )
-    for size in sizes:
-        used += min(size, cap) if cap is not None else size
-        count += 1
-        if used > policy.max_chars:
-            break
-    return count
-
-
 @dataclass(frozen=True)
 class _Request:
     subtask: Subtask
@@ -167,9 +138,10 @@ def prompt_inputs_for(
 ) -> dict[int, PromptInput]:
     """Builder inputs for several ASSISTANT turns at once, keyed by subtask id.
 
-    Three queries for the whole batch (anchors with the pinned first messages; the ranked
-    window ids with per-role totals; the window rows), so dispatching ten turns costs about
-    what one does.
+    Three queries for the whole batch, whatever its size, the policies and the length of the
+    histories (anchors with the pinned first messages; the window ids, ranked and cut per
+    task's policy in the database, with per-role totals; the window rows), so dispatching ten
+    turns costs what one does.
     """
     batch = [_Request(subtask, task, policy) for subtask, task, policy in requests]
     for request in batch:
@@ -244,36 +216,39 @@ def _history_windows(
     batch: list[_Request], *, anchors: dict[tuple[int, int], Subtask]
 ) -> tuple[dict[int, list[Subtask]], dict[int, tuple[int, int]]]:
     """Per subtask id: its window of history turns (oldest first, pinned first message
-    included) and the (user, assistant) totals of its whole history — two queries."""
+    included) and the (user, assistant) totals of its whole history — two queries, whatever
+    the number of turns in the batch, the length of their histories and their policies."""
     if not batch:
         return {}, {}
-    sizes = {
-        request.subtask.pk: _window_size(
-            task_id=request.task.pk, before=request.current_id, policy=request.policy
-        )
-        for request in batch
-    }
     # Rank every candidate turn newest first within its task (one task has one turn in a
-    # batch: a task never has two dispatchable turns at once), and count the task's history
-    # by role over the same partition. This pass reads ids and numbers only: the texts of
-    # the turns that made the window are fetched afterwards, so a long history costs no more
-    # than a short one.
-    per_task = {"partition_by": [F("task_id")]}
-    ranked = (
-        Subtask.objects.filter(any_of([_history_condition(request) for request in batch]))
-        .annotate(
-            rank=Window(RowNumber(), order_by=F("message_id").desc(), **per_task),
-            users_total=Window(Count("id", filter=Q(role=Role.USER)), **per_task),
-            assistants_total=Window(Count("id", filter=Q(role=Role.ASSISTANT)), **per_task),
-        )
-        .values_list("id", "task_id", "users_total", "assistants_total")
+    # batch: a task never has two dispatchable turns at once), count the task's history by
+    # role over the same partition and, where a policy caps characters but not messages, sum
+    # the (per-message capped) sizes of the newer turns. This pass reads ids and numbers only,
+    # and keeps only the turns that can make each window: the texts of those are fetched
+    # afterwards, so a long history costs no more than a short one.
+    task = [F("task_id")]
+    newest_first = F("message_id").desc()
+    ranked = Subtask.objects.filter(any_of([_history_condition(request) for request in batch]))
+    ranked = ranked.annotate(
+        rank=Window(RowNumber(), partition_by=task, order_by=newest_first),
+        users_total=Window(Count("id", filter=Q(role=Role.USER)), partition_by=task),
+        assistants_total=Window(Count("id", filter=Q(role=Role.ASSISTANT)), partition_by=task),
     )
-    largest = max((size for size in sizes.values() if size is not None), default=0)
-    if all(size is not None for size in sizes.values()):
-        ranked = ranked.filter(rank__lte=largest)
+    if any(_walks_chars(request.policy) for request in batch):
+        ranked = ranked.annotate(
+            newer_chars=Window(
+                Sum(_capped_size(batch)),
+                partition_by=task,
+                order_by=newest_first,
+                frame=RowRange(start=None, end=-1),
+            )
+        )
+    ranked = ranked.filter(any_of([_window_condition(request) for request in batch]))
     window_ids: list[int] = []
     totals_by_task: dict[int, tuple[int, int]] = {}
-    for subtask_id, task_id, users_total, assistants_total in ranked:
+    for subtask_id, task_id, users_total, assistants_total in ranked.values_list(
+        "id", "task_id", "users_total", "assistants_total"
+    ):
         window_ids.append(subtask_id)
         totals_by_task[task_id] = (users_total, assistants_total)
     by_task: dict[int, list[Subtask]] = {}
@@ -289,9 +264,7 @@ def _history_windows(
     windows: dict[int, list[Subtask]] = {}
     totals: dict[int, tuple[int, int]] = {}
     for request in batch:
-        size = sizes[request.subtask.pk]
         newest = by_task.get(request.task.pk, [])
-        newest = newest[:size] if size is not None else newest
         first = anchors.get((request.task.pk, FIRST_USER_MESSAGE_ID))
         if (
             request.policy.keep_first_user_message
@@ -303,6 +276,42 @@ def _history_windows(
         windows[request.subtask.pk] = list(reversed(newest))
         totals[request.subtask.pk] = totals_by_task.get(request.task.pk, (0, 0))
     return windows, totals
+
+
+def _walks_chars(policy: HistoryPolicy) -> bool:
+    """Whether the window is bounded by characters: no message cap, but a character cap."""
+    return policy.max_messages is None and policy.max_chars is not None
+
+
+def _window_condition(request: _Request) -> Q:
+    """The newest history turns that can matter under the request's policy.
+
+    With `max_messages` set, that many. Without it but with `max_chars`, every turn whose
+    newer turns (each counted at most `per_message_max_chars`) leave room under `max_chars`:
+    the newest one always, and no text that cannot fit. With neither cap, all of them.
+    """
+    policy = request.policy
+    in_task = Q(task_id=request.task.pk)
+    if policy.max_messages is not None:
+        return in_task & Q(rank__lte=policy.max_messages)
+    if policy.max_chars is not None:
+        return in_task & (Q(rank=1) | Q(newer_chars__lte=policy.max_chars))
+    return in_task
+
+
+def _capped_size(batch: list[_Request]) -> Length | Case:
+    """A turn's history text length, capped at its task's `per_message_max_chars` (for the
+    tasks whose window is bounded by characters)."""
+    size = Length("history_text")
+    capped = [
+        When(
+            task_id=request.task.pk,
+            then=Least(size, Value(request.policy.per_message_max_chars)),
+        )
+        for request in batch
+        if _walks_chars(request.policy) and request.policy.per_message_max_chars is not None
+    ]
+    return Case(*capped, default=size) if capped else size
 
 
 def prompt_input_for(*, subtask: Subtask, task: Task, policy: HistoryPolicy) -> PromptInput:

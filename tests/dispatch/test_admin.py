@@ -12,10 +12,10 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
+from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import CAP_HELP, HistoryPolicy, PromptReport
 from backend.dispatch.policies import POLICY_FIELDS, resolve_policy, row_values
 from backend.dispatch.prompts import build_turn_prompt, next_turn_to_dispatch
-from backend.dispatch.services import claim_turns
 from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 

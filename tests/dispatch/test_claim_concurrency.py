@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 
-from backend.dispatch.services import claim_turns
+from backend.dispatch.claims import claim_turns
 from backend.tasks.models import Subtask
 from backend.tasks.services import PipelineStep, create_task
 from tests.conftest import make_worker
@@ -55,7 +55,7 @@ def test_every_turn_is_claimed_exactly_once(limit):
 def test_cancel_and_report_at_once_never_deadlock():
     """Cancel takes the task, then its turns; reports and reclaims must take them in the same
     order, or PostgreSQL aborts one side with a deadlock error."""
-    from backend.dispatch.services import report_result
+    from backend.dispatch.reports import report_result
     from backend.errors import Conflict, NotFound
     from backend.tasks.models import Task
     from backend.tasks.services import cancel_task

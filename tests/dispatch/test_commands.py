@@ -10,7 +10,7 @@ from django.core.management import call_command
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from backend.dispatch.services import is_executor_worker
+from backend.dispatch.workers import is_executor_worker
 from backend.tasks.models import Subtask, Task
 
 pytestmark = pytest.mark.django_db
@@ -61,7 +61,7 @@ def test_create_worker_prints_and_rotates_its_token():
 
 
 def test_reclaim_leases_command(user, worker):
-    from backend.dispatch.services import claim_turns
+    from backend.dispatch.claims import claim_turns
     from backend.tasks.services import PipelineStep, create_task
 
     create_task(

@@ -257,7 +257,7 @@ def test_dispatch_input_errors_name_the_field(worker_api):
 def test_prompt_report_and_log_line_carry_no_text(api, worker_api, caplog):
     secret = "the secret launch code is 0000"
     create(api, {**SINGLE, "message": secret})
-    with caplog.at_level(logging.INFO, logger="baton.dispatch"):
+    with caplog.at_level(logging.INFO, logger="baton.events"):
         [turn] = dispatch(worker_api)
     row = PromptReport.objects.get(subtask_id=turn["subtask_id"])
     assert (row.policy.task_type, row.policy_version, row.attempt) == ("code", 1, 1)
@@ -268,6 +268,29 @@ def test_prompt_report_and_log_line_carry_no_text(api, worker_api, caplog):
     assert logged["policy_version"] == 1
     assert secret not in caplog.text
     assert "launch" not in json.dumps([f.value for f in row._meta.fields if hasattr(f, "value")])
+
+
+def test_the_dispatch_line_is_derived_from_the_prompt_report_row(api, worker_api, caplog):
+    """Every column of the row is logged (a list as its length), so a column added to the
+    row appears in the log line without a second copy."""
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    report(worker_api, turn, result={"value": "first answer"})
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "second"}, format="json")
+    with caplog.at_level(logging.INFO, logger="baton.events"):
+        [turn] = dispatch(worker_api)
+    row = PromptReport.objects.get(subtask_id=turn["subtask_id"])
+    [line] = [r.getMessage() for r in caplog.records if '"message_id": 4' in r.getMessage()]
+    logged = json.loads(line)
+    assert logged["event"] == "dispatch"
+    for column in PromptReport._meta.concrete_fields:
+        if column.name in {"id", "created_at", "sent"}:
+            assert column.name not in logged
+            continue
+        value = getattr(row, column.attname)
+        assert logged[column.name] == (len(value) if isinstance(value, list) else value)
+    assert logged["included_message_ids"] == 2 and logged["sections"] >= 2
+    assert (logged["message_id"], logged["executor"]) == (turn["message_id"], "codex")
 
 
 def test_policy_change_applies_to_the_next_dispatch(api, worker_api):
@@ -296,12 +319,12 @@ def test_kill_switch_sends_the_current_message_only(api, worker_api, settings):
 
 def test_failed_payload_build_rolls_the_claim_back(api, worker_api, monkeypatch):
     create(api)
-    import backend.dispatch.services as dispatch_services
+    import backend.dispatch.payload as dispatch_payload
 
     def broken(**kwargs):
         raise RuntimeError("content that must not be logged")
 
-    monkeypatch.setattr(dispatch_services, "build_turn_prompt", broken)
+    monkeypatch.setattr(dispatch_payload, "build_turn_prompt", broken)
     assert dispatch(worker_api) == []
     stored = Subtask.objects.get(role="ASSISTANT")
     assert (stored.status, stored.attempts, stored.error_code) == (
@@ -432,3 +455,16 @@ def test_policy_decides_context_passing_unless_the_step_sets_it(api, worker_api)
     [reviewer] = dispatch(worker_api)
     assert reviewer["bot_config"]["context_passing"] == "original_and_previous"
     assert "## Current Message" in reviewer["prompt"]
+
+
+def test_a_worker_id_that_is_not_an_identifier_is_logged_opaque(api, worker_api, caplog):
+    create(api)
+    with caplog.at_level(logging.INFO, logger="baton.events"):
+        [turn] = dispatch(worker_api, worker_id="Alice's laptop, worker 2")
+    reported = report(
+        worker_api, turn, worker_id="Alice's laptop, worker 2", result={"value": "ok"}
+    )
+    assert reported.status_code == 200
+    [line] = [r.getMessage() for r in caplog.records if '"event": "dispatch"' in r.getMessage()]
+    assert json.loads(line)["worker_id"].startswith("sha256:")
+    assert "Alice" not in caplog.text

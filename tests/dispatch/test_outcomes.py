@@ -71,7 +71,7 @@ def test_a_retryable_failure_requeues_the_turn_after_a_backoff(api, worker_api, 
 
 
 def test_backoff_doubles_per_attempt_up_to_the_maximum(settings):
-    from backend.dispatch.services import retry_backoff_seconds
+    from backend.dispatch.reports import retry_backoff_seconds
 
     settings.BATON_RETRY_BACKOFF_SECONDS = 10
     settings.BATON_RETRY_BACKOFF_MAX_SECONDS = 35

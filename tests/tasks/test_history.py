@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.prompting import HistoryPolicy, build_prompt, parse_prompt
-from backend.tasks.history import prompt_input_for
+from backend.tasks.history import prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
@@ -154,14 +154,67 @@ def test_failed_turn_is_marked(user):
     assert "Assistant: [failed]\ntool crashed" in build.text
 
 
+# Message cap; character cap without a message cap (with and without a per-message cap); no cap.
+POLICIES = {
+    "messages": HistoryPolicy(max_messages=4),
+    "chars": HistoryPolicy(max_messages=None, max_chars=700, per_message_max_chars=200),
+    "chars_uncapped": HistoryPolicy(max_messages=None, max_chars=700, per_message_max_chars=None),
+    "none": HistoryPolicy(max_messages=None, max_chars=None, per_message_max_chars=None),
+}
+
+
 @pytest.mark.parametrize("rounds", [3, 40])
-def test_query_count_is_constant(user, django_assert_num_queries, rounds):
+@pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
+def test_query_count_is_constant(user, django_assert_num_queries, rounds, policy):
     task = chat(user, rounds)
     turn = pending(task)[0]
     # anchors (with the pinned first message), ranked window ids with per-role totals,
     # the window's rows
     with django_assert_num_queries(3):
-        prompt_input_for(subtask=turn, task=task, policy=HistoryPolicy(max_messages=4))
+        prompt_input_for(subtask=turn, task=task, policy=policy)
+
+
+def test_a_batch_costs_three_queries_whatever_its_size_and_policies(
+    user, django_assert_num_queries
+):
+    tasks = [chat(user, rounds) for rounds in (1, 6, 12, 25)]
+    requests = [
+        (pending(task)[0], task, policy)
+        for task, policy in zip(tasks, POLICIES.values(), strict=True)
+    ]
+    with django_assert_num_queries(3):
+        batched = prompt_inputs_for(requests=requests)
+    for subtask, task, policy in requests:
+        assert batched[subtask.pk] == prompt_input_for(subtask=subtask, task=task, policy=policy)
+
+
+@pytest.mark.parametrize("per_message_max_chars", [None, 150, 400])
+def test_a_character_budget_loads_the_turns_whose_newer_turns_fit(user, per_message_max_chars):
+    """Without a message cap, the window is the newest turns up to and including the first
+    one that overflows `max_chars` (each counted at most `per_message_max_chars`): nothing
+    older can make the prompt."""
+    task = chat(user, 20, answer=lambda n: f"answer {n} " + "x" * (37 * n % 500))
+    policy = HistoryPolicy(
+        max_messages=None,
+        max_chars=1_500,
+        per_message_max_chars=per_message_max_chars,
+        keep_first_user_message=False,
+    )
+    turn = pending(task)[0]
+    expected, used = [], 0
+    for message_id, text in (
+        task.subtasks.filter(message_id__lt=turn.parent_message_id)
+        .order_by("-message_id")
+        .values_list("message_id", "history_text")
+    ):
+        expected.append(message_id)
+        used += min(len(text), per_message_max_chars or len(text))
+        if used > policy.max_chars:
+            break
+    loaded = prompt_input_for(subtask=turn, task=task, policy=policy)
+    assert [message.message_id for message in loaded.history] == sorted(expected)
+    assert 1 < len(expected) < 40
+    assert loaded.earlier_user_messages + loaded.earlier_assistant_messages == 40 - len(expected)
 
 
 def test_a_step_that_never_ran_shows_why_in_history(user):

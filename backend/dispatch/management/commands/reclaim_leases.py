@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from backend.dispatch.services import reclaim_expired_leases
+from backend.dispatch.leases import reclaim_expired_leases
 
 
 class Command(BaseCommand):

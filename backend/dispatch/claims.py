@@ -1,0 +1,135 @@
+"""Claims: which PENDING assistant turns a worker may take now, and taking them.
+
+Invariant: exactly-once claim. Each dispatchable turn goes to exactly one caller, however many
+workers claim at the same time: `SELECT … FOR UPDATE SKIP LOCKED` then one UPDATE on
+PostgreSQL; a compare-and-set UPDATE per candidate on databases without it (SQLite, whose
+IMMEDIATE transactions also serialize writers). A claim moves the turn to RUNNING under a new
+attempt (the lease's fencing token, see `leases`) and the claimed turns' payloads are built by
+`payload`. Turns wait out a retry backoff, and are held for a while for the worker that has
+the bot's native session, before anyone may claim them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import connection, transaction
+from django.db.models import Count, F, Min, Q, QuerySet
+from django.utils import timezone
+
+from backend.dispatch.leases import lease_until, reclaim_expired_leases
+from backend.dispatch.payload import ClaimedTurn, build_claimed_turns
+from backend.errors import InvalidInput
+from backend.tasks.models import Role, Subtask, SubtaskStatus, Task, TaskStatus
+
+MAX_CLAIM_LIMIT = 100
+
+
+def claim_turns(
+    *,
+    worker: AbstractBaseUser,
+    worker_id: str,
+    kinds: Sequence[str],
+    limit: int,
+    request_base_url: str | None = None,
+) -> list[ClaimedTurn]:
+    """Claim up to `limit` dispatchable turns of these executor kinds, oldest first, and build
+    each one's payload. Each turn is claimed by exactly one caller."""
+    if not worker_id.strip():
+        raise InvalidInput("worker_id must not be empty.", field="worker_id")
+    if not 1 <= limit <= MAX_CLAIM_LIMIT:
+        raise InvalidInput(f"limit must be between 1 and {MAX_CLAIM_LIMIT}.", field="limit")
+    reclaim_expired_leases()
+    ids = _claim_ids(worker=worker, worker_id=worker_id, kinds=kinds, limit=limit)
+    if not ids:
+        return []
+    return build_claimed_turns(ids=ids, worker_id=worker_id, request_base_url=request_base_url)
+
+
+def next_ready_in_seconds(*, kinds: Sequence[str], worker_id: str) -> float | None:
+    """For an idle worker: seconds until a pending turn of these kinds may be claimed by it
+    (0: now), or None when none is pending. Turns waiting out a retry backoff, or held for
+    the worker of their native session, count."""
+    now = timezone.now()
+    held = ~Q(session_worker="") & ~Q(session_worker=worker_id)
+    found = _dispatchable(kinds=kinds).aggregate(
+        pending=Count("id"),
+        ready=Count("id", filter=_claimable_by(worker_id=worker_id, now=now)),
+        backoff_ends=Min("not_before"),
+        held_since=Min("pending_since", filter=held),
+    )
+    if not found["pending"]:
+        return None
+    if found["ready"]:
+        return 0.0
+    ends = [found["backoff_ends"]]
+    if found["held_since"] is not None:
+        ends.append(
+            found["held_since"] + timedelta(seconds=settings.BATON_SESSION_AFFINITY_SECONDS)
+        )
+    return max(0.0, (min(end for end in ends if end is not None) - now).total_seconds())
+
+
+def _claim_ids(
+    *, worker: AbstractBaseUser, worker_id: str, kinds: Sequence[str], limit: int
+) -> list[int]:
+    now = timezone.now()
+    claim = {
+        "status": SubtaskStatus.RUNNING,
+        "claimed_by": worker,
+        "lease_owner": worker_id,
+        "lease_expires_at": lease_until(now=now),
+        "attempts": F("attempts") + 1,
+        "not_before": None,
+        "started_at": now,
+        "updated_at": now,
+    }
+    candidates = (
+        _dispatchable(kinds=kinds)
+        .filter(_claimable_by(worker_id=worker_id, now=now))
+        .order_by("pending_since", "id")
+    )
+    with transaction.atomic():
+        if connection.features.has_select_for_update_skip_locked:
+            ids = list(
+                candidates.select_for_update(skip_locked=True).values_list("id", flat=True)[:limit]
+            )
+            if ids:
+                Subtask.objects.filter(pk__in=ids).update(**claim)
+        else:
+            ids = []
+            for candidate in candidates.values_list("id", flat=True)[:limit]:
+                # Compare-and-set: only the writer that still sees it PENDING gets it.
+                if Subtask.objects.filter(pk=candidate, status=SubtaskStatus.PENDING).update(
+                    **claim
+                ):
+                    ids.append(candidate)
+    if ids:
+        # After the claim commits, not inside it: the claim holds turn locks, and taking task
+        # locks after them would invert the order of follow-ups and cancel (task, then turns).
+        # A task cancelled meanwhile keeps its status.
+        Task.objects.filter(pk__in=Subtask.objects.filter(pk__in=ids).values("task_id")).exclude(
+            status=TaskStatus.CANCELLED
+        ).update(status=TaskStatus.RUNNING, updated_at=now)
+    return ids
+
+
+def _dispatchable(*, kinds: Sequence[str]) -> QuerySet[Subtask]:
+    return Subtask.objects.filter(
+        status=SubtaskStatus.PENDING,
+        role=Role.ASSISTANT,
+        pending_since__isnull=False,
+        executor__in=list(kinds),
+    )
+
+
+def _claimable_by(*, worker_id: str, now: datetime) -> Q:
+    """Past any retry backoff, and not held for the worker that has the bot's native session
+    (which gets BATON_SESSION_AFFINITY_SECONDS to claim it and resume the session)."""
+    affinity_over = now - timedelta(seconds=settings.BATON_SESSION_AFFINITY_SECONDS)
+    return (Q(not_before__isnull=True) | Q(not_before__lte=now)) & (
+        Q(session_worker="") | Q(session_worker=worker_id) | Q(pending_since__lte=affinity_over)
+    )

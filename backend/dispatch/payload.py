@@ -1,0 +1,301 @@
+"""Payloads: what a worker receives for each turn it claimed — prompt, report, manifest.
+
+For every claimed turn: the bot, the resolved history policy, the full prompt and, when the
+claiming worker holds the bot's native session, a resume prompt; one artifact manifest for
+both; a PromptReport row per prompt and one `dispatch` log line per row. Built in batch: a
+fixed number of queries however many turns were claimed and however long their histories
+(tests/dispatch/test_claim_queries.py pins it).
+
+Invariants: a claimed turn whose payload cannot be built is released at once (requeued, or
+failed after its last attempt) rather than left RUNNING until its lease expires; and no prompt
+or result text reaches a log line or a report row (DESIGN.md, principle 7).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+
+from backend.artifacts.selectors import artifact_manifest
+from backend.dispatch.leases import attempts_used, requeue
+from backend.dispatch.models import PromptReport
+from backend.dispatch.policies import policy_rows, resolve_from_rows
+from backend.dispatch.prompts import TurnPrompt, build_turn_prompt
+from backend.dispatch.sessions import (
+    RESUME,
+    native_sessions_for,
+    resume_input,
+    resume_reason,
+)
+from backend.events import EventValue, log_event, opaque_id
+from backend.tasks.history import prompt_input_for, prompt_inputs_for
+from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus, Task
+from backend.tasks.selectors import bots_for_turns
+from backend.tasks.services import lock_task, record_result
+
+
+@dataclass(frozen=True)
+class ClaimedTurn:
+    subtask: Subtask
+    task: Task
+    bot: Bot
+    prompt: TurnPrompt
+    report: PromptReport
+    manifest: list[dict[str, Any]]
+    # Offered when the claiming worker can resume the bot's native session (see sessions.py).
+    session: NativeSession | None
+    resume: TurnPrompt | None
+    resume_report: PromptReport | None
+    resume_reason: str
+
+
+def build_claimed_turns(
+    *, ids: list[int], worker_id: str, request_base_url: str | None
+) -> list[ClaimedTurn]:
+    """The payloads of the turns `worker_id` just claimed (`ids`), oldest first.
+
+    A turn whose payload cannot be built is released (see `_build_failed`) and left out.
+    """
+    subtasks = list(
+        Subtask.objects.filter(pk__in=ids)
+        .select_related("task")
+        .defer("result", "prompt", "history_text", "preview_head", "preview_tail")
+        .order_by("pending_since", "id")
+    )
+    bots = bots_for_turns(subtasks)
+    rows = policy_rows(task_types={subtask.task.task_type for subtask in subtasks})
+    resolved = {
+        subtask.pk: resolve_from_rows(task_type=subtask.task.task_type, rows=rows)
+        for subtask in subtasks
+    }
+    try:
+        inputs = prompt_inputs_for(
+            requests=[(subtask, subtask.task, resolved[subtask.pk].policy) for subtask in subtasks]
+        )
+    except Exception:  # noqa: BLE001 - fall back to one turn at a time to isolate the failure
+        inputs = {}
+    try:
+        sessions = native_sessions_for(subtasks)
+    except Exception as error:  # noqa: BLE001 - any failure must release the claims
+        for subtask in subtasks:
+            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
+        return []
+    built: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]] = []
+    for subtask in subtasks:
+        if subtask.pk not in bots:
+            _build_failed(
+                subtask=subtask, worker_id=worker_id, error=LookupError("no bot for the turn")
+            )
+            continue
+        policy = resolved[subtask.pk]
+        try:
+            full_input = inputs.get(subtask.pk) or prompt_input_for(
+                subtask=subtask, task=subtask.task, policy=policy.policy
+            )
+            prompt = build_turn_prompt(
+                subtask=subtask, task=subtask.task, resolved=policy, prompt_input=full_input
+            )
+            session = sessions.get(subtask.pk)
+            reason = resume_reason(
+                subtask=subtask,
+                session=session,
+                bot=bots[subtask.pk],
+                policy=policy.policy,
+                worker_id=worker_id,
+                full_input=full_input,
+            )
+            resume = None
+            if reason == RESUME:
+                assert session is not None
+                resume = build_turn_prompt(
+                    subtask=subtask,
+                    task=subtask.task,
+                    resolved=policy,
+                    prompt_input=resume_input(
+                        full_input, seen_through=session.seen_through_message_id
+                    ),
+                )
+        except Exception as error:  # noqa: BLE001 - any failure must release the claim
+            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
+            continue
+        built.append((subtask, prompt, resume, reason))
+    try:
+        manifest_entries = {
+            entry["id"]: entry
+            for entry in artifact_manifest(
+                artifact_ids=[
+                    artifact_id
+                    for _, prompt, resume, _ in built
+                    for artifact_id in _artifacts_of(prompt, resume)
+                ],
+                request_base_url=request_base_url,
+            )
+        }
+    except Exception as error:  # noqa: BLE001
+        for subtask, *_ in built:
+            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
+        return []
+    claimed: list[ClaimedTurn] = []
+    for subtask, prompt, resume, reason in built:
+        claimed.append(
+            ClaimedTurn(
+                subtask=subtask,
+                task=subtask.task,
+                bot=bots[subtask.pk],
+                prompt=prompt,
+                report=_report_row(
+                    subtask=subtask,
+                    worker_id=worker_id,
+                    prompt=prompt,
+                    kind="full",
+                    resume_reason=reason,
+                ),
+                manifest=[
+                    manifest_entries[artifact_id] for artifact_id in _artifacts_of(prompt, resume)
+                ],
+                session=sessions.get(subtask.pk) if resume is not None else None,
+                resume=resume,
+                resume_report=(
+                    _report_row(
+                        subtask=subtask,
+                        worker_id=worker_id,
+                        prompt=resume,
+                        kind=RESUME,
+                        resume_reason=reason,
+                    )
+                    if resume is not None
+                    else None
+                ),
+                resume_reason=reason,
+            )
+        )
+    PromptReport.objects.bulk_create(
+        [report for turn in claimed for report in (turn.report, turn.resume_report) if report]
+    )
+    for turn in claimed:
+        for row in (turn.report, turn.resume_report):
+            if row is not None:
+                log_event(
+                    "dispatch",
+                    level=logging.INFO,
+                    **_dispatch_event(row=row, subtask=turn.subtask),
+                )
+    return claimed
+
+
+def _artifacts_of(prompt: TurnPrompt, resume: TurnPrompt | None) -> list[str]:
+    """Artifacts either prompt points to, each once: one manifest serves both (with fewer
+    turns, a resume prompt may keep a turn the full prompt dropped)."""
+    ids = list(prompt.build.report.artifacts)
+    if resume is not None:
+        ids += [artifact for artifact in resume.build.report.artifacts if artifact not in ids]
+    return ids
+
+
+def _report_row(
+    *, subtask: Subtask, worker_id: str, prompt: TurnPrompt, kind: str, resume_reason: str
+) -> PromptReport:
+    return PromptReport(
+        subtask=subtask,
+        task_id=subtask.task_id,
+        attempt=subtask.attempts,
+        worker_id=worker_id,
+        kind=kind,
+        resume_reason=resume_reason,
+        **_build_columns(prompt),
+    )
+
+
+def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
+    """The PromptReport columns a built prompt fills: the one place its report is copied.
+
+    The row is made from these and the dispatch log line from the row's columns, so a column
+    added here is stored and logged without a second copy.
+    """
+    report = prompt.build.report
+    return {
+        "policy": prompt.resolved.row,
+        "policy_source": prompt.resolved.source,
+        "policy_version": prompt.resolved.version,
+        "history_enabled": prompt.resolved.policy.enabled,
+        "context_passing": prompt.context_passing,
+        "messages_considered": report.messages_considered,
+        "messages_included": report.messages_included,
+        "messages_omitted": report.messages_omitted,
+        "omitted_user": report.omitted_user,
+        "omitted_assistant": report.omitted_assistant,
+        "included_message_ids": list(report.included_message_ids),
+        "truncated": [item.model_dump(mode="json") for item in report.truncated],
+        "truncated_count": len(report.truncated),
+        "sections": list(report.sections),
+        "chars": report.chars,
+        "bytes": report.bytes,
+        "tokens": report.tokens,
+        "history_tokens": report.history_tokens,
+        "current_tokens": report.current_tokens,
+        "previous_result_tokens": report.previous_result_tokens,
+        "token_encoding": report.token_encoding,
+        "artifacts": list(report.artifacts),
+        "first_user_message_pinned": report.first_user_message_pinned,
+        "build_ms": round(prompt.build_ms, 3),
+    }
+
+
+# Columns a dispatch line leaves out: the row's own id and time, and which prompt was sent
+# (known only when the result comes back).
+_NOT_LOGGED = frozenset({"id", "created_at", "sent"})
+
+
+def _dispatch_event(*, row: PromptReport, subtask: Subtask) -> dict[str, EventValue]:
+    """The fields of a dispatch log line: every column of its PromptReport row (a foreign key
+    by its id, a list by its length: counts, never the ids or titles themselves) and the
+    turn's message id and executor. The worker id is the client's choice: logged opaque."""
+    fields: dict[str, EventValue] = {
+        "message_id": subtask.message_id,
+        "executor": subtask.executor,
+    }
+    for column in PromptReport._meta.concrete_fields:
+        if column.name in _NOT_LOGGED:
+            continue
+        value = getattr(row, column.attname)
+        fields[column.name] = len(value) if isinstance(value, list) else value
+    fields["worker_id"] = opaque_id(row.worker_id)
+    return fields
+
+
+def _build_failed(*, subtask: Subtask, worker_id: str, error: Exception) -> None:
+    # The exception text may quote content; log only its type (principle 7).
+    log_event(
+        "dispatch_build_failed",
+        level=logging.ERROR,
+        task=subtask.task_id,
+        subtask=subtask.pk,
+        attempt=subtask.attempts,
+        error_type=opaque_id(type(error).__name__),
+    )
+    _release_failed_claim(subtask=subtask, worker_id=worker_id, reason=type(error).__name__)
+
+
+def _release_failed_claim(*, subtask: Subtask, worker_id: str, reason: str) -> None:
+    """Undo a claim whose payload could not be built; after the last attempt, fail the turn."""
+    with transaction.atomic():
+        lock_task(task_id=subtask.task_id)
+        current = Subtask.objects.filter(
+            pk=subtask.pk, status=SubtaskStatus.RUNNING, lease_owner=worker_id
+        ).first()
+        if current is None:
+            return
+        error = f"Baton could not build this turn's prompt ({reason})."
+        if attempts_used(subtask=current) >= settings.BATON_MAX_ATTEMPTS:
+            record_result(
+                subtask=current,
+                status=SubtaskStatus.FAILED,
+                error=error,
+                error_code="prompt_build_failed",
+            )
+        else:
+            requeue(subtask=current, error=error, error_code="prompt_build_failed")

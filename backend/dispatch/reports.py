@@ -1,0 +1,282 @@
+"""Reports from a worker about a claim it holds: heartbeats, progress and the result.
+
+Every report names its claim (worker account, worker_id, attempt) and is fenced by it (see
+`leases`): a claim that lost its lease or whose turn was cancelled is told so (409) and
+changes nothing. Invariant: reports are idempotent — the same result from the same claim a
+second time changes nothing and says so (changed=False), so a worker may retry a report whose
+response it never received; a different result for a finished turn is a Conflict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from backend.artifacts.services import replace_unstorable_chars
+from backend.dispatch.leases import (
+    LeaseState,
+    attempts_used,
+    check_claim,
+    claimed_turn,
+    heartbeat_interval_seconds,
+    held_claim,
+    lease_state,
+    lease_until,
+    requeue,
+)
+from backend.dispatch.sessions import record_session
+from backend.errors import Conflict, InvalidInput
+from backend.events import log_event
+from backend.tasks.history import any_of
+from backend.tasks.models import Role, Subtask, SubtaskStatus
+from backend.tasks.selectors import turn_result
+from backend.tasks.services import check_text_size, record_result
+
+MAX_PROGRESS_EVENTS = 200
+# What a worker may report for a claim: an outcome, or a requeue.
+COMPLETED, FAILED = SubtaskStatus.COMPLETED.value, SubtaskStatus.FAILED.value
+RETRY = "RETRY"  # a transient failure: back to PENDING after a backoff, attempts counted
+RELEASE = "RELEASE"  # the worker gives the turn back unfinished (shutdown): PENDING at once
+REPORT_STATUSES = (COMPLETED, FAILED, RETRY, RELEASE)
+
+
+def retry_backoff_seconds(*, attempt: int) -> float:
+    """Delay before a turn that failed transiently on `attempt` may be claimed again."""
+    delay = settings.BATON_RETRY_BACKOFF_SECONDS * 2 ** max(0, attempt - 1)
+    return min(delay, settings.BATON_RETRY_BACKOFF_MAX_SECONDS)
+
+
+def heartbeat(
+    *, worker: AbstractBaseUser, worker_id: str, attempt: int, subtask_id: int
+) -> Subtask:
+    """Extend the lease on a turn the worker holds."""
+    with transaction.atomic():
+        subtask = held_claim(
+            worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
+        )
+        subtask.lease_expires_at = lease_until(now=timezone.now())
+        subtask.save(update_fields=["lease_expires_at", "updated_at"])
+    return subtask
+
+
+def heartbeat_claims(
+    *, worker: AbstractBaseUser, worker_id: str, claims: Sequence[tuple[int, int]]
+) -> list[LeaseState]:
+    """The state of every claim a worker holds, in one call, extending the running ones.
+
+    `claims` are (subtask_id, attempt) pairs. Workers call this about once a second so that a
+    cancel reaches the executor quickly, so it costs one read, and a write only for leases
+    last extended more than a heartbeat interval ago. The extension is a compare-and-set on
+    the claim (owner, attempt, RUNNING), so it needs no task lock and cannot revive a turn
+    that was cancelled or reclaimed meanwhile.
+    """
+    if not claims:
+        return []
+    wanted = dict(claims)
+    rows = {
+        subtask.pk: subtask
+        for subtask in Subtask.objects.filter(
+            pk__in=list(wanted), claimed_by=worker, role=Role.ASSISTANT
+        ).only("id", "status", "lease_owner", "attempts", "lease_expires_at")
+    }
+    now = timezone.now()
+    renew_before = lease_until(now=now) - timedelta(seconds=heartbeat_interval_seconds())
+    renewed_until = lease_until(now=now)
+    to_renew = [
+        subtask
+        for subtask_id, subtask in rows.items()
+        if lease_state(subtask=subtask, worker_id=worker_id, attempt=wanted[subtask_id])
+        == "running"
+        and (subtask.lease_expires_at is None or subtask.lease_expires_at <= renew_before)
+    ]
+    renewed: set[int] = set()
+    if to_renew:
+        condition = any_of([Q(pk=subtask.pk, attempts=subtask.attempts) for subtask in to_renew])
+        with transaction.atomic():
+            ids = list(
+                Subtask.objects.filter(
+                    condition, status=SubtaskStatus.RUNNING, lease_owner=worker_id
+                ).values_list("id", flat=True)
+            )
+            Subtask.objects.filter(pk__in=ids, status=SubtaskStatus.RUNNING).update(
+                lease_expires_at=renewed_until, updated_at=now
+            )
+        renewed = set(ids)
+    lost_meanwhile = {subtask.pk for subtask in to_renew} - renewed
+    states = []
+    for subtask_id, attempt in claims:
+        subtask = rows.get(subtask_id)
+        if subtask is None:
+            states.append(LeaseState(subtask_id, attempt, "lease_lost", None))
+            continue
+        state = lease_state(subtask=subtask, worker_id=worker_id, attempt=attempt)
+        if subtask.pk in lost_meanwhile:
+            state = "lease_lost"  # cancelled or reclaimed between the read and the renewal
+        expires = renewed_until if subtask.pk in renewed else subtask.lease_expires_at
+        states.append(LeaseState(subtask_id, attempt, state, expires))
+    return states
+
+
+def record_progress(
+    *,
+    worker: AbstractBaseUser,
+    worker_id: str,
+    attempt: int,
+    subtask_id: int,
+    events: list[dict[str, Any]],
+    partial_text: str | None,
+) -> Subtask:
+    """Append streamed progress events (the latest MAX_PROGRESS_EVENTS are kept) and replace the
+    partial answer. Progress also counts as a heartbeat."""
+    if partial_text is not None:
+        check_text_size(
+            text=partial_text, limit=settings.BATON_MAX_MESSAGE_BYTES, field="partial_text"
+        )
+    with transaction.atomic():
+        subtask = held_claim(
+            worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
+        )
+        now = timezone.now()
+        subtask.progress_events = ((subtask.progress_events or []) + list(events))[
+            -MAX_PROGRESS_EVENTS:
+        ]
+        if partial_text is not None:
+            subtask.partial_text = replace_unstorable_chars(partial_text)[0]
+        subtask.progress_updated_at = now
+        subtask.lease_expires_at = lease_until(now=now)
+        subtask.save(
+            update_fields=[
+                "progress_events",
+                "partial_text",
+                "progress_updated_at",
+                "lease_expires_at",
+                "updated_at",
+            ]
+        )
+    return subtask
+
+
+def report_result(
+    *,
+    worker: AbstractBaseUser,
+    worker_id: str,
+    attempt: int,
+    subtask_id: int,
+    status: str,
+    result: dict | None,
+    error: str,
+    error_code: str = "",
+    usage: dict | None,
+    native_session_id: str,
+    session_resumed: bool = False,
+) -> tuple[Subtask, bool]:
+    """Record the outcome of a claimed turn. Returns (turn, changed).
+
+    COMPLETED and FAILED finish the turn. RETRY (a transient failure: rate limit, provider
+    error, network) puts it back to PENDING after a backoff, or fails it for good with this
+    error once BATON_MAX_ATTEMPTS claims have been used. RELEASE gives it back at once (the
+    worker is shutting down) and does not use up an attempt.
+
+    Idempotent: the same report from the same claim a second time changes nothing and returns
+    changed=False. A different report for an already finished turn, or any report from a claim
+    that was lost or cancelled, is a Conflict.
+    """
+    if status not in REPORT_STATUSES:
+        raise InvalidInput(f"status must be one of {', '.join(REPORT_STATUSES)}.", field="status")
+    if status == RETRY and not error.strip():
+        raise InvalidInput("error is required when status is RETRY.", field="error")
+    if status == RELEASE:
+        error_code = error_code or "shutdown"
+    with transaction.atomic():
+        subtask = claimed_turn(worker=worker, subtask_id=subtask_id)
+        same_claim = subtask.lease_owner == worker_id and subtask.attempts == attempt
+        if same_claim and _is_repeat(
+            subtask,
+            status=status,
+            result=result,
+            error=error,
+            error_code=error_code,
+            usage=usage,
+        ):
+            return subtask, False
+        if subtask.status in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED) and same_claim:
+            raise Conflict(f"Turn {subtask_id} already has a different result recorded.")
+        check_claim(subtask=subtask, worker_id=worker_id, attempt=attempt)
+        if status == RELEASE:
+            requeue(subtask=subtask, error=error, error_code=error_code, released=True)
+        elif status == RETRY and attempts_used(subtask=subtask) < settings.BATON_MAX_ATTEMPTS:
+            requeue(
+                subtask=subtask,
+                error=error,
+                error_code=error_code,
+                delay_seconds=retry_backoff_seconds(attempt=attempts_used(subtask=subtask)),
+            )
+        else:
+            if status == RETRY:
+                status = SubtaskStatus.FAILED
+                error = (
+                    f"{error}\n(attempt {attempts_used(subtask=subtask)} of "
+                    f"{settings.BATON_MAX_ATTEMPTS}; Baton gave up on this turn)"
+                )
+            record_result(
+                subtask=subtask,
+                status=status,
+                result=result,
+                error=error,
+                error_code=error_code,
+                usage=usage,
+                native_session_id=native_session_id,
+            )
+            subtask.refresh_from_db()
+            record_session(
+                subtask=subtask,
+                worker_id=worker_id,
+                session_id=native_session_id,
+                resumed=session_resumed,
+                usage=usage,
+            )
+        subtask.refresh_from_db()
+    log_event(
+        "result",
+        task=subtask.task_id,
+        subtask=subtask.pk,
+        reported=status,
+        status=subtask.status,
+        error_code=subtask.error_code,
+        attempt=subtask.attempts,
+        history_chars=subtask.history_chars,
+        spilled=subtask.artifact_id is not None,
+    )
+    return subtask, True
+
+
+def _is_repeat(
+    subtask: Subtask,
+    *,
+    status: str,
+    result: dict | None,
+    error: str,
+    error_code: str,
+    usage: dict | None,
+) -> bool:
+    """Whether this report is the one the claim already made (a retried request)."""
+    if status in (RETRY, RELEASE):
+        # A requeue by this claim leaves the turn PENDING with its error code until the next
+        # claim (which changes `attempts`); a RETRY on the last attempt left it FAILED.
+        requeued = subtask.status == SubtaskStatus.PENDING
+        gave_up = status == RETRY and subtask.status == SubtaskStatus.FAILED
+        return (requeued or gave_up) and subtask.error_code == error_code
+    if subtask.status != status or subtask.usage != usage:
+        return False
+    if status == SubtaskStatus.FAILED:
+        return (
+            subtask.error == replace_unstorable_chars(error)[0] and subtask.error_code == error_code
+        )
+    return turn_result(subtask=subtask) == result

@@ -1,0 +1,80 @@
+"""What a claim costs in queries: fixed, whatever the policy and however long the histories."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from backend.dispatch.claims import claim_turns
+from backend.dispatch.models import HistoryPolicy
+from backend.tasks.models import Role, SubtaskStatus
+from backend.tasks.services import PipelineStep, append_message, create_task, record_result
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
+
+TASKS = 10
+# The `code` policy under test: no message cap (a character budget, large or small), no cap
+# at all, the shipped default, a small message cap.
+POLICIES = {
+    "max_messages_none": {"max_messages": None},
+    "max_messages_none_small_chars": {
+        "max_messages": None,
+        "max_chars": 300,
+        "per_message_max_chars": 100,
+    },
+    "no_caps": {"max_messages": None, "max_chars": None, "per_message_max_chars": None},
+    "default": {},
+    "max_messages_2": {"max_messages": 2},
+}
+# Everything but taking the turns: reclaim, the savepoint around the claim and its release,
+# the task status update, the claimed turns, bots, policy rows, the history (anchors, window
+# ids, window rows), native sessions and the reports' insert.
+FIXED_QUERIES = 12
+
+
+def claim_queries(claimed: int) -> int:
+    """Taking the turns: a locking read and one UPDATE with SKIP LOCKED; without it a read
+    and a compare-and-set UPDATE per turn taken (SQLite)."""
+    return 2 if connection.features.has_select_for_update_skip_locked else 1 + claimed
+
+
+def answered_tasks(user, *, executor: str, rounds: int) -> None:
+    for number in range(TASKS):
+        task = create_task(
+            owner=user,
+            title=f"{executor} {number}",
+            task_type="code",
+            message="question 1",
+            pipeline=[PipelineStep(executor=executor)],
+        )
+        for answer in range(1, rounds + 1):
+            turn = task.subtasks.get(role=Role.ASSISTANT, status=SubtaskStatus.PENDING)
+            record_result(
+                subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": f"answer {answer}"}
+            )
+            append_message(task=task, message=f"question {answer + 1}")
+
+
+def queries_to_claim(worker, *, kinds: list[str], limit: int) -> int:
+    """Queries of one claim, rolled back afterwards so every setting claims the same turns."""
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as queries:
+            claimed = claim_turns(worker=worker, worker_id="w", kinds=kinds, limit=limit)
+        assert len(claimed) == limit
+        transaction.set_rollback(True)
+    return len(queries.captured_queries)
+
+
+def test_a_claim_costs_the_same_whatever_the_policy_and_the_length_of_the_histories(user, worker):
+    # Ten tasks with one answered round each, and ten with 25 (50 turns of history, more
+    # than any message cap here): a claim must cost the same for both.
+    answered_tasks(user, executor="claude_code", rounds=1)
+    answered_tasks(user, executor="codex", rounds=25)
+    for name, caps in POLICIES.items():
+        HistoryPolicy.objects.filter(task_type="code").update(**caps)
+        for limit in (1, TASKS):
+            expected = FIXED_QUERIES + claim_queries(limit)
+            short = queries_to_claim(worker, kinds=["claude_code"], limit=limit)
+            long = queries_to_claim(worker, kinds=["codex"], limit=limit)
+            assert (short, long) == (expected, expected), (name, limit)
