@@ -9,7 +9,7 @@ order), never rows written by hand.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from django.contrib.auth.base_user import AbstractBaseUser
 
@@ -50,24 +50,23 @@ def conversation(
     *,
     owner: AbstractBaseUser,
     messages: Sequence[str],
-    answers: Sequence[Answer],
+    answers: Iterable[Answer],
     title: str = "Conversation",
     task_type: str = "code",
     pipeline: Sequence[PipelineStep] | PipelineStep = CODEX,
     sender: str = "",
     is_group_chat: bool = False,
 ) -> Task:
-    """A task whose `messages` were sent in order, message N answered with `answers[N]`.
+    """A task whose `messages` were sent in order, each answered by the next of `answers`.
 
     Each answer is recorded before the next message is sent, as the API requires. With one
     answer fewer than messages, the last message is left waiting for its answer (its turns
-    PENDING), as a follow-up a worker has not picked up yet.
+    PENDING), as a follow-up a worker has not picked up yet. Answers are taken one at a time,
+    so a generator keeps a long conversation's big results out of memory; answers that do not
+    pair up with the messages raise ValueError once that is seen (the turns made stay).
     """
-    if not messages or len(answers) not in (len(messages), len(messages) - 1):
-        raise ValueError(
-            f"{len(messages)} messages take {len(messages)} answers or one fewer, "
-            f"not {len(answers)}"
-        )
+    if not messages:
+        raise ValueError("a conversation starts with a message")
     first, *follow_ups = messages
     task = create_task(
         owner=owner,
@@ -78,10 +77,18 @@ def conversation(
         sender=sender,
         is_group_chat=is_group_chat,
     )
-    for index, answer in enumerate(answers):
+    remaining = iter(answers)
+    for number, follow_up in enumerate(follow_ups, start=1):
+        answer = next(remaining, None)
+        if answer is None:
+            raise ValueError(f"message {number} of {len(messages)} has no answer")
         answer_pending(task=task, answer=answer)
-        if index < len(follow_ups):
-            append_message(task=task, message=follow_ups[index], sender=sender)
+        append_message(task=task, message=follow_up, sender=sender)
+    last = next(remaining, None)
+    if last is not None:
+        answer_pending(task=task, answer=last)
+    if next(remaining, None) is not None:
+        raise ValueError(f"more answers than the {len(messages)} messages")
     return task
 
 

@@ -72,13 +72,23 @@ def test_long_answers_are_ingested_as_the_service_does(user, settings):
 
 
 @pytest.mark.parametrize(
-    ("messages", "answers"),
-    [([], []), (["one"], ["a", "b"]), (["one", "two", "three"], ["a"])],
+    ("messages", "answers", "error"),
+    [
+        ([], [], "starts with a message"),
+        (["one"], ["a", "b"], "more answers than the 1 messages"),
+        (["one", "two", "three"], ["a"], "message 2 of 3 has no answer"),
+    ],
 )
-def test_answers_must_match_the_messages(user, messages, answers):
-    with pytest.raises(ValueError, match="messages take"):
+def test_answers_must_pair_up_with_the_messages(user, messages, answers, error):
+    with pytest.raises(ValueError, match=error):
         conversation(owner=user, messages=messages, answers=answers)
-    assert not Task.objects.exists()
+
+
+def test_answers_are_taken_one_at_a_time(user):
+    answers = (f"answer {number}" for number in range(1, 3))
+    task = conversation(owner=user, messages=["one", "two", "three"], answers=answers)
+    texts = task.subtasks.filter(role="ASSISTANT").order_by("message_id")
+    assert [turn.history_text for turn in texts] == ["answer 1", "answer 2", ""]
 
 
 def test_a_tuple_answer_names_every_pending_step(user):
