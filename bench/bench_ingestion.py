@@ -79,28 +79,18 @@ def bench_record(runs: int) -> tuple[float, float]:
 def seed_history(result_size: int, turns: int, title: str):
     from django.contrib.auth import get_user_model
 
-    from backend.tasks.models import Role, SubtaskStatus
-    from backend.tasks.services import PipelineStep, append_message, create_task, record_result
+    from backend.tasks.factories import conversation
 
     owner, _ = get_user_model().objects.get_or_create(username="bench")
-    task = create_task(
+    base = make_text(result_size, seed=result_size)
+    return conversation(
         owner=owner,
         title=title,
-        task_type="code",
-        message="start",
-        pipeline=[PipelineStep(executor="codex")],
+        messages=["start"] + [f"follow-up {number}" for number in range(turns)],
+        # A distinct prefix per turn, so each big result is its own artifact; a generator, so
+        # only one big result is in memory at a time.
+        answers=(f"result {number}\n" + base[: result_size - 20] for number in range(turns)),
     )
-    base = make_text(result_size, seed=result_size)
-    for number in range(turns):
-        turn = task.subtasks.get(role=Role.ASSISTANT, status=SubtaskStatus.PENDING)
-        # A distinct prefix per turn, so each big result is its own artifact.
-        record_result(
-            subtask=turn,
-            status=SubtaskStatus.COMPLETED,
-            result={"value": f"result {number}\n" + base[: result_size - 20]},
-        )
-        append_message(task=task, message=f"follow-up {number}")
-    return task
 
 
 def bench_build(task, repeats: int) -> tuple[float, int]:

@@ -271,7 +271,9 @@ def run(job: Job, *, api_key: str | None, out: LineWriter) -> int:
     try:
         reporter.follow(stream)
     finally:
-        stream.close()  # stops Agno at once when the reporter left early (max_turns)
+        # Stops Agno at once when the reporter left early (max_turns). Agno annotates the
+        # stream as an Iterator; it is a generator.
+        stream.close()  # type: ignore[attr-defined]
     return reporter.finish(model_failure=getattr(model, "last_failure", None))
 
 

@@ -180,10 +180,14 @@ class BackendClient:
             body["partial_text"] = partial_text
         self._post(f"/api/executor/subtasks/{subtask_id}/progress/", body, budget=10.0)
 
-    def report(self, *, subtask_id: int, attempt: int, **report: Any) -> dict[str, Any]:
-        """Report the claim's outcome (status COMPLETED, FAILED, RETRY or RELEASE)."""
+    def report(self, *, subtask_id: int, attempt: int, **report: Any) -> None:
+        """Report the claim's outcome (status COMPLETED, FAILED, RETRY or RELEASE).
+
+        The answer (the claim's state after the report) is not read: a report the backend
+        accepted leaves nothing for the worker to do, and a refused one raises.
+        """
         body = {"worker_id": self.worker_id, "attempt": attempt, **report}
-        return self._post(f"/api/executor/subtasks/{subtask_id}/result/", body)
+        self._post(f"/api/executor/subtasks/{subtask_id}/result/", body)
 
     def download(self, *, url: str, destination: Path, sha256: str) -> None:
         """Stream an artifact to `destination`, checking its sha256 before it appears there.

@@ -59,18 +59,17 @@ class RunTimings:
         def ms(start: float | None, end: float | None) -> float | None:
             return None if start is None or end is None else round((end - start) * 1000, 2)
 
+        start_ms = ms(self.claimed, self.started)
+        report_ms = ms(self.exited, self.recorded)
         overhead = None
-        if self.started is not None and self.exited is not None and self.recorded is not None:
-            overhead = round(
-                ms(self.claimed, self.started) - self.artifacts_ms + ms(self.exited, self.recorded),
-                2,
-            )
+        if start_ms is not None and report_ms is not None:
+            overhead = round(start_ms - self.artifacts_ms + report_ms, 2)
         return {
             "overhead_ms": overhead,
-            "start_ms": ms(self.claimed, self.started),
+            "start_ms": start_ms,
             "artifacts_ms": round(self.artifacts_ms, 2),
             "executor_ms": ms(self.started, self.exited),
-            "report_ms": ms(self.exited, self.recorded),
+            "report_ms": report_ms,
         }
 
 

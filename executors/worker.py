@@ -27,6 +27,7 @@ from executors.client import (
     BackendClient,
     BackendError,
     BackendUnavailable,
+    DispatchedTurn,
     LeaseLost,
     TurnCancelled,
 )
@@ -141,7 +142,7 @@ class Worker:
             self._wake.clear()
         return 0
 
-    def _start(self, turn) -> None:
+    def _start(self, turn: DispatchedTurn) -> None:
         run = TurnRun(
             turn=turn,
             adapter=self.adapters[turn.executor],

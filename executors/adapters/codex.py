@@ -250,11 +250,13 @@ class ThreadUsage:
         """Read leniently: a missing or malformed number counts as 0."""
         if not isinstance(raw, Mapping):
             return cls()
-        values = {}
+        values: dict[str, int] = {}
         for item in fields(cls):
             value = raw.get(item.name)
-            ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
-            values[item.name] = value if ok else 0
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                values[item.name] = value
+            else:
+                values[item.name] = 0
         return cls(**values)
 
     def to_json(self) -> dict[str, int]:

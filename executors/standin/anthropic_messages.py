@@ -69,6 +69,7 @@ def _pieces(text: str, count: int) -> list[str]:
 
 def _block_events(index: int, block: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """content_block_start, its deltas and content_block_stop for one content block."""
+    start: dict[str, Any]
     deltas: list[dict[str, Any]]
     if block["type"] == "text":
         start = {"type": "text", "text": ""}
@@ -98,7 +99,8 @@ def reply(turn: Turn, body: dict[str, Any], ids: IdSource) -> Reply:
         return error_reply(API, turn)
     content = _content(turn, ids)
     stop_reason = "tool_use" if turn.call is not None else "end_turn"
-    message = {
+    usage = usage_json(turn.usage)
+    message: dict[str, Any] = {
         "id": ids.next("msg"),
         "type": "message",
         "role": "assistant",
@@ -106,13 +108,13 @@ def reply(turn: Turn, body: dict[str, Any], ids: IdSource) -> Reply:
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": None,
-        "usage": usage_json(turn.usage),
+        "usage": usage,
     }
     if body.get("stream") is not True:
         return JsonReply(200, message)
 
     # message_start reports the input side; the output count arrives with message_delta.
-    start_usage = {**message["usage"], "output_tokens": 1}
+    start_usage = {**usage, "output_tokens": 1}
     started = {**message, "content": [], "stop_reason": None, "usage": start_usage}
     events: list[tuple[str, dict[str, Any]]] = [
         ("message_start", {"message": started}),

@@ -106,7 +106,7 @@ class ModelServer:
         self._requests: list[RecordedRequest] = []
         self._ids = IdSource()
         self._stopping = threading.Event()
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: _ModelHttpServer | None = None
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -114,9 +114,7 @@ class ModelServer:
     def start(self) -> ModelServer:
         if self._httpd is not None:
             raise RuntimeError("the model server is already started")
-        httpd = ThreadingHTTPServer(self._address, _Handler)
-        httpd.daemon_threads = True
-        httpd.model_server = self  # type: ignore[attr-defined]
+        httpd = _ModelHttpServer(self._address, model_server=self)
         self._httpd = httpd
         self._stopping.clear()
         self._thread = threading.Thread(
@@ -154,8 +152,7 @@ class ModelServer:
         """``http://127.0.0.1:PORT`` — no trailing slash and no ``/v1``."""
         if self._httpd is None:
             raise RuntimeError("the model server is not started")
-        host, port = self._httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{self._httpd.host}:{self._httpd.port}"
 
     # -- script and records ----------------------------------------------------------------
 
@@ -240,6 +237,20 @@ def _error_body(api: str | None, status: int, message: str) -> dict[str, Any]:
     return openai_error(status, message)
 
 
+class _ModelHttpServer(ThreadingHTTPServer):
+    """The HTTP server that hands each request to its ModelServer."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], *, model_server: ModelServer) -> None:
+        super().__init__(address, _Handler)
+        self.model_server = model_server
+        # The bound address (the port when 0 was asked for); an AF_INET socket names it (str, int).
+        self.host: str
+        self.port: int
+        self.host, self.port = self.socket.getsockname()[:2]
+
+
 class _Handler(BaseHTTPRequestHandler):
     """Reads one request, hands it to the ModelServer, writes its Reply."""
 
@@ -249,7 +260,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     @property
     def _model_server(self) -> ModelServer:
-        return self.server.model_server  # type: ignore[attr-defined]
+        assert isinstance(self.server, _ModelHttpServer)  # the only server _Handler serves
+        return self.server.model_server
 
     def log_message(self, format: str, *args: Any) -> None:
         # Requests are recorded; a line per request on stderr would only be noise in test output.

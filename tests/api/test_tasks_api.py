@@ -8,8 +8,8 @@ import os
 import pytest
 from rest_framework.test import APIClient
 
-from backend.tasks.models import Subtask, SubtaskStatus, Task
-from backend.tasks.services import record_result
+from backend.tasks.factories import answer_pending
+from backend.tasks.models import Subtask, Task
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
@@ -38,10 +38,7 @@ def create(api: APIClient, body: dict) -> dict:
 
 
 def finish_pending(task_id: int) -> None:
-    for turn in Subtask.objects.filter(task_id=task_id, status=SubtaskStatus.PENDING).order_by(
-        "message_id"
-    ):
-        record_result(subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": "done"})
+    answer_pending(task=Task.objects.get(pk=task_id), answer="done")
 
 
 def assert_nothing_stored() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from backend.artifacts.models import Artifact
-from backend.tasks.models import Role, SubtaskStatus, Task
-from backend.tasks.services import PipelineStep, create_task, record_result
+from backend.tasks.factories import answered_task
+from backend.tasks.models import Role, Task
 
 # Over the 16,000-char spill threshold, multibyte UTF-8 on every line, and a last line without
 # a trailing newline.
@@ -20,15 +20,8 @@ SPILLED_LINES = SPILLED_TEXT.split("\n")  # the last entry is the unterminated l
 
 def spill(*, owner, text: str = SPILLED_TEXT, title: str = "Spill") -> Artifact:
     """Create a task whose assistant answers with `text`, and return the artifact it spilled to."""
-    task = create_task(
-        owner=owner,
-        title=title,
-        task_type="code",
-        message="Run the tests.",
-        pipeline=[PipelineStep(executor="codex")],
-    )
-    turn = task.subtasks.get(role=Role.ASSISTANT, status=SubtaskStatus.PENDING)
-    turn = record_result(subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": text})
+    task = answered_task(owner=owner, title=title, message="Run the tests.", answer=text)
+    turn = task.subtasks.select_related("artifact").get(role=Role.ASSISTANT)
     assert turn.artifact is not None, "the text should have spilled to an artifact"
     return turn.artifact
 

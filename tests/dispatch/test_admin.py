@@ -16,7 +16,8 @@ from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import CAP_HELP, HistoryPolicy, PromptReport
 from backend.dispatch.policies import POLICY_FIELDS, resolve_policy, row_values
 from backend.dispatch.prompts import build_turn_prompt, next_turn_to_dispatch
-from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
+from backend.tasks.factories import answered_task, conversation
+from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
@@ -42,20 +43,13 @@ SMALL_TASK_PROMPT = (
 
 def converse(*, owner, exchanges: list[tuple[str, str]], follow_up: str, task_type="code") -> Task:
     """A task with answered `(question, answer)` exchanges and a pending `follow_up`."""
-    (first_question, _), *_ = exchanges
-    task = create_task(
+    return conversation(
         owner=owner,
         title="Preview me",
         task_type=task_type,
-        message=first_question,
-        pipeline=[PipelineStep(executor="codex")],
+        messages=[question for question, _ in exchanges] + [follow_up],
+        answers=[answer for _, answer in exchanges],
     )
-    for index, (_, answer) in enumerate(exchanges):
-        pending = Subtask.objects.get(task=task, role=Role.ASSISTANT, status=SubtaskStatus.PENDING)
-        record_result(subtask=pending, status="COMPLETED", result={"value": answer})
-        next_question = exchanges[index + 1][0] if index + 1 < len(exchanges) else follow_up
-        append_message(task=task, message=next_question)
-    return task
 
 
 def long_task(*, owner, rounds: int = 6) -> Task:
@@ -567,20 +561,12 @@ def test_policy_fields_are_all_on_the_preview_form(admin_client):
 
 def test_turn_pages_show_bounded_text_and_the_result_as_sent(admin_client, user, settings):
     from backend.tasks.models import Subtask
-    from backend.tasks.services import PipelineStep, create_task, record_result
 
     settings.BATON_SPILL_THRESHOLD_CHARS = 1_000
     settings.BATON_PREVIEW_HEAD_CHARS = settings.BATON_PREVIEW_TAIL_CHARS = 100
-    task = create_task(
-        owner=user,
-        title="big",
-        task_type="code",
-        message="go",
-        pipeline=[PipelineStep(executor="codex")],
-    )
-    turn = task.subtasks.get(role="ASSISTANT")
     value = "START " + "x" * 5_000 + " END"
-    record_result(subtask=turn, status="COMPLETED", result={"value": value})
+    task = answered_task(owner=user, title="big", message="go", answer=value)
+    turn = task.subtasks.get(role="ASSISTANT")
     page = admin_client.get(f"/admin/tasks/task/{task.pk}/change/").content.decode()
     assert "chars truncated" in page
     assert "x" * 1_000 not in page  # the task page lists turns, bounded

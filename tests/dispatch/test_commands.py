@@ -51,6 +51,58 @@ def test_seed_demo_is_idempotent_and_prints_a_login(settings, tmp_path):
     assert is_executor_worker(worker_token.user)
 
 
+def test_seed_demo_seeds_the_tasks_the_readme_walks_through(settings, tmp_path):
+    # The README's walkthrough creates task 3 and reads the demo's turns: ids and texts are pinned.
+    settings.VAR_DIR = tmp_path
+    run("seed_demo")
+    tasks = Task.objects.order_by("pk")
+    assert [(task.pk, task.title, task.task_type, task.is_group_chat) for task in tasks] == [
+        (1, "Demo: release planning chat", "chat", True),
+        (2, "Demo: fix the flaky upload test", "code", False),
+    ]
+    fields = ("message_id", "parent_message_id", "role", "status", "sender", "bot", "history_text")
+    turns = {
+        task.pk: list(task.subtasks.order_by("message_id").values_list(*fields)) for task in tasks
+    }
+    assert turns[1] == [
+        (1, None, "USER", "COMPLETED", "alice", "", CHAT_QUESTION),
+        (2, 1, "ASSISTANT", "COMPLETED", "", "planner", CHAT_ANSWER),
+        (3, None, "USER", "COMPLETED", "bob", "", "I'll review the migration PR today."),
+        (
+            4,
+            3,
+            "ASSISTANT",
+            "COMPLETED",
+            "",
+            "planner",
+            "Thanks Bob. I'll draft the release notes.",
+        ),
+        (5, None, "USER", "COMPLETED", "alice", "", "Please list the open PRs by owner."),
+        (6, 5, "ASSISTANT", "PENDING", "", "planner", ""),
+    ]
+    assert turns[2] == [
+        (1, None, "USER", "COMPLETED", "carol", "", PIPELINE_QUESTION),
+        (2, 1, "ASSISTANT", "COMPLETED", "", "coder", CODER_ANSWER),
+        (3, 1, "ASSISTANT", "COMPLETED", "", "reviewer", REVIEWER_ANSWER),
+        (4, None, "USER", "COMPLETED", "carol", "", "Good. Please also remove RETRY_DELAY."),
+        (5, 4, "ASSISTANT", "PENDING", "", "coder", ""),
+        (6, 4, "ASSISTANT", "PENDING", "", "reviewer", ""),
+    ]
+    assert Subtask.objects.get(task_id=2, message_id=2).result == {"value": CODER_ANSWER}
+
+
+CHAT_QUESTION = "Can we ship 2.4 on Friday? The changelog is in CHANGES.md."
+CHAT_ANSWER = "Friday works if the migration note lands first; two PRs are still open."
+PIPELINE_QUESTION = (
+    "tests/test_upload.py::test_resume fails one run in ten. Find out why and fix it."
+)
+CODER_ANSWER = (
+    "The test shares a temp dir with test_upload_large; the cleanup races. "
+    "Gave each test its own tmp_path and removed the sleep."
+)
+REVIEWER_ANSWER = "Looks right. Also drop the now-unused RETRY_DELAY constant."
+
+
 def test_create_worker_prints_and_rotates_its_token():
     token = run("create_worker", "worker-codex-1").strip()
     assert Token.objects.get(key=token).user.username == "worker-codex-1"

@@ -9,12 +9,12 @@ import pytest
 from django.db import connection, transaction
 
 from backend.errors import Conflict
+from backend.tasks.factories import answered_task
 from backend.tasks.models import Role, SubtaskStatus, Task
 from backend.tasks.services import (
     PipelineStep,
     allocate_message_ids,
     append_message,
-    create_task,
     record_result,
 )
 
@@ -46,16 +46,14 @@ def run_in_threads(work: Callable[[int], object], count: int = THREADS) -> list[
 
 
 def new_task(user) -> Task:
-    task = create_task(
+    return answered_task(
         owner=user,
         title="race",
         task_type="chat",
         message="first",
+        answer="ok",
         pipeline=[PipelineStep(executor="agno")],
     )
-    turn = task.subtasks.get(role=Role.ASSISTANT)
-    record_result(subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": "ok"})
-    return task
 
 
 def test_concurrent_allocations_never_share_an_id(user):

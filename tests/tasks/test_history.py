@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from backend.prompting import HistoryPolicy, build_prompt, parse_prompt
+from backend.tasks.factories import conversation
 from backend.tasks.history import prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
-from backend.tasks.services import PipelineStep, append_message, create_task, record_result
+from backend.tasks.services import PipelineStep, append_message, record_result
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
@@ -15,25 +16,21 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 def chat(user, rounds: int, *, pipeline=None, is_group_chat=False, answer=None) -> Task:
     """A task with `rounds` answered rounds and one more pending user message."""
     pipeline = pipeline or [PipelineStep(executor="agno")]
-    sender = "alice" if is_group_chat else ""
-    task = create_task(
+    # Each step answers in its own name: the default bot of an executor is named after it.
+    bots = [step.bot or step.executor for step in pipeline]
+    return conversation(
         owner=user,
         title="chat",
         task_type="chat",
-        message="question 1",
+        messages=[f"question {number}" for number in range(1, rounds + 2)],
+        answers=[
+            answer(number) if answer else tuple(f"answer {number} from {bot}" for bot in bots)
+            for number in range(1, rounds + 1)
+        ],
         pipeline=pipeline,
-        sender=sender,
+        sender="alice" if is_group_chat else "",
         is_group_chat=is_group_chat,
     )
-    for number in range(1, rounds + 1):
-        for turn in pending(task):
-            record_result(
-                subtask=turn,
-                status=SubtaskStatus.COMPLETED,
-                result={"value": answer(number) if answer else f"answer {number} from {turn.bot}"},
-            )
-        append_message(task=task, message=f"question {number + 1}", sender=sender)
-    return task
 
 
 def pending(task: Task) -> list[Subtask]:

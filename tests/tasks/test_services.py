@@ -6,6 +6,7 @@ import pytest
 from django.db import IntegrityError
 
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from backend.tasks.factories import answer_pending
 from backend.tasks.models import Role, Subtask, SubtaskStatus, Task, TaskStatus
 from backend.tasks.services import (
     PipelineStep,
@@ -45,8 +46,7 @@ def turns(task: Task) -> list[tuple]:
 
 
 def finish_round(task: Task) -> None:
-    for turn in task.subtasks.filter(status=SubtaskStatus.PENDING).order_by("message_id"):
-        record_result(subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": "done"})
+    answer_pending(task=task, answer="done")
 
 
 def test_create_task_stores_user_turn_and_one_pending_turn_per_step(user):

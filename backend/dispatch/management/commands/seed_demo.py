@@ -15,8 +15,9 @@ from django.core.management.base import BaseCommand
 from rest_framework.authtoken.models import Token
 
 from backend.dispatch.workers import ensure_worker_account
-from backend.tasks.models import Bot, Role, Subtask, SubtaskStatus, Task
-from backend.tasks.services import PipelineStep, append_message, create_task, record_result
+from backend.tasks.factories import answer_pending, answered_task
+from backend.tasks.models import Bot, Task
+from backend.tasks.services import PipelineStep, append_message
 
 ADMIN_USERNAME = "admin"
 DEMO_WORKER_USERNAME = "demo-worker"
@@ -44,18 +45,6 @@ DEMO_BOTS = [
         "permission_mode": "read_only",
     },
 ]
-
-
-def _answer(turn: Subtask, text: str) -> None:
-    record_result(subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": text})
-
-
-def _pending_assistant_turns(task: Task) -> list[Subtask]:
-    return list(
-        task.subtasks.filter(role=Role.ASSISTANT, status=SubtaskStatus.PENDING).order_by(
-            "message_id"
-        )
-    )
 
 
 class Command(BaseCommand):
@@ -112,30 +101,33 @@ class Command(BaseCommand):
         )
 
     def _group_chat(self, owner: Any) -> None:
-        task = create_task(
+        task = answered_task(
             owner=owner,
             title=GROUP_CHAT_TITLE,
             task_type="chat",
             message="Can we ship 2.4 on Friday? The changelog is in CHANGES.md.",
+            answer="Friday works if the migration note lands first; two PRs are still open.",
             pipeline=[PipelineStep(bot="planner", executor="agno")],
             sender="alice",
             is_group_chat=True,
         )
-        _answer(
-            _pending_assistant_turns(task)[0],
-            "Friday works if the migration note lands first; two PRs are still open.",
-        )
         append_message(task=task, message="I'll review the migration PR today.", sender="bob")
-        _answer(_pending_assistant_turns(task)[0], "Thanks Bob. I'll draft the release notes.")
+        answer_pending(task=task, answer="Thanks Bob. I'll draft the release notes.")
         append_message(task=task, message="Please list the open PRs by owner.", sender="alice")
 
     def _pipeline(self, owner: Any) -> None:
-        task = create_task(
+        task = answered_task(
             owner=owner,
             title=PIPELINE_TITLE,
             task_type="code",
             message=(
                 "tests/test_upload.py::test_resume fails one run in ten. Find out why and fix it."
+            ),
+            answer=(
+                # The coder's answer, then the reviewer's.
+                "The test shares a temp dir with test_upload_large; the cleanup races. "
+                "Gave each test its own tmp_path and removed the sleep.",
+                "Looks right. Also drop the now-unused RETRY_DELAY constant.",
             ),
             pipeline=[
                 PipelineStep(bot="coder", executor="codex"),
@@ -143,11 +135,4 @@ class Command(BaseCommand):
             ],
             sender="carol",
         )
-        coder, reviewer = _pending_assistant_turns(task)
-        _answer(
-            coder,
-            "The test shares a temp dir with test_upload_large; the cleanup races. "
-            "Gave each test its own tmp_path and removed the sleep.",
-        )
-        _answer(reviewer, "Looks right. Also drop the now-unused RETRY_DELAY constant.")
         append_message(task=task, message="Good. Please also remove RETRY_DELAY.", sender="carol")
