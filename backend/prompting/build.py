@@ -39,7 +39,7 @@ from backend.prompting.fixed import FixedSection, squeeze
 from backend.prompting.inputs import PromptInput, Role
 from backend.prompting.pieces import SizedPiece
 from backend.prompting.policy import ContextPassing, HistoryPolicy
-from backend.prompting.render import header_piece, notice_piece, starts_with_header_line
+from backend.prompting.render import header_piece, needs_escape, notice_piece
 from backend.prompting.report import BuildReport
 from backend.prompting.selection import HistorySection, Selection
 from backend.prompting.tally import tally_build
@@ -124,11 +124,9 @@ class _Builder:
                     last=True,
                 )
             )
-        if (
-            not self.history.shown
-            and not self.show_previous
-            and not starts_with_header_line(current.text)
-        ):
+        # Verbatim only when no line of the message would read as structure to a model: a
+        # forged label in a first message must be escaped like anywhere else.
+        if not self.history.shown and not self.show_previous and not needs_escape(current.text):
             return self._build_verbatim(fixed[0])
         return self._build_sections(fixed)
 
