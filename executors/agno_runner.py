@@ -200,7 +200,7 @@ def main() -> int:
     os.environ["AGNO_TELEMETRY"] = "false"
     try:
         return run(job, api_key=api_key, out=LineWriter(protocol))
-    except Exception:
+    except Exception:  # noqa: BLE001 - the child's last word: any failure becomes an exit code
         traceback.print_exc()
         return EXIT_FAILED
 

@@ -246,7 +246,8 @@ class BackendClient:
                 logger.warning(
                     "backend call failed (%s); retrying in %.1f s", _describe(error), delay
                 )
-                time.sleep(delay * (0.5 + random.random()))  # jitter: workers do not stampede
+                # Jitter so workers do not stampede; not a secret.
+                time.sleep(delay * (0.5 + random.random()))  # noqa: S311
                 delay = min(delay * 2, 5.0)
 
 

@@ -165,7 +165,8 @@ class ExecutorProcess:
         # Registered under the lock: a child that exits at once must not be reaped as an orphan
         # between its fork and its registration.
         with _owned_lock:
-            popen = subprocess.Popen(
+            # argv comes from an adapter's fixed command line, never through a shell.
+            popen = subprocess.Popen(  # noqa: S603
                 launch.argv,
                 cwd=launch.cwd,
                 env=env,

