@@ -42,6 +42,7 @@ from backend.artifacts.retention import record_artifact_read
 from backend.artifacts.selectors import ByteRange, LinesNotSatisfiable
 from backend.artifacts.storage import ArtifactIntegrityError
 from backend.errors import InvalidInput
+from backend.tasks.artifact_access import visible_artifact
 
 CONTENT_TYPE = "text/plain; charset=utf-8"
 _BYTE_RANGE = re.compile(r"^bytes=[ \t]*(\d*)-(\d*)[ \t]*$", re.IGNORECASE)
@@ -127,7 +128,7 @@ class ArtifactDetailApi(APIView):
         summary="An artifact's metadata: sizes, kind, sha256, workspace path and download URL",
     )
     def get(self, request: Request, artifact_id: str) -> Response:
-        artifact = selectors.visible_artifact(user=request.user, artifact_id=artifact_id)
+        artifact = visible_artifact(user=request.user, artifact_id=artifact_id)
         metadata = selectors.artifact_metadata(
             artifact=artifact, request_base_url=_base_url(request)
         )
@@ -185,7 +186,7 @@ class ArtifactContentApi(APIView):
         query = ArtifactContentQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         line_range = query.validated_data.get("lines")
-        artifact = selectors.visible_artifact(user=request.user, artifact_id=artifact_id)
+        artifact = visible_artifact(user=request.user, artifact_id=artifact_id)
         etag = f'"{artifact.sha256}"'
 
         if _etag_matches(request.headers.get("If-None-Match"), etag=etag):

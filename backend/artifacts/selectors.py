@@ -1,9 +1,7 @@
-"""Selectors that read artifacts: who may see one, the dispatch manifest, and verified content.
+"""Selectors that read artifacts: the dispatch manifest, and verified content.
 
-Access follows the tasks: a caller may read an artifact when they may see a task with a turn
-that references it, or the task that first produced it (`visible_tasks`); an executor worker,
-while it holds a claim on a task's turn, reads the artifacts that task's turns reference; staff
-read them all.
+Who may read an artifact is not decided here: access follows the tasks that produced or
+reference it (`backend.tasks.artifact_access`); this package knows nothing of tasks.
 
 Content is served only after the stored object has been hashed whole and matched against the
 recorded sha256, so a damaged or missing file is an error, never wrong bytes (DESIGN.md,
@@ -19,15 +17,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Exists, OuterRef, Q
 from django.urls import reverse
 
 from backend.artifacts.models import Artifact, workspace_path
 from backend.artifacts.storage import READ_CHUNK_BYTES, ArtifactIntegrityError, artifact_storage
 from backend.errors import BatonError, NotFound
-from backend.tasks.models import Subtask, SubtaskStatus, Task
-from backend.tasks.selectors import visible_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -54,29 +48,6 @@ class ByteRange:
 
     start: int
     end: int
-
-
-def visible_artifact(*, user: AbstractBaseUser, artifact_id: str) -> Artifact:
-    """The artifact, or NotFound when it does not exist or the user may not see it (one query).
-
-    Staff see every artifact, including orphans whose turns are gone and that wait for
-    `prune_artifacts`; anyone else needs a visible task that produced or references it.
-    """
-    artifacts = Artifact.objects.filter(pk=artifact_id)
-    if not user.is_staff:
-        tasks = visible_tasks(user=user)
-        # An executor worker reads the artifacts of the tasks whose turns it holds right now.
-        claimed = Task.objects.filter(
-            subtasks__claimed_by=user, subtasks__status=SubtaskStatus.RUNNING
-        )
-        referenced = Subtask.objects.filter(artifact_id=OuterRef("pk")).filter(
-            Q(task__in=tasks) | Q(task__in=claimed)
-        )
-        artifacts = artifacts.filter(Q(task__in=tasks) | Exists(referenced))
-    artifact = artifacts.first()
-    if artifact is None:
-        raise NotFound(f"Artifact {artifact_id} does not exist.")
-    return artifact
 
 
 def artifact_download_url(*, artifact_id: str, request_base_url: str | None = None) -> str:

@@ -24,7 +24,6 @@ from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
 from backend.artifacts.selectors import artifact_manifest
-from backend.artifacts.services import replace_unstorable_chars
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import policy_rows, resolve_from_rows
 from backend.dispatch.prompts import TurnPrompt, build_turn_prompt
@@ -37,6 +36,7 @@ from backend.dispatch.sessions import (
 )
 from backend.errors import Conflict, InvalidInput, LeaseLost, NotFound, TurnCancelled
 from backend.tasks.history import any_of, prompt_input_for, prompt_inputs_for
+from backend.tasks.ingestion import replace_unstorable_chars
 from backend.tasks.models import Bot, NativeSession, Role, Subtask, SubtaskStatus, Task, TaskStatus
 from backend.tasks.selectors import bots_for_turns, turn_result
 from backend.tasks.services import (

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from backend.artifacts.models import Artifact
-from backend.artifacts.selectors import artifact_manifest, visible_artifact
+from backend.artifacts.selectors import artifact_manifest
 from backend.errors import NotFound
+from backend.tasks.artifact_access import visible_artifact
 from tests.artifacts.conftest import SPILLED_TEXT, spill, task_of
 
 pytestmark = pytest.mark.django_db
