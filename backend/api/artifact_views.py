@@ -48,10 +48,6 @@ CONTENT_TYPE = "text/plain; charset=utf-8"
 _BYTE_RANGE = re.compile(r"^bytes=[ \t]*(\d*)-(\d*)[ \t]*$", re.IGNORECASE)
 
 
-def _base_url(request: Request) -> str:
-    return request.build_absolute_uri("/").rstrip("/")
-
-
 @dataclass(frozen=True)
 class _RequestedRange:
     """One syntactically valid byte-range-spec: `first-last`, `first-`, or the suffix `-last`."""
@@ -129,10 +125,7 @@ class ArtifactDetailApi(APIView):
     )
     def get(self, request: Request, artifact_id: str) -> Response:
         artifact = visible_artifact(user=request.user, artifact_id=artifact_id)
-        metadata = selectors.artifact_metadata(
-            artifact=artifact, request_base_url=_base_url(request)
-        )
-        return Response(ArtifactOutput(metadata).data)
+        return Response(ArtifactOutput(artifact, context={"request": request}).data)
 
 
 _TEXT = OpenApiTypes.STR

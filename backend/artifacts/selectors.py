@@ -1,5 +1,8 @@
 """Selectors that read artifacts: the dispatch manifest, and verified content.
 
+They return models and plain data; where content is downloaded from is the API's business
+(`backend.api.artifact_serializers` builds the URLs from the request).
+
 Who may read an artifact is not decided here: access follows the tasks that produced or
 reference it (`backend.tasks.artifact_access`); this package knows nothing of tasks.
 
@@ -15,16 +18,15 @@ import hashlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
-from django.urls import reverse
-
-from backend.artifacts.models import Artifact, workspace_path
+from backend.artifacts.models import Artifact
 from backend.artifacts.storage import READ_CHUNK_BYTES, ArtifactIntegrityError, artifact_storage
 from backend.errors import BatonError, NotFound
 
 logger = logging.getLogger(__name__)
 
+# What an executor needs to materialize an artifact in its workspace and check it.
 MANIFEST_FIELDS = ("id", "sha256", "kind", "size_bytes", "size_chars", "size_lines")
 
 
@@ -50,47 +52,12 @@ class ByteRange:
     end: int
 
 
-def artifact_download_url(*, artifact_id: str, request_base_url: str | None = None) -> str:
-    """Where the content is served: a path, or an absolute URL under `request_base_url`.
+def manifest_artifacts(*, artifact_ids: Sequence[str]) -> list[Artifact]:
+    """The artifacts a dispatch payload lists, in the order given, each once (one query).
 
-    `request_base_url` is a scheme and host such as `https://baton.example.com`; the path
-    already carries any script prefix Baton is mounted under.
-    """
-    path = reverse("artifact-content", kwargs={"artifact_id": artifact_id})
-    if request_base_url is None:
-        return path
-    return request_base_url.rstrip("/") + path
-
-
-def manifest_entry(*, artifact: Artifact, request_base_url: str | None = None) -> dict[str, Any]:
-    """What an executor needs to materialize one artifact in its workspace and check it."""
-    return {
-        **{field: getattr(artifact, field) for field in MANIFEST_FIELDS},
-        "path": workspace_path(artifact.id),
-        "download_url": artifact_download_url(
-            artifact_id=artifact.id, request_base_url=request_base_url
-        ),
-    }
-
-
-def artifact_metadata(*, artifact: Artifact, request_base_url: str | None = None) -> dict:
-    """The manifest entry plus the bookkeeping fields the metadata endpoint shows."""
-    return {
-        **manifest_entry(artifact=artifact, request_base_url=request_base_url),
-        "task": artifact.task_id,
-        "created_at": artifact.created_at,
-        "last_read_at": artifact.last_read_at,
-    }
-
-
-def artifact_manifest(
-    *, artifact_ids: Sequence[str], request_base_url: str | None = None
-) -> list[dict[str, Any]]:
-    """Manifest entries for the dispatch payload, in the order given, each artifact once.
-
-    One query. The ids come from turns, whose references are protected, so an unknown id is a
-    bug upstream: it raises NotFound naming the ids rather than sending a prompt whose pointer
-    leads to a file the workspace will not have.
+    Only the manifest fields are loaded (`MANIFEST_FIELDS`). The ids come from turns, whose
+    references are protected, so an unknown id is a bug upstream: it raises NotFound naming the
+    ids rather than sending a prompt whose pointer leads to a file the workspace will not have.
     """
     ordered_ids = list(dict.fromkeys(artifact_ids))
     if not ordered_ids:
@@ -102,10 +69,7 @@ def artifact_manifest(
     missing = [artifact_id for artifact_id in ordered_ids if artifact_id not in by_id]
     if missing:
         raise NotFound(f"Artifacts {', '.join(missing)} do not exist.", field="artifact_ids")
-    return [
-        manifest_entry(artifact=by_id[artifact_id], request_base_url=request_base_url)
-        for artifact_id in ordered_ids
-    ]
+    return [by_id[artifact_id] for artifact_id in ordered_ids]
 
 
 class ArtifactContent:

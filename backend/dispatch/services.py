@@ -23,7 +23,8 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
-from backend.artifacts.selectors import artifact_manifest
+from backend.artifacts.models import Artifact
+from backend.artifacts.selectors import manifest_artifacts
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import policy_rows, resolve_from_rows
 from backend.dispatch.prompts import TurnPrompt, build_turn_prompt
@@ -66,7 +67,7 @@ class ClaimedTurn:
     bot: Bot
     prompt: TurnPrompt
     report: PromptReport
-    manifest: list[dict[str, Any]]
+    manifest: list[Artifact]
     # Offered when the claiming worker can resume the bot's native session (see sessions.py).
     session: NativeSession | None
     resume: TurnPrompt | None
@@ -399,7 +400,6 @@ def claim_turns(
     worker_id: str,
     kinds: Sequence[str],
     limit: int,
-    request_base_url: str | None = None,
 ) -> list[ClaimedTurn]:
     """Claim up to `limit` dispatchable turns of these executor kinds, oldest first, and build
     each one's payload. Each turn is claimed by exactly one caller."""
@@ -476,14 +476,13 @@ def claim_turns(
         built.append((subtask, prompt, resume, reason))
     try:
         manifest_entries = {
-            entry["id"]: entry
-            for entry in artifact_manifest(
+            artifact.id: artifact
+            for artifact in manifest_artifacts(
                 artifact_ids=[
                     artifact_id
                     for _, prompt, resume, _ in built
                     for artifact_id in _artifacts_of(prompt, resume)
-                ],
-                request_base_url=request_base_url,
+                ]
             )
         }
     except Exception as error:  # noqa: BLE001
