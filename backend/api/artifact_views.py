@@ -39,8 +39,7 @@ from backend.api.artifact_serializers import ArtifactContentQuery, ArtifactOutpu
 from backend.api.renderers import BatonJSONRenderer
 from backend.artifacts import selectors
 from backend.artifacts.retention import record_artifact_read
-from backend.artifacts.selectors import ByteRange, LinesNotSatisfiable
-from backend.artifacts.storage import ArtifactIntegrityError
+from backend.artifacts.selectors import ByteRange, RangeNotSatisfiable
 from backend.errors import InvalidInput
 from backend.tasks.artifact_access import visible_artifact
 
@@ -108,13 +107,6 @@ class _JSONErrorsNegotiation(BaseContentNegotiation):
         self, request: Request, renderers: list[BaseRenderer], format_suffix: str | None = None
     ) -> tuple[BaseRenderer, str]:
         return renderers[0], renderers[0].media_type
-
-
-def _error(status_code: int, *, detail: str, code: str, field: str | None = None) -> Response:
-    body: dict[str, Any] = {"detail": detail, "code": code}
-    if field:
-        body["fields"] = {field: [detail]}
-    return Response(body, status=status_code)
 
 
 class ArtifactDetailApi(APIView):
@@ -196,30 +188,17 @@ class ArtifactContentApi(APIView):
         if requested is not None:
             byte_range = requested.resolve(size=artifact.size_bytes)
             if byte_range is None:
-                response = _error(
-                    status.HTTP_416_REQUESTED_RANGE_NOT_SATISFIABLE,
-                    detail=f"Range {request.headers['Range']!r} cannot be satisfied: artifact "
+                raise RangeNotSatisfiable(
+                    f"Range {request.headers['Range']!r} cannot be satisfied: artifact "
                     f"{artifact.id} has {artifact.size_bytes} bytes.",
-                    code="range_not_satisfiable",
+                    size_bytes=artifact.size_bytes,
                 )
-                response["Content-Range"] = f"bytes */{artifact.size_bytes}"
-                return response
 
-        try:
-            content = selectors.artifact_content(
-                artifact=artifact, byte_range=byte_range, line_range=line_range
-            )
-        except ArtifactIntegrityError as error:
-            return _error(
-                status.HTTP_500_INTERNAL_SERVER_ERROR, detail=str(error), code="artifact_integrity"
-            )
-        except LinesNotSatisfiable as error:
-            return _error(
-                status.HTTP_416_REQUESTED_RANGE_NOT_SATISFIABLE,
-                detail=error.message,
-                code=error.code,
-                field=error.field,
-            )
+        # Raises ArtifactIntegrityError (500) or LinesNotSatisfiable (416), mapped by
+        # backend.api.errors like every other error.
+        content = selectors.artifact_content(
+            artifact=artifact, byte_range=byte_range, line_range=line_range
+        )
         record_artifact_read(artifact_id=artifact.id)
 
         response = StreamingHttpResponse(

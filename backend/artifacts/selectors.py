@@ -22,7 +22,7 @@ from typing import IO
 
 from backend.artifacts.models import Artifact
 from backend.artifacts.storage import READ_CHUNK_BYTES, ArtifactIntegrityError, artifact_storage
-from backend.errors import BatonError, NotFound
+from backend.errors import NotFound, NotSatisfiable
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +30,20 @@ logger = logging.getLogger(__name__)
 MANIFEST_FIELDS = ("id", "sha256", "kind", "size_bytes", "size_chars", "size_lines")
 
 
-class LinesNotSatisfiable(BatonError):
+class LinesNotSatisfiable(NotSatisfiable):
     """A `?lines=` slice starts after the artifact's last line (the API answers 416)."""
 
     code = "lines_not_satisfiable"
+
+
+class RangeNotSatisfiable(NotSatisfiable):
+    """A byte range starts past the end of the content (416, with `Content-Range: bytes */SIZE`)."""
+
+    code = "range_not_satisfiable"
+
+    def __init__(self, message: str, *, size_bytes: int) -> None:
+        super().__init__(message)
+        self.size_bytes = size_bytes
 
 
 @dataclass(frozen=True)

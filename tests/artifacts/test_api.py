@@ -387,6 +387,17 @@ def test_truncated_content_is_500(api: APIClient, artifact: Artifact, artifact_s
     )
 
 
+def test_a_damaged_result_value_is_a_json_500_on_the_task_api(
+    api: APIClient, artifact: Artifact, artifact_storage_in_tmp
+) -> None:
+    """The task API reads a long result back from its artifact; a damaged one is the same
+    artifact_integrity error there as on the content endpoint, not an unhandled exception."""
+    path = stored_file(artifact_storage_in_tmp, artifact)
+    path.write_bytes(path.read_bytes()[:100])
+    body = assert_error(api.get(f"/api/tasks/{artifact.task_id}/"), 500, "artifact_integrity")
+    assert artifact.id in body["detail"]
+
+
 # --- chunk boundaries ------------------------------------------------------------------------
 
 
