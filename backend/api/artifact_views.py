@@ -201,6 +201,8 @@ class ArtifactContentApi(APIView):
         )
         record_artifact_read(artifact_id=artifact.id)
 
+        # Closing the response closes `content` and its stored file, whether or not the body
+        # was ever iterated (a client may drop the connection before the first byte).
         response = StreamingHttpResponse(
             content,
             status=status.HTTP_206_PARTIAL_CONTENT if byte_range else status.HTTP_200_OK,

@@ -398,6 +398,32 @@ def test_a_damaged_result_value_is_a_json_500_on_the_task_api(
     assert artifact.id in body["detail"]
 
 
+# --- resources -------------------------------------------------------------------------------
+
+
+def test_an_unread_response_closes_its_stored_file_when_closed(
+    api: APIClient, artifact: Artifact, monkeypatch
+) -> None:
+    """A client that drops the connection never iterates the body; the server still closes the
+    response, and that closes the stored file (no file is left for the garbage collector)."""
+    opened = []
+    storage = selectors.artifact_storage()
+
+    class RecordingStorage:
+        def open(self, name: str, mode: str = "rb"):
+            stored = storage.open(name, mode)
+            opened.append(stored)
+            return stored
+
+    monkeypatch.setattr(selectors, "artifact_storage", RecordingStorage)
+    response = api.get(content_url(artifact.id))
+    assert response.status_code == 200
+    [stored] = opened
+    assert not stored.closed
+    response.close()
+    assert stored.closed
+
+
 # --- chunk boundaries ------------------------------------------------------------------------
 
 

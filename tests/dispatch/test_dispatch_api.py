@@ -365,7 +365,9 @@ def test_workers_read_artifacts_only_of_tasks_they_hold(
     assert response.status_code == 200
     assert b"".join(response.streaming_content) == ("log line\n" * 500).encode()
     assert other_worker_api.get(url).status_code == 404
-    assert api.get(url).status_code == 200  # the task's owner
+    owner_read = api.get(url)
+    assert owner_read.status_code == 200  # the task's owner
+    owner_read.close()  # unread: close it as a server would, which closes the stored file
 
 
 def test_a_50_mb_result_is_accepted_and_reads_back_whole(api, worker_api):
