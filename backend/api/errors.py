@@ -59,9 +59,16 @@ def error_body(
 
 
 def error_response(
-    http_status: int, *, detail: str, code: str, fields: dict[str, list[str]] | None = None
+    http_status: int,
+    *,
+    detail: str,
+    code: str,
+    fields: dict[str, list[str]] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Response:
-    return Response(error_body(detail=detail, code=code, fields=fields), status=http_status)
+    return Response(
+        error_body(detail=detail, code=code, fields=fields), status=http_status, headers=headers
+    )
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -100,15 +107,17 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
             (code for kind, code in DOMAIN_STATUS.items() if isinstance(exc, kind)),
             status.HTTP_400_BAD_REQUEST,
         )
-        response = error_response(
+        return error_response(
             http_status,
             detail=exc.message,
             code=exc.code,
             fields={exc.field: [exc.message]} if exc.field else None,
+            headers=(
+                {"Content-Range": f"bytes */{exc.size_bytes}"}
+                if isinstance(exc, RangeNotSatisfiable)
+                else None
+            ),
         )
-        if isinstance(exc, RangeNotSatisfiable):
-            response["Content-Range"] = f"bytes */{exc.size_bytes}"
-        return response
 
     if isinstance(exc, ArtifactIntegrityError):
         # Logged with the artifact id where it was found; no byte of content is sent.
