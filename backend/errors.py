@@ -43,6 +43,12 @@ class PayloadTooLarge(BatonError):
     code = "too_large"
 
 
+class NotSatisfiable(BatonError):
+    """A requested slice (a byte range, a line range) lies outside the content (416)."""
+
+    code = "not_satisfiable"
+
+
 class TurnCancelled(Conflict):
     """The turn a worker holds was cancelled by the product: stop the executor (409)."""
 

@@ -25,7 +25,7 @@ def seed(turns: int) -> None:
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
-    from backend.artifacts.services import ingest_text
+    from backend.tasks.ingestion import ingest_text
     from backend.tasks.models import Role, Subtask, SubtaskStatus, Task, TaskStatus
 
     owner, _ = get_user_model().objects.get_or_create(username="bench-owner")

@@ -1,20 +1,30 @@
 """Input and output serializers for the artifact API.
 
-The output shapes are the selectors' dicts (`backend.artifacts.selectors`): a manifest entry is
-what the dispatch payload lists per artifact, and the metadata endpoint adds bookkeeping to it.
+The outputs read Artifact rows: a manifest entry is what the dispatch payload lists per
+artifact, and the metadata endpoint adds bookkeeping to it. Download URLs are absolute, built
+from the request the serializer is given in its context (`{"request": request}`).
 """
 
 from __future__ import annotations
 
 import re
 
+from django.urls import reverse
 from rest_framework import serializers
+from rest_framework.request import Request
 
 from backend.api.serializers import StrictQuery
-from backend.artifacts.models import ArtifactKind
+from backend.artifacts.models import Artifact, ArtifactKind
 from backend.artifacts.selectors import LineRange
 
 LINES_PATTERN = re.compile(r"^(\d+)-(\d*)$")
+
+
+def artifact_download_url(*, request: Request, artifact_id: str) -> str:
+    """Where the artifact's content is served, as an absolute URL for this request's host."""
+    return request.build_absolute_uri(
+        reverse("artifact-content", kwargs={"artifact_id": artifact_id})
+    )
 
 
 class ArtifactManifestEntryOutput(serializers.Serializer):
@@ -24,13 +34,20 @@ class ArtifactManifestEntryOutput(serializers.Serializer):
     size_bytes = serializers.IntegerField()
     size_chars = serializers.IntegerField()
     size_lines = serializers.IntegerField()
-    path = serializers.CharField(help_text="Where the executor finds the text in its workspace.")
-    download_url = serializers.CharField(help_text="GET it for the whole text.")
+    path = serializers.CharField(
+        source="workspace_path", help_text="Where the executor finds the text in its workspace."
+    )
+    download_url = serializers.SerializerMethodField(help_text="GET it for the whole text.")
+
+    def get_download_url(self, artifact: Artifact) -> str:
+        return artifact_download_url(request=self.context["request"], artifact_id=artifact.id)
 
 
 class ArtifactOutput(ArtifactManifestEntryOutput):
     task = serializers.IntegerField(
-        allow_null=True, help_text="The task whose turn first produced this text."
+        source="task_id",
+        allow_null=True,
+        help_text="The task whose turn first produced this text.",
     )
     created_at = serializers.DateTimeField()
     last_read_at = serializers.DateTimeField(allow_null=True)

@@ -39,16 +39,12 @@ from backend.api.artifact_serializers import ArtifactContentQuery, ArtifactOutpu
 from backend.api.renderers import BatonJSONRenderer
 from backend.artifacts import selectors
 from backend.artifacts.retention import record_artifact_read
-from backend.artifacts.selectors import ByteRange, LinesNotSatisfiable
-from backend.artifacts.storage import ArtifactIntegrityError
+from backend.artifacts.selectors import ByteRange, RangeNotSatisfiable
 from backend.errors import InvalidInput
+from backend.tasks.artifact_access import visible_artifact
 
 CONTENT_TYPE = "text/plain; charset=utf-8"
 _BYTE_RANGE = re.compile(r"^bytes=[ \t]*(\d*)-(\d*)[ \t]*$", re.IGNORECASE)
-
-
-def _base_url(request: Request) -> str:
-    return request.build_absolute_uri("/").rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -113,13 +109,6 @@ class _JSONErrorsNegotiation(BaseContentNegotiation):
         return renderers[0], renderers[0].media_type
 
 
-def _error(status_code: int, *, detail: str, code: str, field: str | None = None) -> Response:
-    body: dict[str, Any] = {"detail": detail, "code": code}
-    if field:
-        body["fields"] = {field: [detail]}
-    return Response(body, status=status_code)
-
-
 class ArtifactDetailApi(APIView):
     @extend_schema(
         operation_id="artifacts_retrieve",
@@ -127,11 +116,8 @@ class ArtifactDetailApi(APIView):
         summary="An artifact's metadata: sizes, kind, sha256, workspace path and download URL",
     )
     def get(self, request: Request, artifact_id: str) -> Response:
-        artifact = selectors.visible_artifact(user=request.user, artifact_id=artifact_id)
-        metadata = selectors.artifact_metadata(
-            artifact=artifact, request_base_url=_base_url(request)
-        )
-        return Response(ArtifactOutput(metadata).data)
+        artifact = visible_artifact(user=request.user, artifact_id=artifact_id)
+        return Response(ArtifactOutput(artifact, context={"request": request}).data)
 
 
 _TEXT = OpenApiTypes.STR
@@ -185,7 +171,7 @@ class ArtifactContentApi(APIView):
         query = ArtifactContentQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         line_range = query.validated_data.get("lines")
-        artifact = selectors.visible_artifact(user=request.user, artifact_id=artifact_id)
+        artifact = visible_artifact(user=request.user, artifact_id=artifact_id)
         etag = f'"{artifact.sha256}"'
 
         if _etag_matches(request.headers.get("If-None-Match"), etag=etag):
@@ -202,32 +188,21 @@ class ArtifactContentApi(APIView):
         if requested is not None:
             byte_range = requested.resolve(size=artifact.size_bytes)
             if byte_range is None:
-                response = _error(
-                    status.HTTP_416_REQUESTED_RANGE_NOT_SATISFIABLE,
-                    detail=f"Range {request.headers['Range']!r} cannot be satisfied: artifact "
+                raise RangeNotSatisfiable(
+                    f"Range {request.headers['Range']!r} cannot be satisfied: artifact "
                     f"{artifact.id} has {artifact.size_bytes} bytes.",
-                    code="range_not_satisfiable",
+                    size_bytes=artifact.size_bytes,
                 )
-                response["Content-Range"] = f"bytes */{artifact.size_bytes}"
-                return response
 
-        try:
-            content = selectors.artifact_content(
-                artifact=artifact, byte_range=byte_range, line_range=line_range
-            )
-        except ArtifactIntegrityError as error:
-            return _error(
-                status.HTTP_500_INTERNAL_SERVER_ERROR, detail=str(error), code="artifact_integrity"
-            )
-        except LinesNotSatisfiable as error:
-            return _error(
-                status.HTTP_416_REQUESTED_RANGE_NOT_SATISFIABLE,
-                detail=error.message,
-                code=error.code,
-                field=error.field,
-            )
+        # Raises ArtifactIntegrityError (500) or LinesNotSatisfiable (416), mapped by
+        # backend.api.errors like every other error.
+        content = selectors.artifact_content(
+            artifact=artifact, byte_range=byte_range, line_range=line_range
+        )
         record_artifact_read(artifact_id=artifact.id)
 
+        # Closing the response closes `content` and its stored file, whether or not the body
+        # was ever iterated (a client may drop the connection before the first byte).
         response = StreamingHttpResponse(
             content,
             status=status.HTTP_206_PARTIAL_CONTENT if byte_range else status.HTTP_200_OK,

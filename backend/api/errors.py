@@ -4,6 +4,10 @@ Every error response looks like
     {"detail": "<one readable sentence naming the field>", "code": "<code>",
      "fields": {"<field>": ["<problem>", ...]}}
 `fields` is present when the problem is tied to input fields.
+
+Views never build error bodies themselves: they raise domain errors (`backend.errors`, and the
+artifact errors of `backend.artifacts`) or let DRF raise its own, and `api_exception_handler`,
+the only builder of the shape above, maps each by its type.
 """
 
 from __future__ import annotations
@@ -17,14 +21,54 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from backend.errors import BatonError, Conflict, InvalidInput, NotFound, PayloadTooLarge
+from backend.artifacts.selectors import RangeNotSatisfiable
+from backend.artifacts.storage import ArtifactIntegrityError
+from backend.errors import (
+    BatonError,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    NotSatisfiable,
+    PayloadTooLarge,
+)
 
 DOMAIN_STATUS = {
     InvalidInput: status.HTTP_400_BAD_REQUEST,
     NotFound: status.HTTP_404_NOT_FOUND,
     Conflict: status.HTTP_409_CONFLICT,
     PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+    NotSatisfiable: status.HTTP_416_REQUESTED_RANGE_NOT_SATISFIABLE,
 }
+
+
+class RequestBodyNotAnObject(exceptions.ParseError):
+    """The request body parsed, but as JSON that is not an object (a list, a string, null)."""
+
+    default_detail = "The request body must be a JSON object."
+    default_code = "invalid"
+
+
+def error_body(
+    *, detail: str, code: str, fields: dict[str, list[str]] | None = None
+) -> dict[str, Any]:
+    """Baton's error body (see the module docstring)."""
+    body: dict[str, Any] = {"detail": detail, "code": code}
+    if fields:
+        body["fields"] = fields
+    return body
+
+
+def error_response(
+    http_status: int,
+    *,
+    detail: str,
+    code: str,
+    fields: dict[str, list[str]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    return Response(
+        error_body(detail=detail, code=code, fields=fields), status=http_status, headers=headers
+    )
 
 
 def _flatten(detail: Any, prefix: str = "") -> dict[str, list[str]]:
@@ -59,38 +103,38 @@ def _summary(fields: dict[str, list[str]]) -> str:
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, BatonError):
-        body: dict[str, Any] = {"detail": exc.message, "code": exc.code}
-        if exc.field:
-            body["fields"] = {exc.field: [exc.message]}
         http_status = next(
             (code for kind, code in DOMAIN_STATUS.items() if isinstance(exc, kind)),
             status.HTTP_400_BAD_REQUEST,
         )
-        return Response(body, status=http_status)
+        return error_response(
+            http_status,
+            detail=exc.message,
+            code=exc.code,
+            fields={exc.field: [exc.message]} if exc.field else None,
+            headers=(
+                {"Content-Range": f"bytes */{exc.size_bytes}"}
+                if isinstance(exc, RangeNotSatisfiable)
+                else None
+            ),
+        )
+
+    if isinstance(exc, ArtifactIntegrityError):
+        # Logged with the artifact id where it was found; no byte of content is sent.
+        return error_response(status.HTTP_500_INTERNAL_SERVER_ERROR, detail=str(exc), code=exc.code)
 
     if isinstance(exc, exceptions.ValidationError):
         fields = _flatten(exc.detail)
-        if list(fields) == ["non_field_errors"] and any(
-            "Expected a dictionary" in problem or problem == "No data provided"
-            for problem in fields["non_field_errors"]
-        ):
-            return Response(
-                {"detail": "The request body must be a JSON object.", "code": "invalid"},
-                status=status.HTTP_400_BAD_REQUEST,
-            )
-        return Response(
-            {"detail": _summary(fields), "code": "invalid", "fields": fields},
-            status=status.HTTP_400_BAD_REQUEST,
+        return error_response(
+            status.HTTP_400_BAD_REQUEST, detail=_summary(fields), code="invalid", fields=fields
         )
 
     if isinstance(exc, RequestDataTooBig):
-        return Response(
-            {
-                "detail": "The request body is larger than this server accepts "
-                f"({settings.BATON_MAX_REQUEST_BODY_BYTES} bytes).",
-                "code": "too_large",
-            },
-            status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+        return error_response(
+            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+            detail="The request body is larger than this server accepts "
+            f"({settings.BATON_MAX_REQUEST_BODY_BYTES} bytes).",
+            code="too_large",
         )
 
     if isinstance(exc, Http404):
@@ -99,5 +143,5 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     if response is not None and isinstance(exc, exceptions.APIException):
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         codes = exc.get_codes()
-        response.data = {"detail": detail, "code": codes if isinstance(codes, str) else "error"}
+        response.data = error_body(detail=detail, code=codes if isinstance(codes, str) else "error")
     return response

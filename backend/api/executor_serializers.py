@@ -1,9 +1,14 @@
-"""Input and output shapes of the executor API."""
+"""Input and output shapes of the executor API.
+
+The dispatch output needs the request in its context: its artifact manifest carries absolute
+download URLs (`artifact_serializers.ArtifactManifestEntryOutput`).
+"""
 
 from __future__ import annotations
 
 from rest_framework import serializers
 
+from backend.api.artifact_serializers import ArtifactManifestEntryOutput
 from backend.api.serializers import ResultField, StrictInput, UsageFields
 from backend.dispatch.claims import MAX_CLAIM_LIMIT
 from backend.dispatch.reports import REPORT_STATUSES
@@ -81,17 +86,6 @@ class ResultInput(ClaimInput):
     )
 
 
-class ArtifactManifestEntry(serializers.Serializer):
-    id = serializers.CharField()
-    sha256 = serializers.CharField()
-    kind = serializers.CharField()
-    size_bytes = serializers.IntegerField()
-    size_chars = serializers.IntegerField()
-    size_lines = serializers.IntegerField()
-    path = serializers.CharField()
-    download_url = serializers.CharField()
-
-
 class BotConfigOutput(serializers.Serializer):
     bot = serializers.CharField()
     executor = serializers.CharField()
@@ -123,7 +117,7 @@ class DispatchedTurnOutput(serializers.Serializer):
     bot_config = BotConfigOutput()
     prompt = serializers.CharField()
     prompt_report = serializers.DictField()
-    artifacts = ArtifactManifestEntry(many=True)
+    artifacts = ArtifactManifestEntryOutput(many=True)
     native_session_id = serializers.CharField(allow_blank=True)
     native_session = NativeSessionOutput(allow_null=True)
     resume_prompt = serializers.CharField(

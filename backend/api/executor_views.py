@@ -102,7 +102,6 @@ class DispatchApi(ExecutorApi):
             worker_id=data["worker_id"],
             kinds=data["kinds"],
             limit=data["limit"],
-            request_base_url=request.build_absolute_uri("/"),
         )
         interval = leases.heartbeat_interval_seconds()
         turns = [_turn_payload(turn, heartbeat_interval=interval) for turn in claimed]
@@ -111,7 +110,10 @@ class DispatchApi(ExecutorApi):
             if turns
             else claims.next_ready_in_seconds(kinds=data["kinds"], worker_id=data["worker_id"])
         )
-        return Response(DispatchOutput({"turns": turns, "next_ready_in_seconds": next_ready}).data)
+        output = DispatchOutput(
+            {"turns": turns, "next_ready_in_seconds": next_ready}, context={"request": request}
+        )
+        return Response(output.data)
 
 
 class HeartbeatBatchApi(ExecutorApi):

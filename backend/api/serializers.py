@@ -6,12 +6,15 @@ not a silently ignored one); the domain rules live in the services.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.fields import empty
 from rest_framework.settings import api_settings
 
+from backend.api.errors import RequestBodyNotAnObject
 from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
     TASK_TYPE_PATTERN,
@@ -39,7 +42,16 @@ def label_name_field(**kwargs: Any) -> serializers.CharField:
 
 
 class StrictInput(serializers.Serializer):
-    """An input serializer that refuses fields it does not declare."""
+    """An input serializer that refuses fields it does not declare.
+
+    Used as a whole request body (not nested), it refuses a body that is not a JSON object
+    before looking at any field (`RequestBodyNotAnObject`).
+    """
+
+    def run_validation(self, data: Any = empty) -> Any:
+        if self.parent is None and not isinstance(data, Mapping):
+            raise RequestBodyNotAnObject()
+        return super().run_validation(data)
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):

@@ -7,16 +7,16 @@ that no turn references them; an admin deletion would bypass that and leave the 
 from __future__ import annotations
 
 from django.contrib import admin
-from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from backend.admin_mixins import ReadOnlyAdminMixin
 from backend.artifacts.admin_inlines import content_link
 from backend.artifacts.models import Artifact
 
 
 @admin.register(Artifact)
-class ArtifactAdmin(admin.ModelAdmin):
+class ArtifactAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = [
         "id",
         "kind",
@@ -63,12 +63,3 @@ class ArtifactAdmin(admin.ModelAdmin):
     @admin.display(description="Content")
     def content(self, artifact: Artifact) -> str:
         return content_link(artifact)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Artifact | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Artifact | None = None) -> bool:
-        return False

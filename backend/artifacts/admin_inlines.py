@@ -1,4 +1,4 @@
-"""The read-only list of artifacts shown on a task's admin page (hooked into TaskAdmin).
+"""The read-only list of artifacts shown on a task's admin page (`backend.tasks.admin` adds it).
 
 Lists the artifacts the task first produced (`Artifact.task`); identical text recorded later by
 another task stays listed under the first one.
@@ -7,10 +7,10 @@ another task stays listed under the first one.
 from __future__ import annotations
 
 from django.contrib import admin
-from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
+from backend.admin_mixins import ReadOnlyAdminMixin
 from backend.artifacts.models import Artifact
 
 
@@ -20,11 +20,10 @@ def content_link(artifact: Artifact) -> str:
     return format_html('<a href="{}">content</a>', url)
 
 
-class ArtifactInline(admin.TabularInline):
+class ArtifactInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = Artifact
     fk_name = "task"
     extra = 0
-    can_delete = False
     ordering = ["created_at", "id"]
     fields = [
         "id",
@@ -42,12 +41,3 @@ class ArtifactInline(admin.TabularInline):
     @admin.display(description="Content")
     def content(self, artifact: Artifact) -> str:
         return content_link(artifact)
-
-    def has_add_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
-        return False

@@ -1,25 +1,24 @@
-"""Retention: remember when artifacts are read, and prune the ones nothing refers to any more.
+"""Retention mechanics: remember when artifacts are read, and remove artifacts safely.
 
-An artifact stays while any turn references it: prompts point at it and executors download it,
-so removing it would break "nothing is lost" (DESIGN.md, principle 2). Once every referencing
-turn is gone (its task deleted), the artifact is garbage, and `prune_artifacts` removes the row
-and the stored file after it has been neither created nor read for the retention period.
+Which artifacts may go is decided by whoever references them (the turns:
+`backend.tasks.artifact_retention`); this module only offers the age filter and the removal of a
+selection's rows and stored files, and knows nothing of tasks.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.deletion import ProtectedError
 from django.utils import timezone
 
 from backend.artifacts.models import Artifact
 from backend.artifacts.storage import artifact_storage
-from backend.tasks.models import Subtask
 
 logger = logging.getLogger(__name__)
 
@@ -38,29 +37,27 @@ def record_artifact_read(*, artifact_id: str) -> None:
     Artifact.objects.filter(pk=artifact_id).update(last_read_at=timezone.now())
 
 
-def prunable_artifacts(*, older_than: timedelta) -> QuerySet[Artifact]:
-    """Artifacts no turn references, created and last read more than `older_than` ago."""
+def stale_artifacts(*, older_than: timedelta) -> QuerySet[Artifact]:
+    """Artifacts created and last read more than `older_than` ago, referenced or not."""
     cutoff = timezone.now() - older_than
-    return (
-        Artifact.objects.filter(created_at__lt=cutoff)
-        .filter(Q(last_read_at__isnull=True) | Q(last_read_at__lt=cutoff))
-        .filter(~Exists(Subtask.objects.filter(artifact_id=OuterRef("pk"))))
-        .order_by("created_at", "id")
+    return Artifact.objects.filter(created_at__lt=cutoff).filter(
+        Q(last_read_at__isnull=True) | Q(last_read_at__lt=cutoff)
     )
 
 
-def prune_artifacts(*, older_than: timedelta, dry_run: bool) -> list[PrunedArtifact]:
-    """Remove unreferenced artifacts older than `older_than`; return what was (or would be) removed.
+def remove_artifacts(
+    *, selection: Callable[[], QuerySet[Artifact]], dry_run: bool
+) -> list[PrunedArtifact]:
+    """Remove the artifacts `selection()` lists; return what was (or would be) removed.
 
-    Each artifact is removed in its own transaction: its row is locked and the selection is
-    checked again, so one that gained a reference (or a read) since the candidates were listed
-    is kept; the foreign key from turns backs this up on commit. The stored file is deleted only
-    after the row's deletion has committed: a crash in between leaves an orphan file, which is
-    harmless (identical content recorded later reuses it), never a row without its file.
+    `selection` is called once to list the candidates, then again for each one: it is removed
+    in its own transaction, its row locked and the selection checked again, so one that left the
+    selection since (gained a reference, or a read) is kept; a protecting foreign key backs
+    this up on commit. The stored file is deleted only after the row's deletion has committed:
+    a crash in between leaves an orphan file, which is harmless (identical content recorded
+    later reuses it), never a row without its file.
     """
-    candidates = list(
-        prunable_artifacts(older_than=older_than).values_list("id", "kind", "size_bytes")
-    )
+    candidates = list(selection().values_list("id", "kind", "size_bytes"))
     if dry_run:
         return [
             PrunedArtifact(id=id_, kind=kind, size_bytes=size) for id_, kind, size in candidates
@@ -71,12 +68,7 @@ def prune_artifacts(*, older_than: timedelta, dry_run: bool) -> list[PrunedArtif
     for artifact_id, _, _ in candidates:
         try:
             with transaction.atomic():
-                artifact = (
-                    prunable_artifacts(older_than=older_than)
-                    .select_for_update()
-                    .filter(pk=artifact_id)
-                    .first()
-                )
+                artifact = selection().select_for_update().filter(pk=artifact_id).first()
                 if artifact is None:
                     continue  # referenced or read meanwhile, or already removed
                 artifact.delete()

@@ -1,9 +1,10 @@
-"""Selectors that read artifacts: who may see one, the dispatch manifest, and verified content.
+"""Selectors that read artifacts: the dispatch manifest, and verified content.
 
-Access follows the tasks: a caller may read an artifact when they may see a task with a turn
-that references it, or the task that first produced it (`visible_tasks`); an executor worker,
-while it holds a claim on a task's turn, reads the artifacts that task's turns reference; staff
-read them all.
+They return models and plain data; where content is downloaded from is the API's business
+(`backend.api.artifact_serializers` builds the URLs from the request).
+
+Who may read an artifact is not decided here: access follows the tasks that produced or
+reference it (`backend.tasks.artifact_access`); this package knows nothing of tasks.
 
 Content is served only after the stored object has been hashed whole and matched against the
 recorded sha256, so a damaged or missing file is an error, never wrong bytes (DESIGN.md,
@@ -17,27 +18,32 @@ import hashlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
 
-from django.contrib.auth.models import AbstractBaseUser
-from django.db.models import Exists, OuterRef, Q
-from django.urls import reverse
-
-from backend.artifacts.models import Artifact, workspace_path
+from backend.artifacts.models import Artifact
 from backend.artifacts.storage import READ_CHUNK_BYTES, ArtifactIntegrityError, artifact_storage
-from backend.errors import BatonError, NotFound
-from backend.tasks.models import Subtask, SubtaskStatus, Task
-from backend.tasks.selectors import visible_tasks
+from backend.errors import NotFound, NotSatisfiable
 
 logger = logging.getLogger(__name__)
 
+# What an executor needs to materialize an artifact in its workspace and check it.
 MANIFEST_FIELDS = ("id", "sha256", "kind", "size_bytes", "size_chars", "size_lines")
 
 
-class LinesNotSatisfiable(BatonError):
+class LinesNotSatisfiable(NotSatisfiable):
     """A `?lines=` slice starts after the artifact's last line (the API answers 416)."""
 
     code = "lines_not_satisfiable"
+
+
+class RangeNotSatisfiable(NotSatisfiable):
+    """A byte range starts past the end of the content (416, with `Content-Range: bytes */SIZE`)."""
+
+    code = "range_not_satisfiable"
+
+    def __init__(self, message: str, *, size_bytes: int) -> None:
+        super().__init__(message)
+        self.size_bytes = size_bytes
 
 
 @dataclass(frozen=True)
@@ -56,70 +62,12 @@ class ByteRange:
     end: int
 
 
-def visible_artifact(*, user: AbstractBaseUser, artifact_id: str) -> Artifact:
-    """The artifact, or NotFound when it does not exist or the user may not see it (one query).
+def manifest_artifacts(*, artifact_ids: Sequence[str]) -> list[Artifact]:
+    """The artifacts a dispatch payload lists, in the order given, each once (one query).
 
-    Staff see every artifact, including orphans whose turns are gone and that wait for
-    `prune_artifacts`; anyone else needs a visible task that produced or references it.
-    """
-    artifacts = Artifact.objects.filter(pk=artifact_id)
-    if not user.is_staff:
-        tasks = visible_tasks(user=user)
-        # An executor worker reads the artifacts of the tasks whose turns it holds right now.
-        claimed = Task.objects.filter(
-            subtasks__claimed_by=user, subtasks__status=SubtaskStatus.RUNNING
-        )
-        referenced = Subtask.objects.filter(artifact_id=OuterRef("pk")).filter(
-            Q(task__in=tasks) | Q(task__in=claimed)
-        )
-        artifacts = artifacts.filter(Q(task__in=tasks) | Exists(referenced))
-    artifact = artifacts.first()
-    if artifact is None:
-        raise NotFound(f"Artifact {artifact_id} does not exist.")
-    return artifact
-
-
-def artifact_download_url(*, artifact_id: str, request_base_url: str | None = None) -> str:
-    """Where the content is served: a path, or an absolute URL under `request_base_url`.
-
-    `request_base_url` is a scheme and host such as `https://baton.example.com`; the path
-    already carries any script prefix Baton is mounted under.
-    """
-    path = reverse("artifact-content", kwargs={"artifact_id": artifact_id})
-    if request_base_url is None:
-        return path
-    return request_base_url.rstrip("/") + path
-
-
-def manifest_entry(*, artifact: Artifact, request_base_url: str | None = None) -> dict[str, Any]:
-    """What an executor needs to materialize one artifact in its workspace and check it."""
-    return {
-        **{field: getattr(artifact, field) for field in MANIFEST_FIELDS},
-        "path": workspace_path(artifact.id),
-        "download_url": artifact_download_url(
-            artifact_id=artifact.id, request_base_url=request_base_url
-        ),
-    }
-
-
-def artifact_metadata(*, artifact: Artifact, request_base_url: str | None = None) -> dict:
-    """The manifest entry plus the bookkeeping fields the metadata endpoint shows."""
-    return {
-        **manifest_entry(artifact=artifact, request_base_url=request_base_url),
-        "task": artifact.task_id,
-        "created_at": artifact.created_at,
-        "last_read_at": artifact.last_read_at,
-    }
-
-
-def artifact_manifest(
-    *, artifact_ids: Sequence[str], request_base_url: str | None = None
-) -> list[dict[str, Any]]:
-    """Manifest entries for the dispatch payload, in the order given, each artifact once.
-
-    One query. The ids come from turns, whose references are protected, so an unknown id is a
-    bug upstream: it raises NotFound naming the ids rather than sending a prompt whose pointer
-    leads to a file the workspace will not have.
+    Only the manifest fields are loaded (`MANIFEST_FIELDS`). The ids come from turns, whose
+    references are protected, so an unknown id is a bug upstream: it raises NotFound naming the
+    ids rather than sending a prompt whose pointer leads to a file the workspace will not have.
     """
     ordered_ids = list(dict.fromkeys(artifact_ids))
     if not ordered_ids:
@@ -131,10 +79,7 @@ def artifact_manifest(
     missing = [artifact_id for artifact_id in ordered_ids if artifact_id not in by_id]
     if missing:
         raise NotFound(f"Artifacts {', '.join(missing)} do not exist.", field="artifact_ids")
-    return [
-        manifest_entry(artifact=by_id[artifact_id], request_base_url=request_base_url)
-        for artifact_id in ordered_ids
-    ]
+    return [by_id[artifact_id] for artifact_id in ordered_ids]
 
 
 class ArtifactContent:

@@ -1,160 +1,53 @@
-"""Ingestion: measure a turn's text once, keep a bounded preview, spill long text to an artifact.
+"""Storing text as an artifact: the content once, by its sha256, and the row that names it.
 
-Called whenever a USER message or an ASSISTANT result is recorded. After it, the turn carries
-everything prompt building needs (the history text or its head+tail preview, sizes, token
-counts, the artifact pointer), so building a prompt never touches the full text again and costs
-the same whether a result was 1 KB or 1 GB (DESIGN.md, principles 1 and 2).
+This is storage only. Whether a text is long enough to spill, and what a turn keeps of it
+instead, is ingestion's decision (`backend.tasks.ingestion`); this module never looks at turns.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import Model
 
-from backend.artifacts.classify import classify_text
 from backend.artifacts.models import ARTIFACT_ID_LENGTH, Artifact
 from backend.artifacts.storage import ArtifactIntegrityError, store_text
-from backend.prompting.truncate import make_preview
-from backend.prompting.units import count_tokens
-
-# Lone surrogates cannot be encoded as UTF-8, and PostgreSQL text cannot hold NUL.
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-@dataclass(frozen=True)
-class IngestedText:
-    """What ingestion stores on a turn (the Subtask history_* fields)."""
-
-    history_text: str
-    history_text_tokens: int
-    preview_head: str
-    preview_tail: str
-    chars: int
-    bytes: int
-    lines: int
-    tokens: int
-    tokens_estimated: bool
-    replaced_chars: int
-    artifact: Artifact | None
-
-
-def replace_unstorable_chars(text: str) -> tuple[str, int]:
-    """Text safe to store and encode, and how many characters became U+FFFD.
-
-    Lone surrogates and NUL become U+FFFD in what the model sees (history text, preview,
-    artifact); the turn's stored result keeps them, so nothing is lost.
-    """
-    if _UNSTORABLE.search(text) is None:
-        return text, 0
-    return _UNSTORABLE.subn("\ufffd", text)
 
 
 def count_lines(text: str) -> int:
+    """Lines as Baton counts them everywhere: split on "\\n"; a last line without one counts."""
     if not text:
         return 0
     return text.count("\n") + (0 if text.endswith("\n") else 1)
 
 
-def ingest_text(*, text: str, task: Model, serialized_json: bool = False) -> IngestedText:
-    """Measure `text` and, when it is longer than the spill threshold, store it as an artifact.
+def store_artifact(*, text: str, kind: str, task: Model | None) -> Artifact:
+    """Store `text` under its content address and return its artifact, created on first sight.
 
-    `serialized_json` says the text is Baton's canonical JSON of a result without `value`
-    (it classifies the artifact as json). Must run inside the transaction that records the
-    turn: if anything fails, the turn is not marked recorded and the call can be retried.
+    The text must be valid Unicode (see `storage.store_text`). `task` is recorded as the
+    producer only when the artifact is new: identical text stored later shares the first row.
+    Concurrency-safe; must run inside the caller's transaction.
     """
-    text, replaced = replace_unstorable_chars(text)
-    chars = len(text)
-    lines = count_lines(text)
-    if chars <= settings.BATON_SPILL_THRESHOLD_CHARS:
-        tokens = count_tokens(text)
-        return IngestedText(
-            history_text=text,
-            history_text_tokens=tokens,
-            preview_head="",
-            preview_tail="",
-            chars=chars,
-            bytes=len(text.encode("utf-8")),
-            lines=lines,
-            tokens=tokens,
-            tokens_estimated=False,
-            replaced_chars=replaced,
-            artifact=None,
-        )
-
-    preview = make_preview(
-        text,
-        head_chars=settings.BATON_PREVIEW_HEAD_CHARS,
-        tail_chars=settings.BATON_PREVIEW_TAIL_CHARS,
-    )
     stored = store_text(text)
-    artifact = _artifact_for(
-        stored_sha256=stored.sha256,
-        storage_key=stored.storage_key,
-        size_bytes=stored.size_bytes,
-        chars=chars,
-        lines=lines,
-        kind=classify_text(text, serialized_json=serialized_json),
-        task=task,
-    )
-    kept_tokens = count_tokens(preview.head) + count_tokens(preview.tail)
-    kept_bytes = len(preview.head.encode("utf-8")) + len(preview.tail.encode("utf-8"))
-    middle_bytes = stored.size_bytes - kept_bytes
-    # Estimate the spilled middle at the preview's own bytes-per-token rate (Codex's 4 bytes
-    # per token when the preview is empty), instead of tokenizing megabytes.
-    middle_tokens = (
-        round(middle_bytes * kept_tokens / kept_bytes) if kept_bytes else -(-middle_bytes // 4)
-    )
-    history_text = preview.text
-    return IngestedText(
-        history_text=history_text,
-        history_text_tokens=count_tokens(history_text),
-        preview_head=preview.head,
-        preview_tail=preview.tail,
-        chars=chars,
-        bytes=stored.size_bytes,
-        lines=lines,
-        tokens=kept_tokens + middle_tokens,
-        tokens_estimated=True,
-        replaced_chars=replaced,
-        artifact=artifact,
-    )
-
-
-def _artifact_for(
-    *,
-    stored_sha256: str,
-    storage_key: str,
-    size_bytes: int,
-    chars: int,
-    lines: int,
-    kind: str,
-    task: Model,
-) -> Artifact:
-    """The artifact row for this content, created on first sight (concurrency-safe)."""
-    artifact_id = stored_sha256[:ARTIFACT_ID_LENGTH]
+    artifact_id = stored.sha256[:ARTIFACT_ID_LENGTH]
     # Locking the row makes a concurrent prune wait for this transaction, after which it sees
-    # the new reference and keeps the artifact.
+    # the caller's new reference and keeps the artifact.
     existing = Artifact.objects.select_for_update().filter(pk=artifact_id).first()
     if existing is None:
         try:
             with transaction.atomic():
                 return Artifact.objects.create(
                     id=artifact_id,
-                    sha256=stored_sha256,
-                    storage_key=storage_key,
-                    size_chars=chars,
-                    size_bytes=size_bytes,
-                    size_lines=lines,
+                    sha256=stored.sha256,
+                    storage_key=stored.storage_key,
+                    size_chars=len(text),
+                    size_bytes=stored.size_bytes,
+                    size_lines=count_lines(text),
                     kind=kind,
                     task=task,
                 )
         except IntegrityError:
             existing = Artifact.objects.get(pk=artifact_id)  # a concurrent writer won
-    if existing.sha256 != stored_sha256:
+    if existing.sha256 != stored.sha256:
         raise ArtifactIntegrityError(
             f"artifact id {artifact_id} already names different content (sha256 prefix clash)"
         )

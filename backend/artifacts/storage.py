@@ -26,7 +26,12 @@ SPOOL_MAX_BYTES = 4 << 20
 
 
 class ArtifactIntegrityError(RuntimeError):
-    """Stored content does not match its recorded sha256."""
+    """Stored content is missing or does not match its recorded sha256.
+
+    A server-side fault that retrying will not fix: the API answers 500 with this code.
+    """
+
+    code = "artifact_integrity"
 
 
 @dataclass(frozen=True)

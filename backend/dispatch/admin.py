@@ -1,4 +1,5 @@
-"""Django admin for history policies and prompt reports, and the prompt preview page.
+"""Django admin for history policies and prompt reports, the prompt preview page, and what
+dispatch adds to a task's page.
 
 Operators tune each task type's history caps here. A policy form is validated by the prompt
 builder's own pydantic policy (`builder_policy`), so the admin refuses exactly what the builder
@@ -9,6 +10,10 @@ of their own fall back to.
 The preview page (`preview/` under the policy admin) shows the exact prompt the next dispatch
 of a task would send under a saved row or under edited values not yet saved; it only reads
 (`backend.dispatch.preview`), using GET so that nothing on it can write.
+
+A task's page belongs to `backend.tasks.admin`; dispatch re-registers Task with a subclass of
+that admin which adds the prompt reports inline and the "Preview next prompt" button, so the
+dependency points from dispatch to tasks.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils.html import format_html, format_html_join
 
-from backend.dispatch.admin_inlines import report_policy_label
+from backend.admin_mixins import ReadOnlyAdminMixin
+from backend.artifacts.admin_inlines import ArtifactInline
+from backend.dispatch.admin_inlines import PromptReportInline, report_policy_label
 from backend.dispatch.models import HistoryPolicy, PromptReport
 from backend.dispatch.policies import (
     POLICY_FIELDS,
@@ -34,6 +41,7 @@ from backend.dispatch.policies import (
 )
 from backend.dispatch.preview import PromptPreview, preview_prompt
 from backend.errors import BatonError, InvalidInput
+from backend.tasks.admin import SubtaskInline, TaskAdmin
 from backend.tasks.models import Task, task_type_validator
 
 PREVIEW_URL_NAME = "dispatch_historypolicy_preview"
@@ -320,8 +328,10 @@ class HistoryPolicyAdmin(admin.ModelAdmin):
 
 
 @admin.register(PromptReport)
-class PromptReportAdmin(admin.ModelAdmin):
+class PromptReportAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     """What each dispatch built, read-only: counts, sizes and flags, never the prompt text."""
+
+    allow_delete = True
 
     list_display = [
         "id",
@@ -353,8 +363,14 @@ class PromptReportAdmin(admin.ModelAdmin):
     ) -> list[str]:
         return [field.name for field in self.opts.fields]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: PromptReport | None = None) -> bool:
-        return False
+class DispatchTaskAdmin(TaskAdmin):
+    """A task's page with its prompt reports and a link to the prompt preview of its next
+    dispatch (the button comes from `admin/dispatch/task_change_form.html`)."""
+
+    inlines = [SubtaskInline, PromptReportInline, ArtifactInline]
+    change_form_template = "admin/dispatch/task_change_form.html"
+
+
+admin.site.unregister(Task)
+admin.site.register(Task, DispatchTaskAdmin)

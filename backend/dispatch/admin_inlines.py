@@ -1,4 +1,4 @@
-"""The read-only list of prompt reports shown on a task's admin page (hooked into TaskAdmin).
+"""The read-only list of prompt reports on a task's admin page (`backend.dispatch.admin` adds it).
 
 One row per dispatch of the task's turns, newest first: which policy version built it, what it
 included, omitted and cut, its size and build time. Counts only; a prompt's text is never stored
@@ -11,6 +11,7 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from backend.admin_mixins import ReadOnlyAdminMixin
 from backend.dispatch.models import PromptReport
 
 
@@ -23,11 +24,10 @@ def report_policy_label(report: PromptReport) -> str:
     return f"{report.policy.task_type or 'default'} v{report.policy_version}"
 
 
-class PromptReportInline(admin.TabularInline):
+class PromptReportInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = PromptReport
     fk_name = "task"
     extra = 0
-    can_delete = False
     ordering = ["-created_at", "-id"]
     fields = [
         "created_at",
@@ -58,12 +58,3 @@ class PromptReportInline(admin.TabularInline):
     def get_queryset(self, request: HttpRequest) -> QuerySet[PromptReport]:
         # The subtask and policy columns would otherwise cost one query per row.
         return super().get_queryset(request).select_related("subtask", "policy")
-
-    def has_add_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: object | None = None) -> bool:
-        return False

@@ -34,7 +34,6 @@ def claim_turns(
     worker_id: str,
     kinds: Sequence[str],
     limit: int,
-    request_base_url: str | None = None,
 ) -> list[ClaimedTurn]:
     """Claim up to `limit` dispatchable turns of these executor kinds, oldest first, and build
     each one's payload. Each turn is claimed by exactly one caller."""
@@ -46,7 +45,7 @@ def claim_turns(
     ids = _claim_ids(worker=worker, worker_id=worker_id, kinds=kinds, limit=limit)
     if not ids:
         return []
-    return build_claimed_turns(ids=ids, worker_id=worker_id, request_base_url=request_base_url)
+    return build_claimed_turns(ids=ids, worker_id=worker_id)
 
 
 def next_ready_in_seconds(*, kinds: Sequence[str], worker_id: str) -> float | None:

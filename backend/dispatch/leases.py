@@ -21,9 +21,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from backend.artifacts.services import replace_unstorable_chars
 from backend.errors import LeaseLost, NotFound, TurnCancelled
 from backend.events import log_event
+from backend.tasks.ingestion import replace_unstorable_chars
 from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
 from backend.tasks.services import lock_task, record_result, refresh_task_status
 

@@ -20,7 +20,8 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from backend.artifacts.selectors import artifact_manifest
+from backend.artifacts.models import Artifact
+from backend.artifacts.selectors import manifest_artifacts
 from backend.dispatch.leases import attempts_used, requeue
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import policy_rows, resolve_from_rows
@@ -45,7 +46,7 @@ class ClaimedTurn:
     bot: Bot
     prompt: TurnPrompt
     report: PromptReport
-    manifest: list[dict[str, Any]]
+    manifest: list[Artifact]
     # Offered when the claiming worker can resume the bot's native session (see sessions.py).
     session: NativeSession | None
     resume: TurnPrompt | None
@@ -53,9 +54,7 @@ class ClaimedTurn:
     resume_reason: str
 
 
-def build_claimed_turns(
-    *, ids: list[int], worker_id: str, request_base_url: str | None
-) -> list[ClaimedTurn]:
+def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
     """The payloads of the turns `worker_id` just claimed (`ids`), oldest first.
 
     A turn whose payload cannot be built is released (see `_build_failed`) and left out.
@@ -125,14 +124,13 @@ def build_claimed_turns(
         built.append((subtask, prompt, resume, reason))
     try:
         manifest_entries = {
-            entry["id"]: entry
-            for entry in artifact_manifest(
+            artifact.id: artifact
+            for artifact in manifest_artifacts(
                 artifact_ids=[
                     artifact_id
                     for _, prompt, resume, _ in built
                     for artifact_id in _artifacts_of(prompt, resume)
-                ],
-                request_base_url=request_base_url,
+                ]
             )
         }
     except Exception as error:  # noqa: BLE001

@@ -19,7 +19,6 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from backend.artifacts.services import replace_unstorable_chars
 from backend.dispatch.leases import (
     LeaseState,
     attempts_used,
@@ -35,6 +34,7 @@ from backend.dispatch.sessions import record_session
 from backend.errors import Conflict, InvalidInput
 from backend.events import log_event
 from backend.tasks.history import any_of
+from backend.tasks.ingestion import replace_unstorable_chars
 from backend.tasks.models import Role, Subtask, SubtaskStatus
 from backend.tasks.selectors import turn_result
 from backend.tasks.services import check_text_size, record_result

@@ -1,7 +1,8 @@
 """Django admin for bots, tasks and their turns: bots are edited here; turns are read-only.
 
-A task's page also lists its prompt reports and artifacts, and links to the prompt preview of
-its next dispatch (the button comes from `admin/dispatch/task_change_form.html`).
+A task's page lists its turns and artifacts. Dispatch extends this page from its own admin
+(`backend.dispatch.admin.DispatchTaskAdmin` re-registers Task with the prompt reports and the
+prompt preview button), so tasks never imports dispatch.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import json
 from django.contrib import admin
 from django.http import HttpRequest
 
+from backend.admin_mixins import ReadOnlyAdminMixin
 from backend.artifacts.admin_inlines import ArtifactInline
-from backend.dispatch.admin_inlines import PromptReportInline
 from backend.prompting.truncate import truncate_middle
 from backend.prompting.units import Unit
 from backend.tasks.models import Bot, Subtask, Task
@@ -27,10 +28,9 @@ def _bounded(text: str, limit: int) -> str:
     return truncate_middle(text, limit, Unit.CHARS)
 
 
-class SubtaskInline(admin.TabularInline):
+class SubtaskInline(ReadOnlyAdminMixin, admin.TabularInline):
     model = Subtask
     extra = 0
-    can_delete = False
     ordering = ["message_id"]
     fields = [
         "message_id",
@@ -54,12 +54,6 @@ class SubtaskInline(admin.TabularInline):
     def text_shown(self, subtask: Subtask) -> str:
         return _bounded(subtask.history_text, INLINE_TEXT_CHARS)
 
-    def has_add_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Task | None = None) -> bool:
-        return False
-
 
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
@@ -68,12 +62,12 @@ class TaskAdmin(admin.ModelAdmin):
     search_fields = ["title"]
     list_select_related = ["owner"]
     readonly_fields = ["next_message_id", "created_at", "updated_at"]
-    inlines = [SubtaskInline, PromptReportInline, ArtifactInline]
-    change_form_template = "admin/dispatch/task_change_form.html"
+    inlines = [SubtaskInline, ArtifactInline]
 
 
 @admin.register(Subtask)
-class SubtaskAdmin(admin.ModelAdmin):
+class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    allow_delete = True
     list_display = ["id", "task", "message_id", "role", "status", "bot", "executor", "created_at"]
     list_filter = ["status", "role", "executor"]
     search_fields = ["task__title"]
@@ -100,12 +94,6 @@ class SubtaskAdmin(admin.ModelAdmin):
     @admin.display(description="history text")
     def history_text_shown(self, subtask: Subtask) -> str:
         return _bounded(subtask.history_text, DETAIL_TEXT_CHARS)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Subtask | None = None) -> bool:
-        return False
 
 
 @admin.register(Bot)

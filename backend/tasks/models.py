@@ -236,7 +236,7 @@ class Subtask(models.Model):
     partial_text = models.TextField(blank=True)
     progress_updated_at = models.DateTimeField(null=True, blank=True)
 
-    # Measured once at ingestion (backend.artifacts.services.ingest_text), when the message or
+    # Measured once at ingestion (backend.tasks.ingestion.ingest_text), when the message or
     # result is recorded. Prompt building reads only these bounded fields, never `prompt` or
     # `result` themselves (DESIGN.md, principle 1).
     # The text the history shows: the whole text, or for spilled text the rendered preview.

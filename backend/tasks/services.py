@@ -19,9 +19,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from backend.artifacts.services import IngestedText, ingest_text, replace_unstorable_chars
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from backend.prompting.inputs import validate_name
+from backend.tasks.ingestion import IngestedText, ingest_text, replace_unstorable_chars
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
     Bot,

@@ -249,11 +249,25 @@ def test_create_rejects_a_message_over_the_hard_limit(api, settings):
     assert_nothing_stored()
 
 
+def test_a_nested_value_that_is_not_an_object_names_its_field(api):
+    """Only the body as a whole gets the "must be a JSON object" answer; a pipeline step that
+    is not an object is an error about that step."""
+    response = api.post("/api/tasks/", {**SINGLE, "pipeline": ["codex"]}, format="json")
+    assert response.status_code == 400
+    body = response.json()
+    assert body["code"] == "invalid"
+    assert list(body["fields"]) == ["pipeline.0"]
+    assert_nothing_stored()
+
+
 @pytest.mark.parametrize("payload", ["[1, 2]", '"just a string"', "42", "null"])
 def test_create_rejects_json_that_is_not_an_object(api, payload):
     response = api.post("/api/tasks/", payload, content_type="application/json")
     assert response.status_code == 400
-    assert response.json()["detail"] == "The request body must be a JSON object."
+    assert response.json() == {
+        "detail": "The request body must be a JSON object.",
+        "code": "invalid",
+    }
     assert_nothing_stored()
 
 

@@ -387,6 +387,43 @@ def test_truncated_content_is_500(api: APIClient, artifact: Artifact, artifact_s
     )
 
 
+def test_a_damaged_result_value_is_a_json_500_on_the_task_api(
+    api: APIClient, artifact: Artifact, artifact_storage_in_tmp
+) -> None:
+    """The task API reads a long result back from its artifact; a damaged one is the same
+    artifact_integrity error there as on the content endpoint, not an unhandled exception."""
+    path = stored_file(artifact_storage_in_tmp, artifact)
+    path.write_bytes(path.read_bytes()[:100])
+    body = assert_error(api.get(f"/api/tasks/{artifact.task_id}/"), 500, "artifact_integrity")
+    assert artifact.id in body["detail"]
+
+
+# --- resources -------------------------------------------------------------------------------
+
+
+def test_an_unread_response_closes_its_stored_file_when_closed(
+    api: APIClient, artifact: Artifact, monkeypatch
+) -> None:
+    """A client that drops the connection never iterates the body; the server still closes the
+    response, and that closes the stored file (no file is left for the garbage collector)."""
+    opened = []
+    storage = selectors.artifact_storage()
+
+    class RecordingStorage:
+        def open(self, name: str, mode: str = "rb"):
+            stored = storage.open(name, mode)
+            opened.append(stored)
+            return stored
+
+    monkeypatch.setattr(selectors, "artifact_storage", RecordingStorage)
+    response = api.get(content_url(artifact.id))
+    assert response.status_code == 200
+    [stored] = opened
+    assert not stored.closed
+    response.close()
+    assert stored.closed
+
+
 # --- chunk boundaries ------------------------------------------------------------------------
 
 

@@ -9,10 +9,11 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.utils import timezone
 
-from backend.artifacts import retention
 from backend.artifacts.models import Artifact
-from backend.artifacts.retention import PrunedArtifact, prune_artifacts
+from backend.artifacts.retention import PrunedArtifact
 from backend.artifacts.storage import artifact_storage
+from backend.tasks import artifact_retention
+from backend.tasks.artifact_retention import prune_artifacts
 from backend.tasks.models import Subtask, Task
 from tests.artifacts.conftest import spill, task_of
 
@@ -118,7 +119,7 @@ def test_an_artifact_that_gains_a_reference_while_pruning_is_kept(
     old_orphan, user, monkeypatch
 ) -> None:
     """The candidates are listed first; the re-check under the row lock sees the new reference."""
-    listed = retention.prunable_artifacts
+    listed = artifact_retention.prunable_artifacts
     calls = []
 
     def reference_after_listing(*, older_than):
@@ -128,7 +129,7 @@ def test_an_artifact_that_gains_a_reference_while_pruning_is_kept(
             Subtask.objects.filter(artifact=survivor).update(artifact=old_orphan)
         return listed(older_than=older_than)
 
-    monkeypatch.setattr(retention, "prunable_artifacts", reference_after_listing)
+    monkeypatch.setattr(artifact_retention, "prunable_artifacts", reference_after_listing)
     assert prune_artifacts(older_than=THIRTY_DAYS, dry_run=False) == []
     assert len(calls) == 2
     assert Artifact.objects.filter(pk=old_orphan.pk).exists()

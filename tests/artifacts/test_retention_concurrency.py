@@ -15,7 +15,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from backend.artifacts.models import Artifact
-from backend.artifacts.retention import prune_artifacts
+from backend.tasks.artifact_retention import prune_artifacts
 from backend.tasks.models import Subtask
 from tests.artifacts.conftest import spill, task_of
 

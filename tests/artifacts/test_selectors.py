@@ -1,28 +1,16 @@
-"""Artifact selectors: who may see an artifact, and the dispatch manifest (one query each)."""
+"""Who may see an artifact (tasks' access rules), and the dispatch manifest (one query each)."""
 
 from __future__ import annotations
 
 import pytest
 
 from backend.artifacts.models import Artifact
-from backend.artifacts.selectors import artifact_manifest, visible_artifact
+from backend.artifacts.selectors import manifest_artifacts
 from backend.errors import NotFound
+from backend.tasks.artifact_access import visible_artifact
 from tests.artifacts.conftest import SPILLED_TEXT, spill, task_of
 
 pytestmark = pytest.mark.django_db
-
-
-def manifest_entry(artifact: Artifact, base: str = "") -> dict:
-    return {
-        "id": artifact.id,
-        "sha256": artifact.sha256,
-        "kind": artifact.kind,
-        "size_bytes": artifact.size_bytes,
-        "size_chars": artifact.size_chars,
-        "size_lines": artifact.size_lines,
-        "path": f".baton/artifacts/{artifact.id}.txt",
-        "download_url": f"{base}/api/artifacts/{artifact.id}/content/",
-    }
 
 
 @pytest.fixture
@@ -36,25 +24,32 @@ def test_manifest_keeps_the_order_given_in_one_query(
     first, second, third = three_artifacts
     ids = [third.id, first.id, second.id, first.id]  # a repeated id is listed once
     with django_assert_num_queries(1):
-        manifest = artifact_manifest(artifact_ids=ids)
-    assert manifest == [manifest_entry(third), manifest_entry(first), manifest_entry(second)]
-
-
-def test_manifest_urls_are_absolute_under_a_base_url(three_artifacts) -> None:
-    first = three_artifacts[0]
-    for base in ("https://baton.example.com", "https://baton.example.com/"):
-        manifest = artifact_manifest(artifact_ids=[first.id], request_base_url=base)
-        assert manifest == [manifest_entry(first, "https://baton.example.com")]
+        manifest = manifest_artifacts(artifact_ids=ids)
+        # Everything a manifest entry shows is loaded by that one query.
+        entries = [
+            (artifact.sha256, artifact.kind, artifact.size_bytes, artifact.size_chars)
+            + (artifact.size_lines, artifact.workspace_path)
+            for artifact in manifest
+        ]
+    assert manifest == [third, first, second]
+    assert entries[0] == (
+        third.sha256,
+        third.kind,
+        third.size_bytes,
+        third.size_chars,
+        third.size_lines,
+        f".baton/artifacts/{third.id}.txt",
+    )
 
 
 def test_empty_manifest_costs_no_query(django_assert_num_queries) -> None:
     with django_assert_num_queries(0):
-        assert artifact_manifest(artifact_ids=[]) == []
+        assert manifest_artifacts(artifact_ids=[]) == []
 
 
 def test_manifest_with_an_unknown_id_names_it(three_artifacts) -> None:
     with pytest.raises(NotFound, match="0123456789abcdef"):
-        artifact_manifest(artifact_ids=[three_artifacts[0].id, "0123456789abcdef"])
+        manifest_artifacts(artifact_ids=[three_artifacts[0].id, "0123456789abcdef"])
 
 
 def test_visible_artifact_is_one_query(user, django_assert_num_queries) -> None:

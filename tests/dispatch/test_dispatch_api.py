@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from backend.artifacts.models import Artifact
 from backend.dispatch.models import HistoryPolicy, PromptReport
 from backend.tasks.models import Subtask, Task
 
@@ -357,7 +358,17 @@ def test_spilled_history_comes_with_its_manifest(api, worker_api, settings):
     [entry] = turn["artifacts"]
     assert entry["path"] == f".baton/artifacts/{entry['id']}.txt"
     assert entry["size_chars"] == 4_500
-    assert entry["download_url"].endswith(f"/api/artifacts/{entry['id']}/content/")
+    artifact = Artifact.objects.get(pk=entry["id"])
+    assert entry == {
+        "id": artifact.id,
+        "sha256": artifact.sha256,
+        "kind": artifact.kind,
+        "size_bytes": artifact.size_bytes,
+        "size_chars": 4_500,
+        "size_lines": 500,
+        "path": f".baton/artifacts/{artifact.id}.txt",
+        "download_url": f"http://testserver/api/artifacts/{artifact.id}/content/",
+    }
     assert f"full text: .baton/artifacts/{entry['id']}.txt]" in turn["prompt"]
 
 
@@ -379,7 +390,9 @@ def test_workers_read_artifacts_only_of_tasks_they_hold(
     assert response.status_code == 200
     assert b"".join(response.streaming_content) == ("log line\n" * 500).encode()
     assert other_worker_api.get(url).status_code == 404
-    assert api.get(url).status_code == 200  # the task's owner
+    owner_read = api.get(url)
+    assert owner_read.status_code == 200  # the task's owner
+    owner_read.close()  # unread: close it as a server would, which closes the stored file
 
 
 def test_a_50_mb_result_is_accepted_and_reads_back_whole(api, worker_api):

@@ -8,11 +8,12 @@ import pytest
 
 from backend.artifacts.classify import classify_text
 from backend.artifacts.models import Artifact, ArtifactKind
-from backend.artifacts.services import count_lines, ingest_text, replace_unstorable_chars
+from backend.artifacts.services import count_lines
 from backend.artifacts.storage import artifact_storage
 from backend.errors import InvalidInput, PayloadTooLarge
 from backend.prompting.units import count_tokens
 from backend.tasks.fields import dump_lossless_json
+from backend.tasks.ingestion import ingest_text, replace_unstorable_chars
 from backend.tasks.models import Role, Subtask, SubtaskStatus
 from backend.tasks.selectors import turn_result
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result

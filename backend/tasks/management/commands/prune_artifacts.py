@@ -3,7 +3,7 @@
     manage.py prune_artifacts --older-than 30 [--dry-run]
 
 Prints one line per artifact (id, kind, bytes) and a total. Artifacts referenced by any turn
-are never removed, however old; see `backend.artifacts.retention`.
+are never removed, however old; see `backend.tasks.artifact_retention`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from backend.artifacts.retention import prune_artifacts
+from backend.tasks.artifact_retention import prune_artifacts
 
 
 class Command(BaseCommand):

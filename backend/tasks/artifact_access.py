@@ -1,0 +1,42 @@
+"""Who may read an artifact: access follows the tasks whose turns produced or reference it.
+
+A caller may read an artifact when they may see (`selectors.visible_tasks`) the task that first
+produced it or a task with a turn that references it; an executor worker, while it holds a
+claim on a task's turn, reads the artifacts that task's turns reference; staff read them all.
+
+The rule lives with the turns because only they know who refers to what; the artifacts package
+stores content and knows nothing of tasks (dependencies point from tasks to artifacts).
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import Exists, OuterRef, Q
+
+from backend.artifacts.models import Artifact
+from backend.errors import NotFound
+from backend.tasks.models import Subtask, SubtaskStatus, Task
+from backend.tasks.selectors import visible_tasks
+
+
+def visible_artifact(*, user: AbstractBaseUser, artifact_id: str) -> Artifact:
+    """The artifact, or NotFound when it does not exist or the user may not see it (one query).
+
+    Staff see every artifact, including orphans whose turns are gone and that wait for
+    `prune_artifacts`; anyone else needs a visible task that produced or references it.
+    """
+    artifacts = Artifact.objects.filter(pk=artifact_id)
+    if not user.is_staff:
+        tasks = visible_tasks(user=user)
+        # An executor worker reads the artifacts of the tasks whose turns it holds right now.
+        claimed = Task.objects.filter(
+            subtasks__claimed_by=user, subtasks__status=SubtaskStatus.RUNNING
+        )
+        referenced = Subtask.objects.filter(artifact_id=OuterRef("pk")).filter(
+            Q(task__in=tasks) | Q(task__in=claimed)
+        )
+        artifacts = artifacts.filter(Q(task__in=tasks) | Exists(referenced))
+    artifact = artifacts.first()
+    if artifact is None:
+        raise NotFound(f"Artifact {artifact_id} does not exist.")
+    return artifact

@@ -1,0 +1,40 @@
+"""Which artifacts are garbage: the ones no turn references any more.
+
+An artifact stays while any turn references it: prompts point at it and executors download it,
+so removing it would break "nothing is lost" (DESIGN.md, principle 2). Once every referencing
+turn is gone (its task deleted), the artifact is garbage, and `prune_artifacts` removes the row
+and the stored file after it has been neither created nor read for the retention period.
+
+Only the turns know what references an artifact, so the selection lives here; removing rows
+and files safely is storage work (`backend.artifacts.retention.remove_artifacts`).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.db.models import Exists, OuterRef, QuerySet
+
+from backend.artifacts.models import Artifact
+from backend.artifacts.retention import PrunedArtifact, remove_artifacts, stale_artifacts
+from backend.tasks.models import Subtask
+
+
+def prunable_artifacts(*, older_than: timedelta) -> QuerySet[Artifact]:
+    """Artifacts no turn references, created and last read more than `older_than` ago."""
+    return (
+        stale_artifacts(older_than=older_than)
+        .filter(~Exists(Subtask.objects.filter(artifact_id=OuterRef("pk"))))
+        .order_by("created_at", "id")
+    )
+
+
+def prune_artifacts(*, older_than: timedelta, dry_run: bool) -> list[PrunedArtifact]:
+    """Remove unreferenced artifacts older than `older_than`; return what was (or would be) removed.
+
+    Each artifact is checked against the selection again under its row lock before it goes
+    (see `remove_artifacts`), so one that gained a reference meanwhile is kept.
+    """
+    return remove_artifacts(
+        selection=lambda: prunable_artifacts(older_than=older_than), dry_run=dry_run
+    )

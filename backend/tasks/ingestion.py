@@ -1,0 +1,113 @@
+"""Ingestion: measure a turn's text once, keep a bounded preview, spill long text to an artifact.
+
+Called whenever a USER message or an ASSISTANT result is recorded. After it, the turn carries
+everything prompt building needs (the history text or its head+tail preview, sizes, token
+counts, the artifact pointer), so building a prompt never touches the full text again and costs
+the same whether a result was 1 KB or 1 GB (DESIGN.md, principles 1 and 2).
+
+The spill decision and the preview belong to the turns; the artifact itself is only storage
+(`backend.artifacts.services.store_artifact`), so the dependency points from tasks to artifacts.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db.models import Model
+
+from backend.artifacts.classify import classify_text
+from backend.artifacts.models import Artifact
+from backend.artifacts.services import count_lines, store_artifact
+from backend.prompting.truncate import make_preview
+from backend.prompting.units import count_tokens
+
+# Lone surrogates cannot be encoded as UTF-8, and PostgreSQL text cannot hold NUL.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+@dataclass(frozen=True)
+class IngestedText:
+    """What ingestion stores on a turn (the Subtask history_* fields)."""
+
+    history_text: str
+    history_text_tokens: int
+    preview_head: str
+    preview_tail: str
+    chars: int
+    bytes: int
+    lines: int
+    tokens: int
+    tokens_estimated: bool
+    replaced_chars: int
+    artifact: Artifact | None
+
+
+def replace_unstorable_chars(text: str) -> tuple[str, int]:
+    """Text safe to store and encode, and how many characters became U+FFFD.
+
+    Lone surrogates and NUL become U+FFFD in what the model sees (history text, preview,
+    artifact); the turn's stored result keeps them, so nothing is lost.
+    """
+    if _UNSTORABLE.search(text) is None:
+        return text, 0
+    return _UNSTORABLE.subn("\ufffd", text)
+
+
+def ingest_text(*, text: str, task: Model | None, serialized_json: bool = False) -> IngestedText:
+    """Measure `text` and, when it is longer than the spill threshold, store it as an artifact.
+
+    `serialized_json` says the text is Baton's canonical JSON of a result without `value`
+    (it classifies the artifact as json). Must run inside the transaction that records the
+    turn: if anything fails, the turn is not marked recorded and the call can be retried.
+    """
+    text, replaced = replace_unstorable_chars(text)
+    chars = len(text)
+    lines = count_lines(text)
+    if chars <= settings.BATON_SPILL_THRESHOLD_CHARS:
+        tokens = count_tokens(text)
+        return IngestedText(
+            history_text=text,
+            history_text_tokens=tokens,
+            preview_head="",
+            preview_tail="",
+            chars=chars,
+            bytes=len(text.encode("utf-8")),
+            lines=lines,
+            tokens=tokens,
+            tokens_estimated=False,
+            replaced_chars=replaced,
+            artifact=None,
+        )
+
+    preview = make_preview(
+        text,
+        head_chars=settings.BATON_PREVIEW_HEAD_CHARS,
+        tail_chars=settings.BATON_PREVIEW_TAIL_CHARS,
+    )
+    artifact = store_artifact(
+        text=text, kind=classify_text(text, serialized_json=serialized_json), task=task
+    )
+    kept_tokens = count_tokens(preview.head) + count_tokens(preview.tail)
+    kept_bytes = len(preview.head.encode("utf-8")) + len(preview.tail.encode("utf-8"))
+    middle_bytes = artifact.size_bytes - kept_bytes
+    # Estimate the spilled middle at the preview's own bytes-per-token rate (Codex's 4 bytes
+    # per token when the preview is empty), instead of tokenizing megabytes.
+    middle_tokens = (
+        round(middle_bytes * kept_tokens / kept_bytes) if kept_bytes else -(-middle_bytes // 4)
+    )
+    history_text = preview.text
+    return IngestedText(
+        history_text=history_text,
+        history_text_tokens=count_tokens(history_text),
+        preview_head=preview.head,
+        preview_tail=preview.tail,
+        chars=chars,
+        bytes=artifact.size_bytes,
+        lines=lines,
+        tokens=kept_tokens + middle_tokens,
+        tokens_estimated=True,
+        replaced_chars=replaced,
+        artifact=artifact,
+    )
