@@ -25,8 +25,9 @@ def seed(turns: int) -> None:
     from django.contrib.auth import get_user_model
     from django.utils import timezone
 
+    from backend.prompting import Role
     from backend.tasks.ingestion import ingest_text
-    from backend.tasks.models import Role, Subtask, SubtaskStatus, Task, TaskStatus
+    from backend.tasks.models import Subtask, SubtaskStatus, Task, TaskStatus
 
     owner, _ = get_user_model().objects.get_or_create(username="bench-owner")
     now = timezone.now()

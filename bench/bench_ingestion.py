@@ -48,7 +48,8 @@ def make_text(size: int, seed: int) -> str:
 def bench_record(runs: int) -> tuple[float, float]:
     from django.contrib.auth import get_user_model
 
-    from backend.tasks.models import Role, SubtaskStatus
+    from backend.prompting import Role
+    from backend.tasks.models import SubtaskStatus
     from backend.tasks.services import PipelineStep, create_task, record_result
 
     owner, _ = get_user_model().objects.get_or_create(username="bench")
@@ -97,11 +98,11 @@ def bench_build(task, repeats: int) -> tuple[float, int]:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from backend.prompting import HistoryPolicy, build_prompt
+    from backend.prompting import PromptPolicy, Role, build_prompt
     from backend.tasks.history import prompt_input_for
-    from backend.tasks.models import Role, SubtaskStatus
+    from backend.tasks.models import SubtaskStatus
 
-    policy = HistoryPolicy()
+    policy = PromptPolicy()
     turn = task.subtasks.get(role=Role.ASSISTANT, status=SubtaskStatus.PENDING)
     timings = []
     queries = 0

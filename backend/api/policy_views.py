@@ -29,7 +29,7 @@ from backend.dispatch.policies import (
     save_policy,
 )
 from backend.errors import InvalidInput, NotFound
-from backend.tasks.models import TASK_TYPE_PATTERN, ContextPassing
+from backend.tasks.models import CONTEXT_PASSING_CHOICES, TASK_TYPE_PATTERN
 
 # How the default row (empty task type) is named in URLs.
 DEFAULT_POLICY_NAME = "default"
@@ -107,7 +107,7 @@ class PolicyInput(StrictInput):
     keep_first_user_message = serializers.BooleanField(required=False)
     previous_result_max_chars = _optional_cap()
     current_message_max_chars = _optional_cap()
-    context_passing = serializers.ChoiceField(choices=ContextPassing.choices, required=False)
+    context_passing = serializers.ChoiceField(choices=CONTEXT_PASSING_CHOICES, required=False)
     resume_native_sessions = serializers.BooleanField(required=False)
     resume_max_context_fraction = serializers.FloatField(required=False)
     inherit = serializers.ListField(

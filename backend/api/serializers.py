@@ -17,9 +17,9 @@ from rest_framework.settings import api_settings
 from backend.api.errors import RequestBodyNotAnObject
 from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
+    CONTEXT_PASSING_CHOICES,
     TASK_TYPE_PATTERN,
     Bot,
-    ContextPassing,
     ExecutorKind,
     Subtask,
     Task,
@@ -81,7 +81,7 @@ class PipelineStepInput(StrictInput):
     executor = serializers.ChoiceField(choices=ExecutorKind.choices, required=False)
     # Omitted: the task type's history policy decides (its context_passing) at dispatch.
     context_passing = serializers.ChoiceField(
-        choices=ContextPassing.choices, required=False, allow_null=True, default=None
+        choices=CONTEXT_PASSING_CHOICES, required=False, allow_null=True, default=None
     )
 
 
@@ -200,7 +200,7 @@ class UsageFields(StrictInput):
 
 
 class SubtaskOutput(serializers.ModelSerializer):
-    message = serializers.CharField(source="prompt")
+    message = serializers.CharField()
     result = serializers.SerializerMethodField()
     history = serializers.SerializerMethodField()
     progress_events = serializers.JSONField(allow_null=True)

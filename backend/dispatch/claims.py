@@ -23,7 +23,8 @@ from django.utils import timezone
 from backend.dispatch.leases import lease_until, reclaim_expired_leases
 from backend.dispatch.payload import ClaimedTurn, build_claimed_turns
 from backend.errors import InvalidInput
-from backend.tasks.models import Role, Subtask, SubtaskStatus, Task, TaskStatus
+from backend.prompting import Role
+from backend.tasks.models import Subtask, SubtaskStatus, Task, TaskStatus
 
 MAX_CLAIM_LIMIT = 100
 

@@ -23,8 +23,9 @@ from django.utils import timezone
 
 from backend.errors import LeaseLost, NotFound, TurnCancelled
 from backend.events import log_event
+from backend.prompting import Role
 from backend.tasks.ingestion import replace_unstorable_chars
-from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
+from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.services import lock_task, record_result, refresh_task_status
 
 RECLAIM_BATCH = 200

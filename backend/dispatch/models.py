@@ -1,6 +1,6 @@
 """Per-task-type history policies and the report of every prompt Baton dispatched.
 
-A `HistoryPolicy` row holds every cap of the prompt builder's `backend.prompting.HistoryPolicy`
+A `HistoryPolicy` row holds every cap of the prompt builder's `backend.prompting.PromptPolicy`
 for one task type (or, with an empty task type, the default for types without a row of their
 own). The spill threshold and preview sizes are not here: they apply once, at ingestion, to
 content-addressed artifacts shared across tasks, so they are service settings

@@ -12,7 +12,7 @@ Rows are read at every dispatch, so a change applies to the next dispatch withou
 EXECUTOR_HISTORY_ENABLED=false is the global kill switch: it turns history off whatever the
 rows say.
 
-Every row is validated by the prompt builder's own pydantic `HistoryPolicy`, so the admin, the
+Every row is validated by the prompt builder's own pydantic `PromptPolicy`, so the admin, the
 API and the builder agree on what is valid.
 """
 
@@ -30,7 +30,7 @@ from pydantic import ValidationError
 
 from backend.dispatch.models import DEFAULT_TASK_TYPE, HistoryPolicy
 from backend.errors import InvalidInput
-from backend.prompting.policy import HistoryPolicy as BuilderPolicy
+from backend.prompting.policy import PromptPolicy
 
 # The HistoryPolicy columns that are builder caps (everything an operator tunes).
 POLICY_FIELDS = (
@@ -60,7 +60,7 @@ SOURCE_BUILT_IN = "built-in"
 class ResolvedPolicy:
     """The policy a dispatch uses and where it came from."""
 
-    policy: BuilderPolicy
+    policy: PromptPolicy
     row: HistoryPolicy | None  # the most specific row that applies, if any
     source: str  # "row" or "settings"
     # For each policy field: SOURCE_TASK_TYPE, SOURCE_DEFAULT_ROW, SOURCE_ENVIRONMENT or
@@ -84,7 +84,7 @@ class ResolvedPolicy:
         return f"{self.row.task_type or 'default'} v{self.row.version}"
 
 
-def builder_policy(values: Mapping[str, Any]) -> BuilderPolicy:
+def builder_policy(values: Mapping[str, Any]) -> PromptPolicy:
     """Validate cap values as the builder's policy (ingestion sizes come from settings).
 
     Raises InvalidInput naming the first offending field, with pydantic's reason.
@@ -96,7 +96,7 @@ def builder_policy(values: Mapping[str, Any]) -> BuilderPolicy:
         preview_tail_chars=settings.BATON_PREVIEW_TAIL_CHARS,
     )
     try:
-        return BuilderPolicy.model_validate(data)
+        return PromptPolicy.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
         reason = first["msg"].removeprefix("Value error, ")
@@ -122,7 +122,7 @@ def inherited_value(name: str) -> tuple[Any, str]:
             else SOURCE_BUILT_IN
         )
         return defaults[name], source
-    return BuilderPolicy.model_fields[name].get_default(call_default_factory=True), SOURCE_BUILT_IN
+    return PromptPolicy.model_fields[name].get_default(call_default_factory=True), SOURCE_BUILT_IN
 
 
 def effective_values(
@@ -141,12 +141,12 @@ def effective_values(
     return values, sources
 
 
-def settings_policy() -> BuilderPolicy:
+def settings_policy() -> PromptPolicy:
     values, _ = effective_values(own=None, default=None)
     return builder_policy(values)
 
 
-def _apply_kill_switch(policy: BuilderPolicy) -> BuilderPolicy:
+def _apply_kill_switch(policy: PromptPolicy) -> PromptPolicy:
     if settings.EXECUTOR_HISTORY_ENABLED:
         return policy
     return policy.model_copy(update={"enabled": False})
@@ -226,3 +226,20 @@ def save_policy(
             row.save()
             row.refresh_from_db(fields=["version"])
     return row
+
+
+def set_policy(
+    *,
+    task_type: str,
+    values: Mapping[str, Any],
+    changed_by: AbstractBaseUser | None = None,
+    inherit: Iterable[str] = (),
+) -> HistoryPolicy:
+    """`save_policy` on the task type's row, creating the row when the type has none."""
+    row = HistoryPolicy.objects.filter(task_type=task_type).first()
+    return save_policy(
+        row=row or HistoryPolicy(task_type=task_type),
+        changed_by=changed_by,
+        values=values,
+        inherit=inherit,
+    )

@@ -27,10 +27,11 @@ from backend.dispatch.policies import (
 from backend.dispatch.prompts import TurnPrompt, build_turn_prompt, next_turn_to_dispatch
 from backend.dispatch.sessions import RESUME, native_sessions_for, resume_input, resume_reason
 from backend.errors import InvalidInput, NotFound
+from backend.prompting import Role
 from backend.prompting.build import PromptBudgetError
 from backend.prompting.report import BuildReport
 from backend.tasks.history import HISTORY_STATUSES, HistoryUnavailable, prompt_input_for
-from backend.tasks.models import NativeSession, Role, Subtask, Task
+from backend.tasks.models import NativeSession, Subtask, Task
 from backend.tasks.selectors import bots_for_turns
 
 # The history list under the prompt names turns by id and role only, but a task can have

@@ -6,10 +6,11 @@ import time
 from dataclasses import dataclass
 
 from backend.dispatch.policies import ResolvedPolicy
+from backend.prompting import Role
 from backend.prompting.build import PromptBuild, build_prompt
 from backend.prompting.inputs import PromptInput
 from backend.tasks.history import prompt_input_for
-from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
+from backend.tasks.models import Subtask, SubtaskStatus, Task
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,10 @@ from backend.dispatch.leases import (
 from backend.dispatch.sessions import record_session
 from backend.errors import Conflict, InvalidInput
 from backend.events import log_event
+from backend.prompting import Role
 from backend.tasks.history import any_of
 from backend.tasks.ingestion import replace_unstorable_chars
-from backend.tasks.models import Role, Subtask, SubtaskStatus
+from backend.tasks.models import Subtask, SubtaskStatus
 from backend.tasks.selectors import turn_result
 from backend.tasks.services import check_text_size, record_result
 

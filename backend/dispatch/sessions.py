@@ -23,7 +23,7 @@ from django.db.models import Case, F, Q, Value, When
 
 from backend.dispatch.models import PromptReport
 from backend.prompting.inputs import PromptInput
-from backend.prompting.policy import HistoryPolicy as BuilderPolicy
+from backend.prompting.policy import PromptPolicy
 from backend.tasks.history import any_of
 from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus
 
@@ -59,7 +59,7 @@ def resume_reason(
     subtask: Subtask,
     session: NativeSession | None,
     bot: Bot,
-    policy: BuilderPolicy,
+    policy: PromptPolicy,
     worker_id: str,
     full_input: PromptInput,
 ) -> str:

@@ -4,7 +4,7 @@ This package imports nothing from Django (DESIGN.md, principle 4). Modules, one 
 
 * ``units`` — sizes in chars, bytes, approximate and real tokens; the one token counter.
 * ``truncate`` — head + tail cuts with Codex's exact markers; ingestion's previews.
-* ``policy`` — :class:`HistoryPolicy`, every cap, validated; :class:`ContextPassing`.
+* ``policy`` — :class:`PromptPolicy`, every cap, validated; :class:`ContextPassing`.
 * ``inputs`` — the history, current message and previous result as frozen models.
 * ``document`` — the structure of a prompt (sections, messages, omission notice).
 * ``render`` — labels, escaping, pointer lines, the notice; document → text.
@@ -36,7 +36,7 @@ from backend.prompting.inputs import (
     Role,
 )
 from backend.prompting.parse import PromptParseError, parse_prompt
-from backend.prompting.policy import MIN_MAX_TOKENS, ContextPassing, HistoryPolicy
+from backend.prompting.policy import MIN_MAX_TOKENS, ContextPassing, PromptPolicy
 from backend.prompting.render import (
     escape_content,
     omission_notice,
@@ -75,7 +75,7 @@ __all__ = [
     "ContextPassing",
     "CurrentMessage",
     "HistoryMessage",
-    "HistoryPolicy",
+    "PromptPolicy",
     "OmissionNotice",
     "ParsedPrompt",
     "Preview",

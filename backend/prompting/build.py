@@ -38,7 +38,7 @@ from backend.prompting.document import PromptDocument, RenderedMessage, Rendered
 from backend.prompting.fixed import FixedSection, squeeze
 from backend.prompting.inputs import PromptInput, Role
 from backend.prompting.pieces import SizedPiece
-from backend.prompting.policy import ContextPassing, HistoryPolicy
+from backend.prompting.policy import ContextPassing, PromptPolicy
 from backend.prompting.render import header_piece, needs_escape, notice_piece
 from backend.prompting.report import BuildReport
 from backend.prompting.selection import HistorySection, Selection
@@ -66,7 +66,7 @@ class _Builder:
     def __init__(
         self,
         prompt_input: PromptInput,
-        policy: HistoryPolicy,
+        policy: PromptPolicy,
         mode: ContextPassing,
         counter: TokenCounter,
         token_slack: int,
@@ -228,7 +228,7 @@ class _Builder:
 
 def build_prompt(
     prompt_input: PromptInput,
-    policy: HistoryPolicy,
+    policy: PromptPolicy,
     *,
     context_passing: ContextPassing | str | None = None,
 ) -> PromptBuild:

@@ -40,8 +40,10 @@ _ARTIFACT_KIND = re.compile(r"[a-z0-9_]{1,64}")
 
 
 class Role(StrEnum):
-    USER = "user"
-    ASSISTANT = "assistant"
+    """Who speaks in a turn; the values are the ones turns are stored with."""
+
+    USER = "USER"
+    ASSISTANT = "ASSISTANT"
 
 
 def validate_name(value: str | None) -> str | None:

@@ -1,6 +1,6 @@
 """The history policy: every cap on what a prompt may carry, validated once.
 
-A :class:`HistoryPolicy` is plain, frozen data. The dispatch app stores one per task type and
+A :class:`PromptPolicy` is plain, frozen data. The dispatch app stores one per task type and
 resolves it; the builder only reads it. Validation keeps the caps coherent so a build can never
 be asked the impossible: every cap is positive or ``None`` (no cap), ``per_message_max_chars``
 never exceeds ``max_chars``, a preview is shorter than the spill threshold, ``max_tokens`` leaves
@@ -68,7 +68,7 @@ _CAP_FIELDS = (
 )
 
 
-class HistoryPolicy(BaseModel):
+class PromptPolicy(BaseModel):
     """Caps and switches for one task type's prompts (see the module docstring for the order)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -133,7 +133,7 @@ class HistoryPolicy(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _caps_are_coherent(self) -> HistoryPolicy:
+    def _caps_are_coherent(self) -> PromptPolicy:
         if (
             self.per_message_max_chars is not None
             and self.max_chars is not None

@@ -28,7 +28,7 @@ from backend.prompting.counting import TokenCounter
 from backend.prompting.document import OmissionNotice, RenderedMessage, Section
 from backend.prompting.inputs import HistoryMessage, PromptInput, Role
 from backend.prompting.pieces import SizedPiece, cut_chars, sized_piece
-from backend.prompting.policy import ContextPassing, HistoryPolicy
+from backend.prompting.policy import ContextPassing, PromptPolicy
 from backend.prompting.render import header_piece, notice_piece
 from backend.prompting.report import TruncatedMessage
 
@@ -76,7 +76,7 @@ class HistorySection:
     def __init__(
         self,
         prompt_input: PromptInput,
-        policy: HistoryPolicy,
+        policy: PromptPolicy,
         mode: ContextPassing,
         counter: TokenCounter,
     ) -> None:

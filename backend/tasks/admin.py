@@ -73,12 +73,12 @@ class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     search_fields = ["task__title"]
     list_select_related = ["task"]
     ordering = ["-created_at"]
-    exclude = ["prompt", "result", "usage", "progress_events", "history_text"]
+    exclude = ["message", "result", "usage", "progress_events", "history_text"]
     readonly_fields = ["message_text", "result_as_sent", "usage_json", "history_text_shown"]
 
     @admin.display(description="message")
     def message_text(self, subtask: Subtask) -> str:
-        return _bounded(subtask.prompt, DETAIL_TEXT_CHARS)
+        return _bounded(subtask.message, DETAIL_TEXT_CHARS)
 
     @admin.display(description="result (as sent)")
     def result_as_sent(self, subtask: Subtask) -> str:

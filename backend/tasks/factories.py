@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 
 from django.contrib.auth.base_user import AbstractBaseUser
 
-from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
+from backend.prompting import Role
+from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
 # One text that every step of the pipeline answers, or one text per step, in pipeline order.

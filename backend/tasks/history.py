@@ -2,7 +2,7 @@
 
 It turns rows into the pure core's inputs (`backend.prompting.PromptInput`) with a constant
 number of queries, reading only the bounded fields ingestion stored (history text or preview,
-token counts, artifact pointer) and never a turn's full `prompt` or `result`, except the
+token counts, artifact pointer) and never a turn's full `message` or `result`, except the
 current user message itself, which is bounded by the message size limit. So a build costs the
 same whether the task's results were 1 KB or 1 GB each.
 
@@ -20,16 +20,16 @@ from django.db.models import Case, Count, F, Q, RowRange, Sum, Value, When, Wind
 from django.db.models.functions import Least, Length, RowNumber
 
 from backend.artifacts.models import Artifact, workspace_path
+from backend.prompting import Role
 from backend.prompting.inputs import (
     ArtifactPointer,
     CurrentMessage,
     HistoryMessage,
     PromptInput,
 )
-from backend.prompting.inputs import Role as PromptRole
-from backend.prompting.policy import HistoryPolicy
+from backend.prompting.policy import PromptPolicy
 from backend.prompting.units import DEFAULT_TOKEN_ENCODING
-from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
+from backend.tasks.models import Subtask, SubtaskStatus, Task
 
 HISTORY_STATUSES = (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED)
 
@@ -80,7 +80,7 @@ def history_message(turn: Subtask) -> HistoryMessage:
     spilled = turn.artifact_id is not None
     return HistoryMessage(
         message_id=turn.message_id,
-        role=PromptRole.USER if turn.role == Role.USER else PromptRole.ASSISTANT,
+        role=Role(turn.role),
         text=turn.history_text,
         sender=_name(turn.sender) if turn.role == Role.USER else None,
         bot=_name(turn.bot) if turn.role == Role.ASSISTANT else None,
@@ -97,7 +97,7 @@ def history_message(turn: Subtask) -> HistoryMessage:
 class _Request:
     subtask: Subtask
     task: Task
-    policy: HistoryPolicy
+    policy: PromptPolicy
 
     @property
     def current_id(self) -> int:
@@ -134,7 +134,7 @@ def any_of(conditions: list[Q]) -> Q:
 
 
 def prompt_inputs_for(
-    *, requests: Sequence[tuple[Subtask, Task, HistoryPolicy]]
+    *, requests: Sequence[tuple[Subtask, Task, PromptPolicy]]
 ) -> dict[int, PromptInput]:
     """Builder inputs for several ASSISTANT turns at once, keyed by subtask id.
 
@@ -158,7 +158,7 @@ def prompt_inputs_for(
     anchors = {
         (turn.task_id, turn.message_id): turn
         for turn in anchor_rows.select_related("artifact").only(
-            *_HISTORY_FIELDS, "task_id", "prompt", "parent_message_id"
+            *_HISTORY_FIELDS, "task_id", "message", "parent_message_id"
         )
     }
 
@@ -183,7 +183,7 @@ def prompt_inputs_for(
             history=tuple(history_message(turn) for turn in newest),
             current=CurrentMessage(
                 message_id=request.current_id,
-                text=user_turn.prompt,
+                text=user_turn.message,
                 sender=_name(user_turn.sender),
                 token_count=None if user_turn.artifact_id else user_turn.history_text_tokens,
             ),
@@ -278,7 +278,7 @@ def _history_windows(
     return windows, totals
 
 
-def _walks_chars(policy: HistoryPolicy) -> bool:
+def _walks_chars(policy: PromptPolicy) -> bool:
     """Whether the window is bounded by characters: no message cap, but a character cap."""
     return policy.max_messages is None and policy.max_chars is not None
 
@@ -314,6 +314,6 @@ def _capped_size(batch: list[_Request]) -> Length | Case:
     return Case(*capped, default=size) if capped else size
 
 
-def prompt_input_for(*, subtask: Subtask, task: Task, policy: HistoryPolicy) -> PromptInput:
+def prompt_input_for(*, subtask: Subtask, task: Task, policy: PromptPolicy) -> PromptInput:
     """The builder's input for one ASSISTANT turn."""
     return prompt_inputs_for(requests=[(subtask, task, policy)])[subtask.pk]

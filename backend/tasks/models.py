@@ -16,7 +16,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from backend.prompting.inputs import validate_name
+from backend.prompting.inputs import Role, validate_name
+from backend.prompting.policy import ContextPassing
 from backend.tasks.fields import LosslessJSONField
 
 TASK_TYPE_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -34,13 +35,13 @@ class ExecutorKind(models.TextChoices):
     AGNO = "agno", "Agno"
 
 
-class ContextPassing(models.TextChoices):
-    """What a pipeline step sees; mirrors `backend.prompting.ContextPassing`."""
-
-    NONE = "none", "Current message only"
-    ORIGINAL_USER = "original_user", "History and the user's message"
-    PREVIOUS_BOT = "previous_bot", "History and the previous step's result"
-    ORIGINAL_AND_PREVIOUS = "original_and_previous", "History, user's message and previous result"
+# What a pipeline step sees (`backend.prompting.ContextPassing`), labelled for the admin.
+CONTEXT_PASSING_CHOICES = [
+    (ContextPassing.NONE.value, "Current message only"),
+    (ContextPassing.ORIGINAL_USER.value, "History and the user's message"),
+    (ContextPassing.PREVIOUS_BOT.value, "History and the previous step's result"),
+    (ContextPassing.ORIGINAL_AND_PREVIOUS.value, "History, user's message and previous result"),
+]
 
 
 class TaskStatus(models.TextChoices):
@@ -53,9 +54,8 @@ class TaskStatus(models.TextChoices):
     CANCELLED = "CANCELLED", "Cancelled"
 
 
-class Role(models.TextChoices):
-    USER = "USER", "User"
-    ASSISTANT = "ASSISTANT", "Assistant"
+# Who speaks in a turn (`backend.prompting.Role`), labelled for the admin.
+ROLE_CHOICES = [(Role.USER.value, "User"), (Role.ASSISTANT.value, "Assistant")]
 
 
 class SubtaskStatus(models.TextChoices):
@@ -190,15 +190,15 @@ class Subtask(models.Model):
     message_id = models.PositiveIntegerField()
     # For ASSISTANT turns: the USER message_id they answer.
     parent_message_id = models.PositiveIntegerField(null=True, blank=True)
-    role = models.CharField(max_length=16, choices=Role.choices)
+    role = models.CharField(max_length=16, choices=ROLE_CHOICES)
     status = models.CharField(max_length=16, choices=SubtaskStatus.choices)
     sender = models.CharField(max_length=150, blank=True)
     bot = models.CharField(max_length=100, blank=True)
     pipeline_step = models.PositiveSmallIntegerField(null=True, blank=True)
     executor = models.CharField(max_length=32, choices=ExecutorKind.choices, blank=True)
-    context_passing = models.CharField(max_length=32, choices=ContextPassing.choices, blank=True)
+    context_passing = models.CharField(max_length=32, choices=CONTEXT_PASSING_CHOICES, blank=True)
     # USER turns: the message text, stored exactly as sent.
-    prompt = models.TextField(blank=True)
+    message = models.TextField(blank=True)
     # ASSISTANT turns: the executor's result as sent ({"value": "..."} carries the answer text).
     result = LosslessJSONField(null=True, blank=True)
     error = models.TextField(blank=True)
@@ -281,7 +281,9 @@ class Subtask(models.Model):
             models.UniqueConstraint(
                 fields=["task", "message_id"], name="subtask_message_id_unique"
             ),
-            models.CheckConstraint(condition=Q(role__in=Role.values), name="subtask_role_valid"),
+            models.CheckConstraint(
+                condition=Q(role__in=[role.value for role in Role]), name="subtask_role_valid"
+            ),
             models.CheckConstraint(
                 condition=Q(status__in=SubtaskStatus.values), name="subtask_status_valid"
             ),

@@ -20,15 +20,14 @@ from django.db.models import F
 from django.utils import timezone
 
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from backend.prompting import ContextPassing, Role
 from backend.prompting.inputs import validate_name
 from backend.tasks.ingestion import IngestedText, ingest_text, replace_unstorable_chars
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
     Bot,
-    ContextPassing,
     ExecutorKind,
     NativeSession,
-    Role,
     Subtask,
     SubtaskStatus,
     Task,
@@ -108,10 +107,12 @@ def resolve_pipeline(
                 f"executor {step.executor!r} is not one of {', '.join(ExecutorKind.values)}.",
                 field=_step_field(index, "executor"),
             )
-        if step.context_passing is not None and step.context_passing not in ContextPassing.values:
+        if step.context_passing is not None and step.context_passing not in {
+            mode.value for mode in ContextPassing
+        }:
             raise InvalidInput(
                 f"context_passing {step.context_passing!r} is not one of "
-                f"{', '.join(ContextPassing.values)}.",
+                f"{', '.join(mode.value for mode in ContextPassing)}.",
                 field=_step_field(index, "context_passing"),
             )
         if step.bot is None and step.executor is None:
@@ -202,7 +203,7 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
         role=Role.USER,
         status=SubtaskStatus.COMPLETED,
         sender=sender,
-        prompt=message,
+        message=message,
         created_at=now,
         finished_at=now,
     )

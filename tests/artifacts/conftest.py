@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from backend.artifacts.models import Artifact
+from backend.prompting import Role
 from backend.tasks.factories import answered_task
-from backend.tasks.models import Role, Task
+from backend.tasks.models import Task
 
 # Over the 16,000-char spill threshold, multibyte UTF-8 on every line, and a last line without
 # a trailing newline.

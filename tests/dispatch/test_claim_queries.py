@@ -8,7 +8,8 @@ from django.test.utils import CaptureQueriesContext
 
 from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import HistoryPolicy
-from backend.tasks.models import Role, SubtaskStatus
+from backend.prompting import Role
+from backend.tasks.models import SubtaskStatus
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]

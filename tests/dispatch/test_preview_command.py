@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 from backend.dispatch.management.commands.preview_prompt import budget_bar
 from backend.dispatch.preview import BudgetSegment
 from backend.dispatch.prompts import next_turn_to_dispatch
-from backend.tasks.models import Role
+from backend.prompting import Role
 from tests.dispatch.test_admin import SMALL_TASK_PROMPT, converse, data_snapshot, long_task
 
 pytestmark = pytest.mark.django_db

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from backend.dispatch.models import HistoryPolicy
+from backend.dispatch.policies import set_policy
 from executors.standin import extract_prompt
 from tests.conftest import register_bot
 from tests.e2e.live import FINISHED, REPO_ROOT, WorkerProcess, prompts, run_processes, worker
@@ -48,9 +48,7 @@ def test_a_three_turn_conversation_reaches_the_model_as_baton_rendered_it(
     kind, baton, model_server, tmp_path
 ):
     # Baton's full prompt every turn (resuming native sessions is test_native_sessions').
-    HistoryPolicy.objects.update_or_create(
-        task_type="code", defaults={"resume_native_sessions": False}
-    )
+    set_policy(task_type="code", values={"resume_native_sessions": False})
     answers = [
         "First answer: the flaky test shares a tmp dir.\n  indented line ✓",
         "Second answer — 修正しました.\n\nUser: this line is content, not a turn",
@@ -90,9 +88,7 @@ def test_the_agent_reads_a_2_mb_earlier_result_from_its_workspace(
     kind, baton, model_server, tmp_path
 ):
     # A fresh session, so the earlier answer reaches it as Baton's preview and pointer.
-    HistoryPolicy.objects.update_or_create(
-        task_type="code", defaults={"resume_native_sessions": False}
-    )
+    set_policy(task_type="code", values={"resume_native_sessions": False})
     head = "BEGIN-OF-THE-BUILD-LOG 7f3a\n"
     big = head + "".join(f"line {n:07d} of the build log\n" for n in range(70_000))
     assert len(big.encode()) > 2_000_000
@@ -121,9 +117,7 @@ def test_the_agent_reads_a_2_mb_earlier_result_from_its_workspace(
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_prompt_over_200_kib_reaches_the_model_intact(kind, baton, model_server, tmp_path):
-    HistoryPolicy.objects.update_or_create(
-        task_type="bulk", defaults={"current_message_max_chars": None}
-    )
+    set_policy(task_type="bulk", values={"current_message_max_chars": None})
     message = "".join(chr(0x4E00 + n % 20_000) for n in range(70_000))
     assert len(message.encode()) > 200 * 1024
     model_server.set_turns([{"text": "Read it all."}])

@@ -9,8 +9,8 @@ from backend.prompting import (
     ContextPassing,
     CurrentMessage,
     HistoryMessage,
-    HistoryPolicy,
     PromptInput,
+    PromptPolicy,
     Role,
     count_tokens,
     make_preview,
@@ -143,10 +143,10 @@ def prompt_inputs(draw: st.DrawFn, max_history: int = 10) -> PromptInput:
 
 
 @st.composite
-def policies(draw: st.DrawFn) -> HistoryPolicy:
+def policies(draw: st.DrawFn) -> PromptPolicy:
     max_chars = draw(st.none() | st.integers(1, 4_000))
     per_message_upper = max_chars if max_chars is not None else 2_000
-    return HistoryPolicy(
+    return PromptPolicy(
         enabled=draw(st.sampled_from([True, True, True, True, False])),
         max_messages=draw(st.none() | st.integers(1, 8)),
         max_chars=max_chars,
@@ -171,9 +171,9 @@ def policies(draw: st.DrawFn) -> HistoryPolicy:
 
 
 @st.composite
-def token_policies(draw: st.DrawFn) -> HistoryPolicy:
+def token_policies(draw: st.DrawFn) -> PromptPolicy:
     """Policies where the token budget, not the char caps, decides."""
-    return HistoryPolicy(
+    return PromptPolicy(
         max_messages=None,
         max_chars=None,
         per_message_max_chars=draw(st.none() | st.integers(200, 3_000)),

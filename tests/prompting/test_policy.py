@@ -1,15 +1,15 @@
-"""HistoryPolicy validation and the context-passing modes."""
+"""PromptPolicy validation and the context-passing modes."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from backend.prompting import MIN_MAX_TOKENS, ContextPassing, HistoryPolicy
+from backend.prompting import MIN_MAX_TOKENS, ContextPassing, PromptPolicy
 
 
 def test_defaults_match_the_design() -> None:
-    policy = HistoryPolicy()
+    policy = PromptPolicy()
     assert policy.model_dump() == {
         "enabled": True,
         "max_messages": 20,
@@ -32,7 +32,7 @@ def test_defaults_match_the_design() -> None:
 @pytest.mark.parametrize("fraction", [0, -0.1, 1.01])
 def test_the_resume_fraction_is_a_share_of_the_window(fraction) -> None:
     with pytest.raises(ValueError, match="at most 1"):
-        HistoryPolicy(resume_max_context_fraction=fraction)
+        PromptPolicy(resume_max_context_fraction=fraction)
 
 
 def test_context_passing_values() -> None:
@@ -76,7 +76,7 @@ def test_context_passing_semantics(
 @pytest.mark.parametrize("value", [0, -5])
 def test_caps_must_be_positive(field: str, value: int) -> None:
     with pytest.raises(ValidationError) as error:
-        HistoryPolicy(**{field: value})
+        PromptPolicy(**{field: value})
     assert error.value.errors()[0]["loc"] == (field,)
 
 
@@ -92,25 +92,25 @@ def test_caps_must_be_positive(field: str, value: int) -> None:
     ],
 )
 def test_every_cap_can_be_switched_off(field: str) -> None:
-    assert getattr(HistoryPolicy(**{field: None}), field) is None
+    assert getattr(PromptPolicy(**{field: None}), field) is None
 
 
 def test_per_message_cap_cannot_exceed_the_history_cap() -> None:
     with pytest.raises(ValidationError, match="per_message_max_chars must not exceed max_chars"):
-        HistoryPolicy(max_chars=1_000, per_message_max_chars=2_000)
-    assert HistoryPolicy(max_chars=None, per_message_max_chars=2_000).per_message_max_chars == 2_000
+        PromptPolicy(max_chars=1_000, per_message_max_chars=2_000)
+    assert PromptPolicy(max_chars=None, per_message_max_chars=2_000).per_message_max_chars == 2_000
 
 
 def test_max_tokens_leaves_room_for_the_structure() -> None:
     with pytest.raises(ValidationError) as error:
-        HistoryPolicy(max_tokens=MIN_MAX_TOKENS - 1)
+        PromptPolicy(max_tokens=MIN_MAX_TOKENS - 1)
     assert error.value.errors()[0]["loc"] == ("max_tokens",)
-    assert HistoryPolicy(max_tokens=MIN_MAX_TOKENS).max_tokens == MIN_MAX_TOKENS
+    assert PromptPolicy(max_tokens=MIN_MAX_TOKENS).max_tokens == MIN_MAX_TOKENS
 
 
 def test_unknown_encoding_is_a_clear_error_on_its_field() -> None:
     with pytest.raises(ValidationError) as error:
-        HistoryPolicy(token_encoding="no_such_encoding")
+        PromptPolicy(token_encoding="no_such_encoding")
     [problem] = error.value.errors()
     assert problem["loc"] == ("token_encoding",)
     assert "no_such_encoding" in problem["msg"] and "cannot be loaded locally" in problem["msg"]
@@ -118,13 +118,13 @@ def test_unknown_encoding_is_a_clear_error_on_its_field() -> None:
 
 def test_preview_must_be_shorter_than_the_spill_threshold() -> None:
     with pytest.raises(ValidationError, match="below spill_threshold_chars"):
-        HistoryPolicy(spill_threshold_chars=1_000, preview_head_chars=500, preview_tail_chars=500)
+        PromptPolicy(spill_threshold_chars=1_000, preview_head_chars=500, preview_tail_chars=500)
 
 
 def test_policy_is_frozen_and_strict() -> None:
-    policy = HistoryPolicy()
+    policy = PromptPolicy()
     with pytest.raises(ValidationError):
         policy.max_chars = 5  # type: ignore[misc]
     with pytest.raises(ValidationError):
-        HistoryPolicy(max_char=5)  # type: ignore[call-arg]
-    assert HistoryPolicy(context_passing="none").context_passing is ContextPassing.NONE
+        PromptPolicy(max_char=5)  # type: ignore[call-arg]
+    assert PromptPolicy(context_passing="none").context_passing is ContextPassing.NONE

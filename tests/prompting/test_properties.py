@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 from backend.prompting import (
     HistoryMessage,
-    HistoryPolicy,
     PromptBuild,
     PromptInput,
+    PromptPolicy,
     Role,
     Section,
     build_prompt,
@@ -47,7 +47,7 @@ def _is_exact_cut(content: str, removed: int, kept: int, head_of: str, tail_of: 
 @BUILD_SETTINGS
 @given(prompt_input=prompt_inputs(), policy=policies())
 def test_parse_recovers_exactly_what_was_rendered(
-    prompt_input: PromptInput, policy: HistoryPolicy
+    prompt_input: PromptInput, policy: PromptPolicy
 ) -> None:
     build = build_prompt(prompt_input, policy)
     assert render_document(build.document) == build.text
@@ -57,7 +57,7 @@ def test_parse_recovers_exactly_what_was_rendered(
 @BUILD_SETTINGS
 @given(prompt_input=prompt_inputs(), policy=policies() | token_policies())
 def test_token_count_is_exact_and_within_budget(
-    prompt_input: PromptInput, policy: HistoryPolicy
+    prompt_input: PromptInput, policy: PromptPolicy
 ) -> None:
     build = build_prompt(prompt_input, policy)
     report = build.report
@@ -73,7 +73,7 @@ def test_token_count_is_exact_and_within_budget(
 @BUILD_SETTINGS
 @given(prompt_input=prompt_inputs(), policy=policies())
 def test_output_is_within_every_cap_and_markers_are_exact(
-    prompt_input: PromptInput, policy: HistoryPolicy
+    prompt_input: PromptInput, policy: PromptPolicy
 ) -> None:
     build = build_prompt(prompt_input, policy)
     report = build.report
@@ -128,7 +128,7 @@ def test_output_is_within_every_cap_and_markers_are_exact(
 
 @BUILD_SETTINGS
 @given(prompt_input=prompt_inputs(), policy=policies())
-def test_report_counts_are_consistent(prompt_input: PromptInput, policy: HistoryPolicy) -> None:
+def test_report_counts_are_consistent(prompt_input: PromptInput, policy: PromptPolicy) -> None:
     build = build_prompt(prompt_input, policy)
     report = build.report
     assert report.messages_included + report.messages_omitted == report.messages_considered
@@ -160,7 +160,7 @@ def test_report_counts_are_consistent(prompt_input: PromptInput, policy: History
 
 @BUILD_SETTINGS
 @given(prompt_input=prompt_inputs(), policy=policies())
-def test_same_input_gives_the_same_bytes(prompt_input: PromptInput, policy: HistoryPolicy) -> None:
+def test_same_input_gives_the_same_bytes(prompt_input: PromptInput, policy: PromptPolicy) -> None:
     first = build_prompt(prompt_input, policy)
     again = build_prompt(PromptInput.model_validate(prompt_input.model_dump()), policy)
     assert again.text == first.text
@@ -175,7 +175,7 @@ def test_same_input_gives_the_same_bytes(prompt_input: PromptInput, policy: Hist
     growth=st.integers(1, 3_000),
 )
 def test_a_larger_budget_never_includes_fewer_messages(
-    prompt_input: PromptInput, policy: HistoryPolicy, field: str, growth: int
+    prompt_input: PromptInput, policy: PromptPolicy, field: str, growth: int
 ) -> None:
     value = getattr(policy, field)
     larger = policy.model_copy(update={field: None if value is None else value + growth})

@@ -9,8 +9,9 @@ import pytest
 from django.db import connection, transaction
 
 from backend.errors import Conflict
+from backend.prompting import Role
 from backend.tasks.factories import answered_task
-from backend.tasks.models import Role, SubtaskStatus, Task
+from backend.tasks.models import SubtaskStatus, Task
 from backend.tasks.services import (
     PipelineStep,
     allocate_message_ids,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from backend.prompting import HistoryPolicy, build_prompt, parse_prompt
+from backend.prompting import PromptPolicy, Role, build_prompt, parse_prompt
 from backend.tasks.factories import conversation
 from backend.tasks.history import prompt_input_for, prompt_inputs_for
-from backend.tasks.models import Role, Subtask, SubtaskStatus, Task
+from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, record_result
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
@@ -41,20 +41,20 @@ def pending(task: Task) -> list[Subtask]:
     )
 
 
-def prompt_for(task: Task, policy: HistoryPolicy, turn: Subtask | None = None):
+def prompt_for(task: Task, policy: PromptPolicy, turn: Subtask | None = None):
     turn = turn or pending(task)[0]
     return build_prompt(prompt_input_for(subtask=turn, task=task, policy=policy), policy)
 
 
 def test_first_turn_is_the_user_text_verbatim(user):
     task = chat(user, 0)
-    build = prompt_for(task, HistoryPolicy())
+    build = prompt_for(task, PromptPolicy())
     assert build.text == "question 1"
 
 
 def test_follow_up_sees_the_conversation(user):
     task = chat(user, 2)
-    build = prompt_for(task, HistoryPolicy())
+    build = prompt_for(task, PromptPolicy())
     assert build.text == (
         "## Conversation History\n\n"
         "User:\nquestion 1\n\n"
@@ -69,7 +69,7 @@ def test_follow_up_sees_the_conversation(user):
 
 def test_window_keeps_the_first_user_message_and_counts_the_rest(user):
     task = chat(user, 6)  # 12 history turns before "question 7"
-    policy = HistoryPolicy(max_messages=3)
+    policy = PromptPolicy(max_messages=3)
     build = prompt_for(task, policy)
     parsed = parse_prompt(build.text)
     assert build.report.first_user_message_pinned
@@ -88,14 +88,14 @@ def test_window_keeps_the_first_user_message_and_counts_the_rest(user):
 
 def test_window_without_pinning(user):
     task = chat(user, 4)
-    build = prompt_for(task, HistoryPolicy(max_messages=2, keep_first_user_message=False))
+    build = prompt_for(task, PromptPolicy(max_messages=2, keep_first_user_message=False))
     assert "question 1\n" not in build.text
     assert "[omitted earlier messages: 6 (3 user, 3 assistant)]" in build.text
 
 
 def test_unlimited_message_count_reads_only_what_fits(user):
     task = chat(user, 30, answer=lambda n: f"answer {n} " + "x" * 300)
-    policy = HistoryPolicy(max_messages=None, max_chars=2_000, per_message_max_chars=1_000)
+    policy = PromptPolicy(max_messages=None, max_chars=2_000, per_message_max_chars=1_000)
     build = prompt_for(task, policy)
     assert build.report.chars < 2_600
     assert "answer 30 " in build.text
@@ -104,13 +104,13 @@ def test_unlimited_message_count_reads_only_what_fits(user):
 
 def test_disabled_history_is_the_current_message_only(user):
     task = chat(user, 3)
-    build = prompt_for(task, HistoryPolicy(enabled=False))
+    build = prompt_for(task, PromptPolicy(enabled=False))
     assert build.text == "question 4"
 
 
 def test_group_chat_labels_senders(user):
     task = chat(user, 1, is_group_chat=True)
-    build = prompt_for(task, HistoryPolicy())
+    build = prompt_for(task, PromptPolicy())
     assert "User[alice]:\nquestion 1" in build.text
     assert "User[alice]:\nquestion 2" in build.text
 
@@ -123,7 +123,7 @@ def test_pipeline_step_sees_the_previous_result(user):
     task = chat(user, 1, pipeline=steps)
     coder, reviewer = pending(task)
     record_result(subtask=coder, status=SubtaskStatus.COMPLETED, result={"value": "patch v2"})
-    build = prompt_for(task, HistoryPolicy(), turn=Subtask.objects.get(pk=reviewer.pk))
+    build = prompt_for(task, PromptPolicy(), turn=Subtask.objects.get(pk=reviewer.pk))
     assert "Assistant[coder]:\nanswer 1 from coder" in build.text
     assert "Assistant[reviewer]:\nanswer 1 from reviewer" in build.text
     assert build.text.endswith("## Previous Result\n\nAssistant[coder]:\npatch v2\n")
@@ -133,7 +133,7 @@ def test_spilled_result_renders_preview_and_pointer(user, settings):
     settings.BATON_SPILL_THRESHOLD_CHARS = 1_000
     settings.BATON_PREVIEW_HEAD_CHARS = settings.BATON_PREVIEW_TAIL_CHARS = 20
     task = chat(user, 1, answer=lambda n: "$ make\n" + "compiling...\n" * 200)
-    build = prompt_for(task, HistoryPolicy())
+    build = prompt_for(task, PromptPolicy())
     artifact = task.subtasks.get(message_id=2).artifact
     assert (
         f"[artifact {artifact.id} · command_output · 2,607 chars, 201 lines · "
@@ -147,16 +147,16 @@ def test_failed_turn_is_marked(user):
     task = chat(user, 0)
     record_result(subtask=pending(task)[0], status=SubtaskStatus.FAILED, error="tool crashed")
     append_message(task=task, message="try again")
-    build = prompt_for(task, HistoryPolicy())
+    build = prompt_for(task, PromptPolicy())
     assert "Assistant: [failed]\ntool crashed" in build.text
 
 
 # Message cap; character cap without a message cap (with and without a per-message cap); no cap.
 POLICIES = {
-    "messages": HistoryPolicy(max_messages=4),
-    "chars": HistoryPolicy(max_messages=None, max_chars=700, per_message_max_chars=200),
-    "chars_uncapped": HistoryPolicy(max_messages=None, max_chars=700, per_message_max_chars=None),
-    "none": HistoryPolicy(max_messages=None, max_chars=None, per_message_max_chars=None),
+    "messages": PromptPolicy(max_messages=4),
+    "chars": PromptPolicy(max_messages=None, max_chars=700, per_message_max_chars=200),
+    "chars_uncapped": PromptPolicy(max_messages=None, max_chars=700, per_message_max_chars=None),
+    "none": PromptPolicy(max_messages=None, max_chars=None, per_message_max_chars=None),
 }
 
 
@@ -191,7 +191,7 @@ def test_a_character_budget_loads_the_turns_whose_newer_turns_fit(user, per_mess
     one that overflows `max_chars` (each counted at most `per_message_max_chars`): nothing
     older can make the prompt."""
     task = chat(user, 20, answer=lambda n: f"answer {n} " + "x" * (37 * n % 500))
-    policy = HistoryPolicy(
+    policy = PromptPolicy(
         max_messages=None,
         max_chars=1_500,
         per_message_max_chars=per_message_max_chars,
@@ -224,7 +224,7 @@ def test_a_step_that_never_ran_shows_why_in_history(user):
     coder, _reviewer = pending(task)
     record_result(subtask=coder, status=SubtaskStatus.FAILED, error="compiler crashed")
     append_message(task=task, message="try again")
-    build = prompt_for(task, HistoryPolicy())
+    build = prompt_for(task, PromptPolicy())
     assert (
         "Assistant[coder]: [failed]\ncompiler crashed\n\n"
         "Assistant[reviewer]: [failed]\nNot run: pipeline step 0 (coder) failed.\n\n"

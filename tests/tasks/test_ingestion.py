@@ -11,10 +11,11 @@ from backend.artifacts.models import Artifact, ArtifactKind
 from backend.artifacts.services import count_lines
 from backend.artifacts.storage import artifact_storage
 from backend.errors import InvalidInput, PayloadTooLarge
+from backend.prompting import Role
 from backend.prompting.units import count_tokens
 from backend.tasks.fields import dump_lossless_json
 from backend.tasks.ingestion import ingest_text, replace_unstorable_chars
-from backend.tasks.models import Role, Subtask, SubtaskStatus
+from backend.tasks.models import Subtask, SubtaskStatus
 from backend.tasks.selectors import turn_result
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 

@@ -6,8 +6,9 @@ import pytest
 from django.db import IntegrityError
 
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from backend.prompting import Role
 from backend.tasks.factories import answer_pending
-from backend.tasks.models import Role, Subtask, SubtaskStatus, Task, TaskStatus
+from backend.tasks.models import Subtask, SubtaskStatus, Task, TaskStatus
 from backend.tasks.services import (
     PipelineStep,
     allocate_message_ids,
