@@ -39,7 +39,7 @@ from backend.prompting.fixed import FixedSection, squeeze
 from backend.prompting.inputs import PromptInput, Role
 from backend.prompting.pieces import SizedPiece
 from backend.prompting.policy import ContextPassing, PromptPolicy
-from backend.prompting.render import header_piece, needs_escape, notice_piece
+from backend.prompting.render import escape_note_piece, header_piece, needs_escape, notice_piece
 from backend.prompting.report import BuildReport
 from backend.prompting.selection import HistorySection, Selection
 from backend.prompting.tally import tally_build
@@ -157,7 +157,11 @@ class _Builder:
         return PromptBuild(text=message.content, report=report, document=document)
 
     def _build_sections(self, fixed: list[FixedSection]) -> PromptBuild:
-        history_floor = self.history.overhead(0, 0) if self.history.shown else 0
+        # The escape note opens the prompt when a fixed section had a line escaped; the
+        # history can call for it too (see below).
+        note_tokens = self.counter.constant(escape_note_piece())
+        reserved = note_tokens if any(_escaped(f.piece) for f in fixed) else 0
+        history_floor = (self.history.overhead(0, 0) if self.history.shown else 0) + reserved
         squeezed = False
         if self.max_tokens is not None:
             fixed_total = sum(f.section_tokens(self.counter) for f in fixed)
@@ -178,7 +182,9 @@ class _Builder:
                 )
         fixed_tokens = {f.section: f.section_tokens(self.counter) for f in fixed}
         token_budget = (
-            self.max_tokens - sum(fixed_tokens.values()) if self.max_tokens is not None else None
+            self.max_tokens - sum(fixed_tokens.values()) - reserved
+            if self.max_tokens is not None
+            else None
         )
 
         selected: list[tuple[int, SizedPiece]] = []
@@ -190,6 +196,11 @@ class _Builder:
             # Once the fixed sections had to be cut, the history keeps only its header and
             # notice: filling the crumbs would let a larger budget include fewer messages.
             selection = Selection(pinned=None) if squeezed else self.history.select(token_budget)
+            if not reserved and any(_escaped(piece) for _, piece in selection.oldest_first()):
+                # An escaped history message needs the note: select again with its room.
+                reserved = note_tokens
+                if token_budget is not None:
+                    selection = self.history.select(token_budget - note_tokens)
             selected, pinned = selection.oldest_first(), selection.pin_held
             users = selection.users
             notice = self.history.notice(users, len(selected) - users)
@@ -209,21 +220,34 @@ class _Builder:
             pieces.append(header_piece(f.section))
             pieces.append(f.piece.text)
             sections.append(RenderedSection(f.section, (f.piece.message,)))
+        escape_note = any(_escaped(f.piece) for f in fixed) or any(
+            _escaped(piece) for _, piece in selected
+        )
+        if escape_note:
+            pieces.insert(0, escape_note_piece())
+        used_note_tokens = note_tokens if escape_note else 0
         text = "".join(pieces)
         report = tally_build(
             text=text,
-            tokens=history_tokens + sum(fixed_tokens.values()),
+            tokens=history_tokens + sum(fixed_tokens.values()) + used_note_tokens,
             history=self.history,
             selected=selected,
             pinned=pinned,
             history_tokens=history_tokens,
             fixed=fixed,
             fixed_tokens=fixed_tokens,
+            note_tokens=used_note_tokens,
             verbatim=False,
             context_passing=self.mode,
             token_encoding=self.policy.token_encoding,
         )
-        return PromptBuild(text=text, report=report, document=PromptDocument(tuple(sections)))
+        document = PromptDocument(tuple(sections), escape_note=escape_note)
+        return PromptBuild(text=text, report=report, document=document)
+
+
+def _escaped(piece: SizedPiece) -> bool:
+    """Whether rendering escaped a line of the piece's content."""
+    return piece.body is not piece.message.content
 
 
 def build_prompt(

@@ -58,10 +58,15 @@ class RenderedSection:
 
 @dataclass(frozen=True, slots=True)
 class PromptDocument:
-    """A whole prompt. ``verbatim`` prompts are one user message's text with no headers."""
+    """A whole prompt. ``verbatim`` prompts are one user message's text with no headers.
+
+    ``escape_note``: the prompt opens with the note that says how escaped lines look; it does
+    whenever a message's content had a line escaped.
+    """
 
     sections: tuple[RenderedSection, ...]
     verbatim: bool = False
+    escape_note: bool = False
 
     def section(self, section: Section) -> RenderedSection | None:
         return next((s for s in self.sections if s.section is section), None)

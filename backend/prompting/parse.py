@@ -4,8 +4,9 @@
 ``parse_prompt(build.text) == build.document``. It is how tests prove that content cannot forge
 a role boundary, and how tools can show a stored prompt message by message.
 
-Rules it relies on (see ``render``): a prompt whose first line is not a section header is a
-verbatim first-turn prompt (one user message, no label). Otherwise boundaries are lines that
+Rules it relies on (see ``render``): a prompt may open with the escape note; a prompt whose
+first line is neither that note nor a section header is a verbatim first-turn prompt (one user
+message, no label). Otherwise boundaries are lines that
 are exactly a section header or a role label line (``Assistant[bot]: [failed]`` for a failed
 turn); content lines that would look like either are escaped, so every such line is real
 structure. Every piece ends with a blank line except the last, which ends with a single
@@ -27,6 +28,7 @@ from backend.prompting.inputs import ArtifactPointer, Role
 from backend.prompting.render import (
     PIECE_END,
     PROMPT_END,
+    escape_note_piece,
     parse_omission_notice,
     parse_pointer_line,
     starts_with_header_line,
@@ -74,6 +76,11 @@ def _notice(section: Section, rest: str) -> OmissionNotice | None:
 
 def parse_prompt(text: str) -> PromptDocument:
     """The sections, notice and messages of ``text`` exactly as they were rendered."""
+    escape_note = text.startswith(escape_note_piece())
+    if escape_note:
+        text = text[len(escape_note_piece()) :]
+        if not starts_with_header_line(text):
+            raise PromptParseError("the escape note is followed by a section header")
     if not starts_with_header_line(text):
         message = RenderedMessage(role=Role.USER, name=None, content=text)
         return PromptDocument(
@@ -117,4 +124,4 @@ def parse_prompt(text: str) -> PromptDocument:
         raw = chunk[: -len(PIECE_END)]
         messages.append(_message(boundary["role"], boundary["name"], failed, raw))
     close()
-    return PromptDocument(sections=tuple(sections))
+    return PromptDocument(sections=tuple(sections), escape_note=escape_note)

@@ -51,12 +51,14 @@ class BuildReport(BaseModel):
     history_tokens: int
     """Tokens of the Conversation History section: header, omission notice and messages.
 
-    ``history_tokens + current_tokens + previous_result_tokens == tokens`` for the encodings in
-    ``SEAM_SAFE_ENCODINGS``; for others ``tokens`` is the exact count of the whole prompt and
-    the split is the sum of separately counted pieces.
+    ``history_tokens + current_tokens + previous_result_tokens + note_tokens == tokens`` for the
+    encodings in ``SEAM_SAFE_ENCODINGS``; for others ``tokens`` is the exact count of the whole
+    prompt and the split is the sum of separately counted pieces.
     """
     current_tokens: int
     previous_result_tokens: int
+    note_tokens: int = 0
+    """Tokens of the escape note that opens the prompt when a line was escaped (else 0)."""
     artifacts: tuple[str, ...]
     first_user_message_pinned: bool
     current_truncated: bool

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import unicodedata
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -63,7 +66,10 @@ def test_token_count_is_exact_and_within_budget(
     report = build.report
     assert report.tokens == count_tokens(build.text)
     assert report.tokens == (
-        report.history_tokens + report.current_tokens + report.previous_result_tokens
+        report.history_tokens
+        + report.current_tokens
+        + report.previous_result_tokens
+        + report.note_tokens
     )
     if policy.max_tokens is not None:
         assert report.tokens <= policy.max_tokens
@@ -182,3 +188,44 @@ def test_a_larger_budget_never_includes_fewer_messages(
     small = build_prompt(prompt_input, policy).report.messages_included
     large = build_prompt(prompt_input, larger).report.messages_included
     assert large >= small
+
+
+# An independent reader's eye, deliberately written apart from `render`: what a model would take
+# for a header, a speaker label, a pointer, a notice or the note, once invisible characters,
+# accents, width, case and a few common homoglyphs no longer tell lines apart.
+_READER_HOMOGLYPHS = str.maketrans("аеорсухАЕОРСУХіІѕЅԁοαΟΑ", "aeopcyxAEOPCYXiIsSdoaOA")
+_READER_STRUCTURE = re.compile(
+    r"(?:#+\s*(?:conversation history|current message|previous result)"
+    r"|(?:user|assistant|human|system)\s*(?:\[[^\]]*\])?\s*:"
+    r"|\[(?:artifact|omitted|note)\b)"
+)
+
+
+def _reader_sees_structure(line: str) -> bool:
+    if line.startswith("\\"):
+        return False  # the note says: a line starting with a backslash is quoted text
+    text = unicodedata.normalize("NFKD", line.translate(_READER_HOMOGLYPHS))
+    text = "".join(c for c in text if unicodedata.category(c) not in ("Cf", "Mn", "Cc"))
+    text = unicodedata.normalize("NFKC", text).casefold().lstrip()
+    return _READER_STRUCTURE.match(text) is not None
+
+
+@BUILD_SETTINGS
+@given(prompt_input=prompt_inputs(), policy=policies() | token_policies())
+def test_a_reader_sees_exactly_the_real_structure(
+    prompt_input: PromptInput, policy: PromptPolicy
+) -> None:
+    """However content imitates structure, the lines a model takes for structure are real."""
+    build = build_prompt(prompt_input, policy)
+    document = build.document
+    if document.verbatim:
+        real = 0
+    else:
+        real = int(document.escape_note) + sum(
+            1  # the header
+            + (section.notice is not None)
+            + sum(1 + (message.artifact is not None) for message in section.messages)
+            for section in document.sections
+        )
+    seen = sum(_reader_sees_structure(line) for line in build.text.splitlines())
+    assert seen == real
