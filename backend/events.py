@@ -1,7 +1,7 @@
 """Structured event log lines: one JSON object per line, holding ids, counts, sizes and flags.
 
 Every layer of Baton logs its events through `log_event`, on the `baton.events` logger. Logs
-must never carry a message, a prompt or a result (DESIGN.md, principle 7), so `log_event`
+must never carry a message, a prompt or a result (docs/architecture.md, principle 7), so `log_event`
 takes only values that cannot hold content: numbers, flags, None and short identifier-like
 strings (ids, status and error codes, kinds). Anything else — free text, a long string, a list,
 a dict — raises before a line is written, so a field that would leak text fails in the tests

@@ -1,9 +1,9 @@
 """Artifacts: the whole text of long messages and results, stored once, addressed by content.
 
 The id is a prefix of the content's sha256, so the same text recorded twice is one artifact and
-renders as the same pointer line in every later prompt (DESIGN.md, principle 5). Content lives in
-the `artifacts` storage (filesystem under var/artifacts by default; any Django storage backend,
-such as S3-compatible object storage through django-storages, by setting).
+renders as the same pointer line in every later prompt (docs/architecture.md, principle 5). Content
+lives in the `artifacts` storage (filesystem under var/artifacts by default; any Django storage
+backend, such as S3-compatible object storage through django-storages, by setting).
 """
 
 from __future__ import annotations

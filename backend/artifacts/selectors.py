@@ -7,7 +7,7 @@ Who may read an artifact is not decided here: access follows the tasks that prod
 reference it (`backend.tasks.artifact_access`); this package knows nothing of tasks.
 
 Content is served only after the stored object has been hashed whole and matched against the
-recorded sha256, so a damaged or missing file is an error, never wrong bytes (DESIGN.md,
+recorded sha256, so a damaged or missing file is an error, never wrong bytes (docs/architecture.md,
 principle 2). The same pass finds the byte offsets of a requested line slice, so serving
 `?lines=` or a byte range costs one verifying read plus the slice itself.
 """

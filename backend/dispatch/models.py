@@ -7,7 +7,7 @@ content-addressed artifacts shared across tasks, so they are service settings
 (BATON_SPILL_THRESHOLD_CHARS, BATON_PREVIEW_HEAD_CHARS, BATON_PREVIEW_TAIL_CHARS).
 Rows are validated by that same pydantic model, versioned on each change, and take effect on
 the next dispatch. A `PromptReport` records what one dispatch built — counts, sizes, ids,
-flags and timing, never the prompt text (DESIGN.md, principle 7).
+flags and timing, never the prompt text (docs/architecture.md, principle 7).
 """
 
 from __future__ import annotations

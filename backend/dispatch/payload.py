@@ -8,7 +8,7 @@ fixed number of queries however many turns were claimed and however long their h
 
 Invariants: a claimed turn whose payload cannot be built is released at once (requeued, or
 failed after its last attempt) rather than left RUNNING until its lease expires; and no prompt
-or result text reaches a log line or a report row (DESIGN.md, principle 7).
+or result text reaches a log line or a report row (docs/architecture.md, principle 7).
 """
 
 from __future__ import annotations

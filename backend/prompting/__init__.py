@@ -1,6 +1,7 @@
 """Baton's prompt builder core: plain typed inputs in, a bounded prompt and its report out.
 
-This package imports nothing from Django (DESIGN.md, principle 4). Modules, one idea each:
+This package imports nothing from Django (docs/architecture.md, principle 4). Modules, one idea
+each:
 
 * ``units`` — sizes in chars, bytes, approximate and real tokens; the one token counter.
 * ``truncate`` — head + tail cuts with Codex's exact markers; ingestion's previews.

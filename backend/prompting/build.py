@@ -1,6 +1,6 @@
 """Building one prompt: put the sections together under the caps, in their order, and report.
 
-The contract is DESIGN.md's "The prompt" and "Caps and the order they apply":
+The contract is docs/architecture.md's "The prompt" and its caps:
 
 1. The Current Message and the Previous Result are fixed: each is cut head + tail at its own
    char cap (``current_message_max_chars``, ``previous_result_max_chars``) and never dropped

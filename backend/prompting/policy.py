@@ -7,7 +7,7 @@ never exceeds ``max_chars``, a preview is shorter than the spill threshold, ``ma
 room for the prompt's own structure (headers, labels, markers, the omission notice), and the
 token encoding loads locally.
 
-Caps apply in this order (DESIGN.md, "Caps and the order they apply"): select newest-first up to
+Caps apply in this order (docs/architecture.md, "The prompt"): select newest-first up to
 ``max_messages`` → cap each message at ``per_message_max_chars`` → drop oldest until the history
 fits ``max_chars`` and the prompt fits ``max_tokens`` → render oldest-first.
 

@@ -1,8 +1,9 @@
 """What a build tells the rest of Baton about the prompt it made — never the prompt text.
 
-The dispatch app stores a :class:`BuildReport` per dispatch as a PromptReport and the admin draws
-a budget bar from ``history_tokens`` / ``current_tokens`` / ``previous_result_tokens``. It holds
-counts, sizes, ids and flags only (DESIGN.md, principle 7), and ``to_dict()`` is JSON-safe.
+The dispatch app stores a :class:`BuildReport` per dispatch as a PromptReport and the admin
+draws a budget bar from ``history_tokens`` / ``current_tokens`` / ``previous_result_tokens``. It
+holds counts, sizes, ids and flags only (docs/architecture.md, principle 7), and ``to_dict()``
+is JSON-safe.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """History selection: which messages of the task's history the prompt includes, and the notice.
 
-The history's part of DESIGN.md's "Caps and the order they apply":
+The history's part of docs/architecture.md's "Caps, in order":
 
 * Messages are selected newest first, up to ``max_messages``. With ``keep_first_user_message``
   the task's first user message is selected before all others: it counts against every cap and

@@ -1,9 +1,9 @@
 """Which artifacts are garbage: the ones no turn references any more.
 
-An artifact stays while any turn references it: prompts point at it and executors download it,
-so removing it would break "nothing is lost" (DESIGN.md, principle 2). Once every referencing
-turn is gone (its task deleted), the artifact is garbage, and `prune_artifacts` removes the row
-and the stored file after it has been neither created nor read for the retention period.
+An artifact stays while any turn references it: prompts point at it and executors download it, so
+removing it would break "nothing is lost" (docs/architecture.md, principle 2). Once every
+referencing turn is gone (its task deleted), the artifact is garbage, and `prune_artifacts` removes
+the row and the stored file after it has been neither created nor read for the retention period.
 
 Only the turns know what references an artifact, so the selection lives here; removing rows
 and files safely is storage work (`backend.artifacts.retention.remove_artifacts`).

@@ -3,7 +3,7 @@
 Called whenever a USER message or an ASSISTANT result is recorded. After it, the turn carries
 everything prompt building needs (the history text or its head+tail preview, sizes, token
 counts, the artifact pointer), so building a prompt never touches the full text again and costs
-the same whether a result was 1 KB or 1 GB (DESIGN.md, principles 1 and 2).
+the same whether a result was 1 KB or 1 GB (docs/architecture.md, principles 1 and 2).
 
 The spill decision and the preview belong to the turns; the artifact itself is only storage
 (`backend.artifacts.services.store_artifact`), so the dependency points from tasks to artifacts.

@@ -238,7 +238,7 @@ class Subtask(models.Model):
 
     # Measured once at ingestion (backend.tasks.ingestion.ingest_text), when the message or
     # result is recorded. Prompt building reads only these bounded fields, never `prompt` or
-    # `result` themselves (DESIGN.md, principle 1).
+    # `result` themselves (docs/architecture.md, principle 1).
     # The text the history shows: the whole text, or for spilled text the rendered preview.
     history_text = models.TextField(blank=True)
     history_text_tokens = models.PositiveIntegerField(null=True, blank=True)
