@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from backend.dispatch.policies import set_policy
+from backend.prompting.render import ESCAPE_NOTE
 from executors.standin import extract_prompt
 from tests.conftest import register_bot
 from tests.e2e.live import FINISHED, REPO_ROOT, WorkerProcess, prompts, run_processes, worker
@@ -68,10 +69,12 @@ def test_a_three_turn_conversation_reaches_the_model_as_baton_rendered_it(
     assert [turn["result"]["value"] for turn in done["turns"][1::2]] == answers
     assert all(turn["usage"]["output_tokens"] >= 7 for turn in done["turns"][1::2])
     assert all(turn["native_session_id"] for turn in done["turns"][1::2])
-    # The third model request carries the first two turns exactly as Baton rendered them.
+    # The third model request carries the first two turns exactly as Baton rendered them; an
+    # answer's line that reads like a label is escaped, and the note says what that means.
     first, _, third = prompts(model_server)
     assert first == f"Why is CI red? {secret}"
     assert third == (
+        f"{ESCAPE_NOTE}\n\n"
         "## Conversation History\n\n"
         f"User:\nWhy is CI red? {secret}\n\n"
         f"Assistant:\n{answers[0]}\n\n"
