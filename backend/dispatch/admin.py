@@ -59,7 +59,7 @@ def _attach_policy_error(form: forms.Form, error: InvalidInput) -> None:
         form.add_error(None, error.message)
 
 
-class PolicyValuesForm(forms.ModelForm):
+class PolicyValuesForm(forms.ModelForm[HistoryPolicy]):
     """The cap fields of a policy, validated together as the prompt builder validates them."""
 
     class Meta:
@@ -149,7 +149,7 @@ class PreviewForm(forms.Form):
 
 
 @admin.register(HistoryPolicy)
-class HistoryPolicyAdmin(admin.ModelAdmin):
+class HistoryPolicyAdmin(admin.ModelAdmin[HistoryPolicy]):
     form = HistoryPolicyForm
     list_display = [
         "task_type_label",
@@ -328,7 +328,7 @@ class HistoryPolicyAdmin(admin.ModelAdmin):
 
 
 @admin.register(PromptReport)
-class PromptReportAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class PromptReportAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[PromptReport]):
     """What each dispatch built, read-only: counts, sizes and flags, never the prompt text."""
 
     allow_delete = True
