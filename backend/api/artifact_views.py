@@ -36,6 +36,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.api.artifact_serializers import ArtifactContentQuery, ArtifactOutput, ErrorOutput
+from backend.api.permissions import authenticated_user
 from backend.api.renderers import BatonJSONRenderer
 from backend.artifacts import selectors
 from backend.artifacts.retention import record_artifact_read
@@ -116,7 +117,7 @@ class ArtifactDetailApi(APIView):
         summary="An artifact's metadata: sizes, kind, sha256, workspace path and download URL",
     )
     def get(self, request: Request, artifact_id: str) -> Response:
-        artifact = visible_artifact(user=request.user, artifact_id=artifact_id)
+        artifact = visible_artifact(user=authenticated_user(request), artifact_id=artifact_id)
         return Response(ArtifactOutput(artifact, context={"request": request}).data)
 
 
@@ -171,7 +172,7 @@ class ArtifactContentApi(APIView):
         query = ArtifactContentQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         line_range = query.validated_data.get("lines")
-        artifact = visible_artifact(user=request.user, artifact_id=artifact_id)
+        artifact = visible_artifact(user=authenticated_user(request), artifact_id=artifact_id)
         etag = f'"{artifact.sha256}"'
 
         if _etag_matches(request.headers.get("If-None-Match"), etag=etag):

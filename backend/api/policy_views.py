@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from backend.api.permissions import authenticated_user
 from backend.api.serializers import StrictInput
 from backend.dispatch.models import DEFAULT_TASK_TYPE, HistoryPolicy
 from backend.dispatch.policies import (
@@ -154,7 +155,7 @@ class PolicyDetailApi(APIView):
         inherit = values.pop("inherit", [])
         row = save_policy(
             row=row or HistoryPolicy(task_type=task_type),
-            changed_by=request.user,
+            changed_by=authenticated_user(request),
             values=values,
             inherit=inherit,
         )

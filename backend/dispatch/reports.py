@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -54,9 +54,7 @@ def retry_backoff_seconds(*, attempt: int) -> float:
     return min(delay, settings.BATON_RETRY_BACKOFF_MAX_SECONDS)
 
 
-def heartbeat(
-    *, worker: AbstractBaseUser, worker_id: str, attempt: int, subtask_id: int
-) -> Subtask:
+def heartbeat(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
     """Extend the lease on a turn the worker holds."""
     with transaction.atomic():
         subtask = held_claim(
@@ -68,7 +66,7 @@ def heartbeat(
 
 
 def heartbeat_claims(
-    *, worker: AbstractBaseUser, worker_id: str, claims: Sequence[tuple[int, int]]
+    *, worker: User, worker_id: str, claims: Sequence[tuple[int, int]]
 ) -> list[LeaseState]:
     """The state of every claim a worker holds, in one call, extending the running ones.
 
@@ -127,7 +125,7 @@ def heartbeat_claims(
 
 def record_progress(
     *,
-    worker: AbstractBaseUser,
+    worker: User,
     worker_id: str,
     attempt: int,
     subtask_id: int,
@@ -166,7 +164,7 @@ def record_progress(
 
 def report_result(
     *,
-    worker: AbstractBaseUser,
+    worker: User,
     worker_id: str,
     attempt: int,
     subtask_id: int,

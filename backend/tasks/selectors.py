@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import Q, QuerySet
 
 from backend.artifacts.storage import verified_chunks
@@ -12,7 +12,7 @@ from backend.errors import NotFound
 from backend.tasks.models import Bot, Subtask, Task
 
 
-def visible_tasks(*, user: AbstractBaseUser) -> QuerySet[Task]:
+def visible_tasks(*, user: User) -> QuerySet[Task]:
     """Tasks the user may read: their own, or every task for staff."""
     tasks = Task.objects.all()
     if not user.is_staff:
@@ -21,7 +21,7 @@ def visible_tasks(*, user: AbstractBaseUser) -> QuerySet[Task]:
 
 
 def task_list(
-    *, user: AbstractBaseUser, status: str | None = None, task_type: str | None = None
+    *, user: User, status: str | None = None, task_type: str | None = None
 ) -> QuerySet[Task]:
     tasks = visible_tasks(user=user).select_related("owner")
     if status:
@@ -31,7 +31,7 @@ def task_list(
     return tasks.order_by("-created_at", "-id")
 
 
-def get_task(*, user: AbstractBaseUser, task_id: int) -> Task:
+def get_task(*, user: User, task_id: int) -> Task:
     """The task with this id, or NotFound if it does not exist or the user may not see it."""
     task = visible_tasks(user=user).select_related("owner").filter(pk=task_id).first()
     if task is None:

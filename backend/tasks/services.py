@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
@@ -251,7 +251,7 @@ def _validate_sender(*, is_group_chat: bool, sender: str) -> None:
 
 def create_task(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     title: str,
     task_type: str,
     message: str,
