@@ -43,7 +43,7 @@ def _task_type(name: str) -> str:
 SOURCES = [SOURCE_TASK_TYPE, SOURCE_DEFAULT_ROW, SOURCE_ENVIRONMENT, SOURCE_BUILT_IN]
 
 
-class PolicyOutput(serializers.ModelSerializer):
+class PolicyOutput(serializers.ModelSerializer[HistoryPolicy]):
     """What dispatch uses for a row's task type, where each value comes from, and what it sets.
 
     Each cap is the effective value. `sources` says where it comes from: `task_type` (this row

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -26,7 +27,7 @@ from backend.tasks.models import Subtask, Task
 from backend.tasks.services import PipelineStep
 
 
-def _with_turns(task: Task, turns: Iterable[Subtask]) -> dict:
+def _with_turns(task: Task, turns: Iterable[Subtask]) -> dict[str, Any]:
     task.turns_for_output = list(turns)
     return TaskWithTurnsOutput(task).data
 

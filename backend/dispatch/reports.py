@@ -169,10 +169,10 @@ def report_result(
     attempt: int,
     subtask_id: int,
     status: str,
-    result: dict | None,
+    result: dict[str, Any] | None,
     error: str,
     error_code: str = "",
-    usage: dict | None,
+    usage: dict[str, Any] | None,
     native_session_id: str,
     session_resumed: bool = False,
 ) -> tuple[Subtask, bool]:
@@ -260,10 +260,10 @@ def _is_repeat(
     subtask: Subtask,
     *,
     status: str,
-    result: dict | None,
+    result: dict[str, Any] | None,
     error: str,
     error_code: str,
-    usage: dict | None,
+    usage: dict[str, Any] | None,
 ) -> bool:
     """Whether this report is the one the claim already made (a retried request)."""
     if status in (RETRY, RELEASE):

@@ -122,7 +122,12 @@ def resume_input(full_input: PromptInput, *, seen_through: int) -> PromptInput:
 
 
 def record_session(
-    *, subtask: Subtask, worker_id: str, session_id: str, resumed: bool, usage: dict | None
+    *,
+    subtask: Subtask,
+    worker_id: str,
+    session_id: str,
+    resumed: bool,
+    usage: dict[str, Any] | None,
 ) -> None:
     """After a result: mark which prompt was sent, and what the session has now seen.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db.models import Q, QuerySet
@@ -49,21 +50,23 @@ def task_turns(*, task: Task) -> QuerySet[Subtask]:
     )
 
 
-def turn_result(*, subtask: Subtask) -> dict | None:
+def turn_result(*, subtask: Subtask) -> dict[str, Any] | None:
     """The turn's result exactly as the executor sent it.
 
     Long values live in the turn's artifact (see `Subtask.result_value_in_artifact`); this
     reads them back, checked against the artifact's sha256.
     """
-    if not subtask.result_value_in_artifact or subtask.result is None:
-        return subtask.result
+    result: dict[str, Any] | None = subtask.result
+    if not subtask.result_value_in_artifact or result is None:
+        return result
     artifact = subtask.artifact
+    assert artifact is not None  # the value lives in the turn's artifact, which the turn protects
     value = b"".join(
         verified_chunks(
             storage_key=artifact.storage_key, sha256=artifact.sha256, artifact_id=artifact.id
         )
     ).decode("utf-8")
-    return {key: value if key == "value" else item for key, item in subtask.result.items()}
+    return {key: value if key == "value" else item for key, item in result.items()}
 
 
 def bot_list() -> QuerySet[Bot]:

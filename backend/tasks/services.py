@@ -408,7 +408,9 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-def history_text_for_result(*, status: str, result: dict | None, error: str) -> tuple[str, bool]:
+def history_text_for_result(
+    *, status: str, result: dict[str, Any] | None, error: str
+) -> tuple[str, bool]:
     """The text an ASSISTANT turn contributes to history, and whether it is serialized JSON.
 
     `result.value` when it is a string; a `value` of any other JSON type (a number, a list, an
@@ -446,10 +448,10 @@ def record_result(
     *,
     subtask: Subtask,
     status: str,
-    result: dict | None = None,
+    result: dict[str, Any] | None = None,
     error: str = "",
     error_code: str = "",
-    usage: dict | None = None,
+    usage: dict[str, Any] | None = None,
     native_session_id: str = "",
 ) -> Subtask:
     """Record an ASSISTANT turn's outcome and, for pipelines, make the next step dispatchable.
@@ -481,6 +483,7 @@ def record_result(
             and status == SubtaskStatus.COMPLETED
         ):
             # The artifact holds exactly result["value"]; keep the row small.
+            assert result is not None  # a COMPLETED report has one (validated above)
             subtask.result = {key: None if key == "value" else item for key, item in result.items()}
             subtask.result_value_in_artifact = True
         # PostgreSQL text cannot hold NUL or lone surrogates; an error message is diagnostic
