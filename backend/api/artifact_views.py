@@ -21,8 +21,8 @@ Errors are Baton's JSON error body whatever the request's Accept header says.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from django.http import HttpResponseBase, HttpResponseNotModified, StreamingHttpResponse
 from django.utils.http import parse_etags
@@ -30,6 +30,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import BaseParser
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -58,6 +59,7 @@ class _RequestedRange:
     def resolve(self, *, size: int) -> ByteRange | None:
         """The slice to send, or None when the range cannot be satisfied (416)."""
         if self.first is None:  # the last `self.last` bytes
+            assert self.last is not None  # `_requested_range` refuses a range without either end
             if self.last == 0 or size == 0:
                 return None
             return ByteRange(start=max(0, size - self.last), end=size)
@@ -101,13 +103,14 @@ class _JSONErrorsNegotiation(BaseContentNegotiation):
     Without this, a client sending `Accept: text/plain` would get 406 before the view runs.
     """
 
-    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
-        return parsers[0] if parsers else None
+    def select_parser(self, request: Request, parsers: Iterable[BaseParser]) -> BaseParser | None:
+        return next(iter(parsers), None)
 
     def select_renderer(
-        self, request: Request, renderers: list[BaseRenderer], format_suffix: str | None = None
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
     ) -> tuple[BaseRenderer, str]:
-        return renderers[0], renderers[0].media_type
+        renderer = next(iter(renderers))
+        return renderer, renderer.media_type
 
 
 class ArtifactDetailApi(APIView):

@@ -28,12 +28,11 @@ from backend.tasks.models import (
 from backend.tasks.selectors import turn_result
 
 
-def _label_name(value: str) -> str:
+def _label_name(value: str) -> None:
     try:
         validate_name(value)
     except ValueError as error:
         raise serializers.ValidationError(f"Name {error}.") from None
-    return value
 
 
 def label_name_field(**kwargs: Any) -> serializers.CharField:
