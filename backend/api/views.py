@@ -64,7 +64,9 @@ class TaskListCreateApi(APIView):
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
         if "pipeline" in data:
-            pipeline = [PipelineStep(**step) for step in data["pipeline"]]
+            pipeline: list[PipelineStep] | PipelineStep = [
+                PipelineStep(**step) for step in data["pipeline"]
+            ]
         else:
             pipeline = PipelineStep(bot=data.get("bot"), executor=data.get("executor"))
         task = services.create_task(

@@ -93,15 +93,14 @@ def resolve_pipeline(
     `executor`; a pipeline's errors name `pipeline.N.<field>`. Two queries at most.
     """
     single = isinstance(pipeline, PipelineStep)
-    if single:
-        pipeline = [pipeline]
+    requested = [pipeline] if isinstance(pipeline, PipelineStep) else pipeline
 
     def _step_field(index: int, name: str) -> str:
         return name if single else f"pipeline.{index}.{name}"
 
-    if not pipeline:
+    if not requested:
         raise InvalidInput("pipeline must have at least one step.", field="pipeline")
-    for index, step in enumerate(pipeline):
+    for index, step in enumerate(requested):
         if step.executor is not None and step.executor not in ExecutorKind.values:
             raise InvalidInput(
                 f"executor {step.executor!r} is not one of {', '.join(ExecutorKind.values)}.",
@@ -117,9 +116,9 @@ def resolve_pipeline(
             )
         if step.bot is None and step.executor is None:
             raise InvalidInput("Name a bot or an executor.", field=_step_field(index, "executor"))
-    named = {step.bot for step in pipeline if step.bot is not None}
+    named = {step.bot for step in requested if step.bot is not None}
     bots = {bot.name: bot for bot in Bot.objects.filter(name__in=named)}
-    default_kinds = {step.executor for step in pipeline if step.bot is None}
+    default_kinds = {step.executor for step in requested if step.bot is None}
     defaults = (
         {
             bot.executor: bot
@@ -129,7 +128,7 @@ def resolve_pipeline(
         else {}
     )
     steps = []
-    for index, step in enumerate(pipeline):
+    for index, step in enumerate(requested):
         if step.bot is not None:
             bot = bots.get(step.bot)
             if bot is None:
@@ -144,6 +143,7 @@ def resolve_pipeline(
                     field=_step_field(index, "executor"),
                 )
         else:
+            assert step.executor is not None  # checked above: a step names a bot or an executor
             bot = defaults.get(step.executor)
             if bot is None:
                 raise InvalidInput(
