@@ -27,11 +27,10 @@ from backend.dispatch.policies import (
 from backend.dispatch.prompts import TurnPrompt, build_turn_prompt, next_turn_to_dispatch
 from backend.dispatch.sessions import RESUME, native_sessions_for, resume_input, resume_reason
 from backend.errors import InvalidInput, NotFound
-from backend.prompting import Role
 from backend.prompting.build import PromptBudgetError
 from backend.prompting.report import BuildReport
 from backend.tasks.history import HISTORY_STATUSES, HistoryUnavailable, prompt_input_for
-from backend.tasks.models import NativeSession, Subtask, Task
+from backend.tasks.models import ROLE_CHOICES, NativeSession, Subtask, Task
 from backend.tasks.selectors import bots_for_turns
 
 # The history list under the prompt names turns by id and role only, but a task can have
@@ -188,6 +187,7 @@ def _history_turns(
     included = set(report.included_message_ids)
     removed = {item.message_id: item.removed_chars for item in report.truncated}
     in_play = report.messages_considered > 0
+    role_labels = dict(ROLE_CHOICES)
     turns = []
     for message_id, role, status in listed:
         if not in_play:
@@ -201,7 +201,7 @@ def _history_turns(
         turns.append(
             HistoryTurn(
                 message_id=message_id,
-                role=Role(role).label,
+                role=role_labels[role],
                 status=status,
                 mark=mark,
                 removed_chars=removed.get(message_id, 0),
