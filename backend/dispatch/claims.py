@@ -65,7 +65,7 @@ def next_ready_in_seconds(*, kinds: Sequence[str], worker_id: str) -> float | No
         return None
     if found["ready"]:
         return 0.0
-    ends = [found["backoff_ends"]]
+    ends: list[datetime | None] = [found["backoff_ends"]]
     if found["held_since"] is not None:
         ends.append(
             found["held_since"] + timedelta(seconds=settings.BATON_SESSION_AFFINITY_SECONDS)

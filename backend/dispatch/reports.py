@@ -50,7 +50,8 @@ REPORT_STATUSES = (COMPLETED, FAILED, RETRY, RELEASE)
 
 def retry_backoff_seconds(*, attempt: int) -> float:
     """Delay before a turn that failed transiently on `attempt` may be claimed again."""
-    delay = settings.BATON_RETRY_BACKOFF_SECONDS * 2 ** max(0, attempt - 1)
+    doubling: int = 2 ** max(0, attempt - 1)  # a non-negative power of two is an int
+    delay = settings.BATON_RETRY_BACKOFF_SECONDS * doubling
     return min(delay, settings.BATON_RETRY_BACKOFF_MAX_SECONDS)
 
 
