@@ -160,7 +160,7 @@ SPECTACULAR_SETTINGS = {
         # Tasks and turns share one set of statuses.
         "StatusEnum": "backend.tasks.models.TaskStatus",
         "ReportedStatusEnum": ["COMPLETED", "FAILED", "RETRY", "RELEASE"],
-        "ContextPassingEnum": "backend.tasks.models.ContextPassing",
+        "ContextPassingEnum": "backend.tasks.models.CONTEXT_PASSING_CHOICES",
     },
 }
 
