@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import django_stubs_ext
+
 from settings.environment import REPO_ROOT, load_environment
+
+# Lets Django's generic classes be subscripted where they are used as bases
+# (`admin.ModelAdmin[Task]`, `forms.ModelForm[HistoryPolicy]`), as django-stubs types them.
+django_stubs_ext.monkeypatch()
 
 BATON = load_environment()
 

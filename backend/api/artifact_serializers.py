@@ -8,6 +8,7 @@ from the request the serializer is given in its context (`{"request": request}`)
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django.urls import reverse
 from rest_framework import serializers
@@ -27,7 +28,7 @@ def artifact_download_url(*, request: Request, artifact_id: str) -> str:
     )
 
 
-class ArtifactManifestEntryOutput(serializers.Serializer):
+class ArtifactManifestEntryOutput(serializers.Serializer[Artifact]):
     id = serializers.CharField()
     sha256 = serializers.CharField()
     kind = serializers.ChoiceField(choices=ArtifactKind.choices)
@@ -76,11 +77,13 @@ class ArtifactContentQuery(StrictQuery):
         return LineRange(start=start, end=end)
 
 
-class ErrorOutput(serializers.Serializer):
+class ErrorOutput(serializers.Serializer[dict[str, Any]]):
     """Baton's error body (see `backend.api.errors`)."""
 
     detail = serializers.CharField()
     code = serializers.CharField()
-    fields = serializers.DictField(
+    # The stubs see Serializer.fields here; the serializer's metaclass takes declared fields off
+    # the class, so the property stays intact and the body gets a "fields" key.
+    fields = serializers.DictField(  # type: ignore[assignment]
         child=serializers.ListField(child=serializers.CharField()), required=False
     )

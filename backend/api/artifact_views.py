@@ -21,8 +21,8 @@ Errors are Baton's JSON error body whatever the request's Accept header says.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from django.http import HttpResponseBase, HttpResponseNotModified, StreamingHttpResponse
 from django.utils.http import parse_etags
@@ -30,12 +30,14 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.negotiation import BaseContentNegotiation
+from rest_framework.parsers import BaseParser
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.api.artifact_serializers import ArtifactContentQuery, ArtifactOutput, ErrorOutput
+from backend.api.permissions import authenticated_user
 from backend.api.renderers import BatonJSONRenderer
 from backend.artifacts import selectors
 from backend.artifacts.retention import record_artifact_read
@@ -57,6 +59,7 @@ class _RequestedRange:
     def resolve(self, *, size: int) -> ByteRange | None:
         """The slice to send, or None when the range cannot be satisfied (416)."""
         if self.first is None:  # the last `self.last` bytes
+            assert self.last is not None  # `_requested_range` refuses a range without either end
             if self.last == 0 or size == 0:
                 return None
             return ByteRange(start=max(0, size - self.last), end=size)
@@ -100,13 +103,14 @@ class _JSONErrorsNegotiation(BaseContentNegotiation):
     Without this, a client sending `Accept: text/plain` would get 406 before the view runs.
     """
 
-    def select_parser(self, request: Request, parsers: list[Any]) -> Any:
-        return parsers[0] if parsers else None
+    def select_parser(self, request: Request, parsers: Iterable[BaseParser]) -> BaseParser | None:
+        return next(iter(parsers), None)
 
     def select_renderer(
-        self, request: Request, renderers: list[BaseRenderer], format_suffix: str | None = None
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
     ) -> tuple[BaseRenderer, str]:
-        return renderers[0], renderers[0].media_type
+        renderer = next(iter(renderers))
+        return renderer, renderer.media_type
 
 
 class ArtifactDetailApi(APIView):
@@ -116,7 +120,7 @@ class ArtifactDetailApi(APIView):
         summary="An artifact's metadata: sizes, kind, sha256, workspace path and download URL",
     )
     def get(self, request: Request, artifact_id: str) -> Response:
-        artifact = visible_artifact(user=request.user, artifact_id=artifact_id)
+        artifact = visible_artifact(user=authenticated_user(request), artifact_id=artifact_id)
         return Response(ArtifactOutput(artifact, context={"request": request}).data)
 
 
@@ -171,7 +175,7 @@ class ArtifactContentApi(APIView):
         query = ArtifactContentQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         line_range = query.validated_data.get("lines")
-        artifact = visible_artifact(user=request.user, artifact_id=artifact_id)
+        artifact = visible_artifact(user=authenticated_user(request), artifact_id=artifact_id)
         etag = f'"{artifact.sha256}"'
 
         if _etag_matches(request.headers.get("If-None-Match"), etag=etag):

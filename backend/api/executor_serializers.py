@@ -6,6 +6,8 @@ download URLs (`artifact_serializers.ArtifactManifestEntryOutput`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from backend.api.artifact_serializers import ArtifactManifestEntryOutput
@@ -37,7 +39,9 @@ class ClaimRef(StrictInput):
 
 class HeartbeatInput(StrictInput):
     worker_id = serializers.CharField(max_length=200)
-    turns = ClaimRef(many=True, max_length=MAX_CLAIM_LIMIT)
+    # DRF passes max_length on to the ListSerializer that many=True builds; the stubs do not
+    # list it yet.
+    turns = ClaimRef(many=True, max_length=MAX_CLAIM_LIMIT)  # type: ignore[call-arg]
 
 
 class ProgressInput(ClaimInput):
@@ -86,7 +90,7 @@ class ResultInput(ClaimInput):
     )
 
 
-class BotConfigOutput(serializers.Serializer):
+class BotConfigOutput(serializers.Serializer[dict[str, Any]]):
     bot = serializers.CharField()
     executor = serializers.CharField()
     model = serializers.CharField(allow_blank=True)
@@ -100,13 +104,13 @@ class BotConfigOutput(serializers.Serializer):
     pipeline_length = serializers.IntegerField()
 
 
-class NativeSessionOutput(serializers.Serializer):
+class NativeSessionOutput(serializers.Serializer[dict[str, Any]]):
     id = serializers.CharField()
     worker_id = serializers.CharField()
     seen_through_message_id = serializers.IntegerField()
 
 
-class DispatchedTurnOutput(serializers.Serializer):
+class DispatchedTurnOutput(serializers.Serializer[dict[str, Any]]):
     task_id = serializers.IntegerField()
     subtask_id = serializers.IntegerField()
     message_id = serializers.IntegerField()
@@ -132,7 +136,7 @@ class DispatchedTurnOutput(serializers.Serializer):
     heartbeat_interval_seconds = serializers.IntegerField()
 
 
-class DispatchOutput(serializers.Serializer):
+class DispatchOutput(serializers.Serializer[dict[str, Any]]):
     turns = DispatchedTurnOutput(many=True)
     next_ready_in_seconds = serializers.FloatField(
         allow_null=True,
@@ -143,19 +147,19 @@ class DispatchOutput(serializers.Serializer):
     )
 
 
-class LeaseStateOutput(serializers.Serializer):
+class LeaseStateOutput(serializers.Serializer[dict[str, Any]]):
     subtask_id = serializers.IntegerField()
     attempt = serializers.IntegerField()
     state = serializers.ChoiceField(choices=["running", "cancelled", "lease_lost", "finished"])
     lease_expires_at = serializers.DateTimeField(allow_null=True)
 
 
-class HeartbeatOutput(serializers.Serializer):
+class HeartbeatOutput(serializers.Serializer[dict[str, Any]]):
     turns = LeaseStateOutput(many=True)
     heartbeat_interval_seconds = serializers.IntegerField()
 
 
-class LeaseOutput(serializers.Serializer):
+class LeaseOutput(serializers.Serializer[dict[str, Any]]):
     subtask_id = serializers.IntegerField()
     status = serializers.CharField()
     attempt = serializers.IntegerField()

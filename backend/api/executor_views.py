@@ -21,7 +21,7 @@ from backend.api.executor_serializers import (
     ResultInput,
     ResultOutput,
 )
-from backend.api.permissions import IsExecutorWorker
+from backend.api.permissions import IsExecutorWorker, authenticated_user
 from backend.dispatch import claims, leases, reports
 from backend.dispatch.payload import ClaimedTurn
 from backend.errors import PayloadTooLarge
@@ -98,7 +98,7 @@ class DispatchApi(ExecutorApi):
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
         claimed = claims.claim_turns(
-            worker=request.user,
+            worker=authenticated_user(request),
             worker_id=data["worker_id"],
             kinds=data["kinds"],
             limit=data["limit"],
@@ -128,7 +128,7 @@ class HeartbeatBatchApi(ExecutorApi):
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
         states = reports.heartbeat_claims(
-            worker=request.user,
+            worker=authenticated_user(request),
             worker_id=data["worker_id"],
             claims=[(turn["subtask_id"], turn["attempt"]) for turn in data["turns"]],
         )
@@ -148,7 +148,7 @@ class HeartbeatApi(ExecutorApi):
         payload = ClaimInput(data=request.data)
         payload.is_valid(raise_exception=True)
         subtask = reports.heartbeat(
-            worker=request.user, subtask_id=subtask_id, **payload.validated_data
+            worker=authenticated_user(request), subtask_id=subtask_id, **payload.validated_data
         )
         return Response(LeaseOutput(_lease(subtask)).data)
 
@@ -160,7 +160,7 @@ class ProgressApi(ExecutorApi):
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
         subtask = reports.record_progress(
-            worker=request.user,
+            worker=authenticated_user(request),
             worker_id=data["worker_id"],
             attempt=data["attempt"],
             subtask_id=subtask_id,
@@ -185,7 +185,7 @@ class ResultApi(ExecutorApi):
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
         subtask, changed = reports.report_result(
-            worker=request.user,
+            worker=authenticated_user(request),
             worker_id=data["worker_id"],
             attempt=data["attempt"],
             subtask_id=subtask_id,

@@ -17,6 +17,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from backend.api.permissions import authenticated_user
 from backend.api.serializers import StrictInput
 from backend.dispatch.models import DEFAULT_TASK_TYPE, HistoryPolicy
 from backend.dispatch.policies import (
@@ -42,7 +43,7 @@ def _task_type(name: str) -> str:
 SOURCES = [SOURCE_TASK_TYPE, SOURCE_DEFAULT_ROW, SOURCE_ENVIRONMENT, SOURCE_BUILT_IN]
 
 
-class PolicyOutput(serializers.ModelSerializer):
+class PolicyOutput(serializers.ModelSerializer[HistoryPolicy]):
     """What dispatch uses for a row's task type, where each value comes from, and what it sets.
 
     Each cap is the effective value. `sources` says where it comes from: `task_type` (this row
@@ -154,7 +155,7 @@ class PolicyDetailApi(APIView):
         inherit = values.pop("inherit", [])
         row = save_policy(
             row=row or HistoryPolicy(task_type=task_type),
-            changed_by=request.user,
+            changed_by=authenticated_user(request),
             values=values,
             inherit=inherit,
         )

@@ -8,6 +8,7 @@ is rendered with ASCII escapes, which any JSON client decodes to the same text.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from rest_framework.renderers import JSONRenderer
@@ -18,9 +19,10 @@ class BatonJSONRenderer(JSONRenderer):
         self,
         data: Any,
         accepted_media_type: str | None = None,
-        renderer_context: dict[str, Any] | None = None,
+        renderer_context: Mapping[str, Any] | None = None,
     ) -> bytes:
         try:
-            return super().render(data, accepted_media_type, renderer_context)
+            rendered: bytes = super().render(data, accepted_media_type, renderer_context)
+            return rendered
         except UnicodeEncodeError:
             return json.dumps(data, cls=self.encoder_class, ensure_ascii=True).encode("ascii")

@@ -28,12 +28,11 @@ from backend.tasks.models import (
 from backend.tasks.selectors import turn_result
 
 
-def _label_name(value: str) -> str:
+def _label_name(value: str) -> None:
     try:
         validate_name(value)
     except ValueError as error:
         raise serializers.ValidationError(f"Name {error}.") from None
-    return value
 
 
 def label_name_field(**kwargs: Any) -> serializers.CharField:
@@ -41,7 +40,7 @@ def label_name_field(**kwargs: Any) -> serializers.CharField:
     return serializers.CharField(max_length=64, validators=[_label_name], **kwargs)
 
 
-class StrictInput(serializers.Serializer):
+class StrictInput(serializers.Serializer[Any]):
     """An input serializer that refuses fields it does not declare.
 
     Used as a whole request body (not nested), it refuses a body that is not a JSON object
@@ -132,14 +131,14 @@ class TaskListFilters(StrictQuery):
     page_size = serializers.IntegerField(min_value=1, required=False)
 
 
-class PipelineStepOutput(serializers.Serializer):
+class PipelineStepOutput(serializers.Serializer[dict[str, Any]]):
     bot = serializers.CharField()
     executor = serializers.CharField()
     # null: the task type's history policy decides.
     context_passing = serializers.CharField(allow_null=True)
 
 
-class HistoryMeasureOutput(serializers.Serializer):
+class HistoryMeasureOutput(serializers.Serializer[Subtask]):
     """What ingestion measured of the turn's text (None until it is recorded)."""
 
     chars = serializers.IntegerField(source="history_chars")
@@ -199,7 +198,7 @@ class UsageFields(StrictInput):
     )
 
 
-class SubtaskOutput(serializers.ModelSerializer):
+class SubtaskOutput(serializers.ModelSerializer[Subtask]):
     message = serializers.CharField()
     result = serializers.SerializerMethodField()
     history = serializers.SerializerMethodField()
@@ -207,17 +206,18 @@ class SubtaskOutput(serializers.ModelSerializer):
     usage = serializers.SerializerMethodField()
 
     @extend_schema_field(UsageFields(allow_null=True))
-    def get_usage(self, subtask: Subtask) -> dict | None:
-        return subtask.usage
+    def get_usage(self, subtask: Subtask) -> dict[str, Any] | None:
+        usage: dict[str, Any] | None = subtask.usage
+        return usage
 
     @extend_schema_field(HistoryMeasureOutput(allow_null=True))
-    def get_history(self, subtask: Subtask) -> dict | None:
+    def get_history(self, subtask: Subtask) -> dict[str, Any] | None:
         if subtask.recorded_at is None:
             return None
         return HistoryMeasureOutput(subtask).data
 
     @extend_schema_field({**RESULT_SCHEMA, "nullable": True})
-    def get_result(self, subtask: Subtask) -> dict | None:
+    def get_result(self, subtask: Subtask) -> dict[str, Any] | None:
         return turn_result(subtask=subtask)
 
     class Meta:
@@ -252,7 +252,7 @@ class SubtaskOutput(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class BotOutput(serializers.ModelSerializer):
+class BotOutput(serializers.ModelSerializer[Bot]):
     class Meta:
         model = Bot
         fields = [
@@ -270,7 +270,7 @@ class BotOutput(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class TaskOutput(serializers.ModelSerializer):
+class TaskOutput(serializers.ModelSerializer[Task]):
     owner = serializers.CharField(source="owner.get_username")
     pipeline = PipelineStepOutput(many=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -11,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.api.pagination import TaskPagination, TurnPagination
-from backend.api.permissions import IsProductClient
+from backend.api.permissions import IsProductClient, authenticated_user
 from backend.api.serializers import (
     BotOutput,
     MessageInput,
@@ -26,7 +27,7 @@ from backend.tasks.models import Subtask, Task
 from backend.tasks.services import PipelineStep
 
 
-def _with_turns(task: Task, turns: Iterable[Subtask]) -> dict:
+def _with_turns(task: Task, turns: Iterable[Subtask]) -> dict[str, Any]:
     task.turns_for_output = list(turns)
     return TaskWithTurnsOutput(task).data
 
@@ -44,7 +45,7 @@ class TaskListCreateApi(APIView):
         filters = TaskListFilters(data=request.query_params.dict())
         filters.is_valid(raise_exception=True)
         tasks = selectors.task_list(
-            user=request.user,
+            user=authenticated_user(request),
             status=filters.validated_data.get("status"),
             task_type=filters.validated_data.get("task_type"),
         )
@@ -63,11 +64,13 @@ class TaskListCreateApi(APIView):
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
         if "pipeline" in data:
-            pipeline = [PipelineStep(**step) for step in data["pipeline"]]
+            pipeline: list[PipelineStep] | PipelineStep = [
+                PipelineStep(**step) for step in data["pipeline"]
+            ]
         else:
             pipeline = PipelineStep(bot=data.get("bot"), executor=data.get("executor"))
         task = services.create_task(
-            owner=request.user,
+            owner=authenticated_user(request),
             title=data["title"],
             task_type=data["task_type"],
             message=data["message"],
@@ -85,7 +88,7 @@ class TaskDetailApi(APIView):
 
     @extend_schema(operation_id="tasks_retrieve", responses=TaskWithTurnsOutput)
     def get(self, request: Request, task_id: int) -> Response:
-        task = selectors.get_task(user=request.user, task_id=task_id)
+        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
         return Response(_with_turns(task, selectors.task_turns(task=task)))
 
 
@@ -99,7 +102,7 @@ class TaskMessagesApi(APIView):
         summary="Send a follow-up message; returns the new turns",
     )
     def post(self, request: Request, task_id: int) -> Response:
-        task = selectors.get_task(user=request.user, task_id=task_id)
+        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
         payload = MessageInput(data=request.data)
         payload.is_valid(raise_exception=True)
         turns = services.append_message(
@@ -123,7 +126,7 @@ class TaskSubtasksApi(APIView):
         summary="The task's turns in message_id order",
     )
     def get(self, request: Request, task_id: int) -> Response:
-        task = selectors.get_task(user=request.user, task_id=task_id)
+        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
         paginator = TurnPagination()
         page = paginator.paginate_queryset(selectors.task_turns(task=task), request, view=self)
         return paginator.get_paginated_response(SubtaskOutput(page, many=True).data)
@@ -134,7 +137,7 @@ class TaskCancelApi(APIView):
 
     @extend_schema(operation_id="tasks_cancel", request=None, responses=TaskOutput)
     def post(self, request: Request, task_id: int) -> Response:
-        task = selectors.get_task(user=request.user, task_id=task_id)
+        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
         task = services.cancel_task(task=task)
         return Response(TaskOutput(task).data)
 
@@ -149,7 +152,7 @@ class TurnCancelApi(APIView):
         summary="Stop one pending or running turn; the task stays open for a follow-up",
     )
     def post(self, request: Request, task_id: int, subtask_id: int) -> Response:
-        task = selectors.get_task(user=request.user, task_id=task_id)
+        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
         turns = services.cancel_turn(task=task, subtask_id=subtask_id)
         return Response(SubtaskOutput(turns, many=True).data)
 

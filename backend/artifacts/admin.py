@@ -16,7 +16,7 @@ from backend.artifacts.models import Artifact
 
 
 @admin.register(Artifact)
-class ArtifactAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class ArtifactAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Artifact]):
     list_display = [
         "id",
         "kind",
@@ -33,7 +33,8 @@ class ArtifactAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     search_fields = ["^id", "^sha256"]
     list_select_related = ["task"]
     ordering = ["-created_at"]
-    fields = [
+    # Every column is shown and none is editable (a tuple suits both attributes' types).
+    fields = readonly_fields = (
         "id",
         "sha256",
         "kind",
@@ -46,8 +47,7 @@ class ArtifactAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "created_at",
         "last_read_at",
         "content",
-    ]
-    readonly_fields = fields
+    )
 
     @admin.display(description="Task", ordering="task")
     def task_link(self, artifact: Artifact) -> str:

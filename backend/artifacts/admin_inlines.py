@@ -7,6 +7,7 @@ another task stays listed under the first one.
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import Model
 from django.urls import reverse
 from django.utils.html import format_html
 
@@ -20,12 +21,15 @@ def content_link(artifact: Artifact) -> str:
     return format_html('<a href="{}">content</a>', url)
 
 
-class ArtifactInline(ReadOnlyAdminMixin, admin.TabularInline):
+class ArtifactInline(ReadOnlyAdminMixin, admin.TabularInline[Artifact, Model]):
+    # Shown on a task's page; its parent is typed as any model because artifacts sit a layer
+    # below tasks and do not import them.
     model = Artifact
     fk_name = "task"
     extra = 0
     ordering = ["created_at", "id"]
-    fields = [
+    # Every column is shown and none is editable (a tuple suits both attributes' types).
+    fields = readonly_fields = (
         "id",
         "kind",
         "size_chars",
@@ -34,8 +38,7 @@ class ArtifactInline(ReadOnlyAdminMixin, admin.TabularInline):
         "created_at",
         "last_read_at",
         "content",
-    ]
-    readonly_fields = fields
+    )
     show_change_link = True
 
     @admin.display(description="Content")

@@ -7,7 +7,6 @@ instead, is ingestion's decision (`backend.tasks.ingestion`); this module never 
 from __future__ import annotations
 
 from django.db import IntegrityError, transaction
-from django.db.models import Model
 
 from backend.artifacts.models import ARTIFACT_ID_LENGTH, Artifact
 from backend.artifacts.storage import ArtifactIntegrityError, store_text
@@ -20,11 +19,11 @@ def count_lines(text: str) -> int:
     return text.count("\n") + (0 if text.endswith("\n") else 1)
 
 
-def store_artifact(*, text: str, kind: str, task: Model | None) -> Artifact:
+def store_artifact(*, text: str, kind: str, task_id: int | None) -> Artifact:
     """Store `text` under its content address and return its artifact, created on first sight.
 
-    The text must be valid Unicode (see `storage.store_text`). `task` is recorded as the
-    producer only when the artifact is new: identical text stored later shares the first row.
+    The text must be valid Unicode (see `storage.store_text`). The task `task_id` is recorded as
+    the producer only when the artifact is new: identical text stored later shares the first row.
     Concurrency-safe; must run inside the caller's transaction.
     """
     stored = store_text(text)
@@ -43,7 +42,7 @@ def store_artifact(*, text: str, kind: str, task: Model | None) -> Artifact:
                     size_bytes=stored.size_bytes,
                     size_lines=count_lines(text),
                     kind=kind,
-                    task=task,
+                    task_id=task_id,
                 )
         except IntegrityError:
             existing = Artifact.objects.get(pk=artifact_id)  # a concurrent writer won

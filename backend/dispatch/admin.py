@@ -22,6 +22,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
@@ -51,7 +52,7 @@ RESOLVED_CHOICE = ""
 UNSAVED_CHOICE = "unsaved"
 
 
-def _attach_policy_error(form: forms.Form, error: InvalidInput) -> None:
+def _attach_policy_error(form: forms.BaseForm, error: InvalidInput) -> None:
     """Put a policy validation reason next to the field it names, or above the form."""
     if error.field in form.fields:
         form.add_error(error.field, error.message.removeprefix(f"{error.field}: "))
@@ -59,7 +60,7 @@ def _attach_policy_error(form: forms.Form, error: InvalidInput) -> None:
         form.add_error(None, error.message)
 
 
-class PolicyValuesForm(forms.ModelForm):
+class PolicyValuesForm(forms.ModelForm[HistoryPolicy]):
     """The cap fields of a policy, validated together as the prompt builder validates them."""
 
     class Meta:
@@ -67,7 +68,8 @@ class PolicyValuesForm(forms.ModelForm):
         fields = list(POLICY_FIELDS)
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        super().clean()
+        cleaned = self.cleaned_data
         # A field that failed its own validation has already said why; combining the rest
         # would only repeat or guess.
         if not self.errors:
@@ -114,7 +116,7 @@ class HistoryPolicyForm(PolicyValuesForm):
                 self.initial[name] = effective[name]
 
     def clean_task_type(self) -> str:
-        task_type = self.cleaned_data["task_type"].strip()
+        task_type: str = self.cleaned_data["task_type"].strip()
         if task_type:
             task_type_validator(task_type)
         return task_type
@@ -141,7 +143,9 @@ class PreviewForm(forms.Form):
 
     def __init__(self, *args: Any, rows: list[HistoryPolicy], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["policy"].choices = [
+        policy = self.fields["policy"]
+        assert isinstance(policy, forms.ChoiceField)
+        policy.choices = [
             (RESOLVED_CHOICE, "As dispatch resolves it for the task's type"),
             *((str(row.pk), f"Saved: {row}") for row in rows),
             (UNSAVED_CHOICE, "Edited values below (unsaved)"),
@@ -149,7 +153,7 @@ class PreviewForm(forms.Form):
 
 
 @admin.register(HistoryPolicy)
-class HistoryPolicyAdmin(admin.ModelAdmin):
+class HistoryPolicyAdmin(admin.ModelAdmin[HistoryPolicy]):
     form = HistoryPolicyForm
     list_display = [
         "task_type_label",
@@ -256,12 +260,18 @@ class HistoryPolicyAdmin(admin.ModelAdmin):
         )
 
     def save_model(
-        self, request: HttpRequest, obj: HistoryPolicy, form: forms.ModelForm, change: bool
+        self,
+        request: HttpRequest,
+        obj: HistoryPolicy,
+        form: forms.ModelForm[HistoryPolicy],
+        change: bool,
     ) -> None:
         if change and not form.has_changed():
             return  # nothing changed: no new version
         if not isinstance(form, HistoryPolicyForm):
             raise TypeError("the history policy admin saves through HistoryPolicyForm")
+        if not isinstance(request.user, User):  # the admin site lets in staff accounts only
+            raise PermissionDenied
         setting = form.fields_set()
         save_policy(
             row=obj,
@@ -328,7 +338,7 @@ class HistoryPolicyAdmin(admin.ModelAdmin):
 
 
 @admin.register(PromptReport)
-class PromptReportAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class PromptReportAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[PromptReport]):
     """What each dispatch built, read-only: counts, sizes and flags, never the prompt text."""
 
     allow_delete = True

@@ -13,6 +13,7 @@ from django.http import HttpRequest
 
 from backend.admin_mixins import ReadOnlyAdminMixin
 from backend.dispatch.models import PromptReport
+from backend.tasks.models import Task
 
 
 def report_policy_label(report: PromptReport) -> str:
@@ -24,12 +25,13 @@ def report_policy_label(report: PromptReport) -> str:
     return f"{report.policy.task_type or 'default'} v{report.policy_version}"
 
 
-class PromptReportInline(ReadOnlyAdminMixin, admin.TabularInline):
+class PromptReportInline(ReadOnlyAdminMixin, admin.TabularInline[PromptReport, Task]):
     model = PromptReport
     fk_name = "task"
     extra = 0
     ordering = ["-created_at", "-id"]
-    fields = [
+    # Every column is shown and none is editable (a tuple suits both attributes' types).
+    fields = readonly_fields = (
         "created_at",
         "subtask",
         "attempt",
@@ -46,8 +48,7 @@ class PromptReportInline(ReadOnlyAdminMixin, admin.TabularInline):
         "chars",
         "tokens",
         "build_ms",
-    ]
-    readonly_fields = fields
+    )
     show_change_link = True
     verbose_name_plural = "prompt reports (one per dispatch)"
 

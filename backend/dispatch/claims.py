@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import connection, transaction
 from django.db.models import Count, F, Min, Q, QuerySet
 from django.utils import timezone
@@ -31,7 +31,7 @@ MAX_CLAIM_LIMIT = 100
 
 def claim_turns(
     *,
-    worker: AbstractBaseUser,
+    worker: User,
     worker_id: str,
     kinds: Sequence[str],
     limit: int,
@@ -65,7 +65,7 @@ def next_ready_in_seconds(*, kinds: Sequence[str], worker_id: str) -> float | No
         return None
     if found["ready"]:
         return 0.0
-    ends = [found["backoff_ends"]]
+    ends: list[datetime | None] = [found["backoff_ends"]]
     if found["held_since"] is not None:
         ends.append(
             found["held_since"] + timedelta(seconds=settings.BATON_SESSION_AFFINITY_SECONDS)
@@ -73,9 +73,7 @@ def next_ready_in_seconds(*, kinds: Sequence[str], worker_id: str) -> float | No
     return max(0.0, (min(end for end in ends if end is not None) - now).total_seconds())
 
 
-def _claim_ids(
-    *, worker: AbstractBaseUser, worker_id: str, kinds: Sequence[str], limit: int
-) -> list[int]:
+def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int) -> list[int]:
     now = timezone.now()
     claim = {
         "status": SubtaskStatus.RUNNING,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
@@ -136,7 +136,7 @@ def requeue(
     refresh_task_status(task=Task.objects.get(pk=subtask.task_id))
 
 
-def claimed_turn(*, worker: AbstractBaseUser, subtask_id: int) -> Subtask:
+def claimed_turn(*, worker: User, subtask_id: int) -> Subtask:
     """The turn, locked, if this worker account holds or last held its claim; else NotFound.
 
     Locks the task row first, then the turn: the order every writer of a task's turns uses
@@ -157,9 +157,7 @@ def claimed_turn(*, worker: AbstractBaseUser, subtask_id: int) -> Subtask:
     raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
 
 
-def held_claim(
-    *, worker: AbstractBaseUser, worker_id: str, attempt: int, subtask_id: int
-) -> Subtask:
+def held_claim(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
     """The turn this claim holds, locked. NotFound if the worker never claimed it; TurnCancelled
     or LeaseLost (both 409, told apart by their code) if the claim may not go on."""
     subtask = claimed_turn(worker=worker, subtask_id=subtask_id)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F
 from pydantic import ValidationError
@@ -180,7 +180,7 @@ def resolve_policy(*, task_type: str) -> ResolvedPolicy:
 def save_policy(
     *,
     row: HistoryPolicy,
-    changed_by: AbstractBaseUser | None,
+    changed_by: User | None,
     values: Mapping[str, Any],
     inherit: Iterable[str] = (),
 ) -> HistoryPolicy:
@@ -232,7 +232,7 @@ def set_policy(
     *,
     task_type: str,
     values: Mapping[str, Any],
-    changed_by: AbstractBaseUser | None = None,
+    changed_by: User | None = None,
     inherit: Iterable[str] = (),
 ) -> HistoryPolicy:
     """`save_policy` on the task type's row, creating the row when the type has none."""

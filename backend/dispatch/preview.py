@@ -187,6 +187,7 @@ def _history_turns(
     included = set(report.included_message_ids)
     removed = {item.message_id: item.removed_chars for item in report.truncated}
     in_play = report.messages_considered > 0
+    role_labels = dict(ROLE_CHOICES)
     turns = []
     for message_id, role, status in listed:
         if not in_play:
@@ -200,7 +201,7 @@ def _history_turns(
         turns.append(
             HistoryTurn(
                 message_id=message_id,
-                role=dict(ROLE_CHOICES)[role],
+                role=role_labels[role],
                 status=status,
                 mark=mark,
                 removed_chars=removed.get(message_id, 0),

@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -50,13 +50,12 @@ REPORT_STATUSES = (COMPLETED, FAILED, RETRY, RELEASE)
 
 def retry_backoff_seconds(*, attempt: int) -> float:
     """Delay before a turn that failed transiently on `attempt` may be claimed again."""
-    delay = settings.BATON_RETRY_BACKOFF_SECONDS * 2 ** max(0, attempt - 1)
+    doubling: int = 2 ** max(0, attempt - 1)  # a non-negative power of two is an int
+    delay = settings.BATON_RETRY_BACKOFF_SECONDS * doubling
     return min(delay, settings.BATON_RETRY_BACKOFF_MAX_SECONDS)
 
 
-def heartbeat(
-    *, worker: AbstractBaseUser, worker_id: str, attempt: int, subtask_id: int
-) -> Subtask:
+def heartbeat(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
     """Extend the lease on a turn the worker holds."""
     with transaction.atomic():
         subtask = held_claim(
@@ -68,7 +67,7 @@ def heartbeat(
 
 
 def heartbeat_claims(
-    *, worker: AbstractBaseUser, worker_id: str, claims: Sequence[tuple[int, int]]
+    *, worker: User, worker_id: str, claims: Sequence[tuple[int, int]]
 ) -> list[LeaseState]:
     """The state of every claim a worker holds, in one call, extending the running ones.
 
@@ -127,7 +126,7 @@ def heartbeat_claims(
 
 def record_progress(
     *,
-    worker: AbstractBaseUser,
+    worker: User,
     worker_id: str,
     attempt: int,
     subtask_id: int,
@@ -166,15 +165,15 @@ def record_progress(
 
 def report_result(
     *,
-    worker: AbstractBaseUser,
+    worker: User,
     worker_id: str,
     attempt: int,
     subtask_id: int,
     status: str,
-    result: dict | None,
+    result: dict[str, Any] | None,
     error: str,
     error_code: str = "",
-    usage: dict | None,
+    usage: dict[str, Any] | None,
     native_session_id: str,
     session_resumed: bool = False,
 ) -> tuple[Subtask, bool]:
@@ -262,10 +261,10 @@ def _is_repeat(
     subtask: Subtask,
     *,
     status: str,
-    result: dict | None,
+    result: dict[str, Any] | None,
     error: str,
     error_code: str,
-    usage: dict | None,
+    usage: dict[str, Any] | None,
 ) -> bool:
     """Whether this report is the one the claim already made (a retried request)."""
     if status in (RETRY, RELEASE):

@@ -80,6 +80,7 @@ def resume_reason(
         and session.context_tokens > policy.resume_max_context_fraction * bot.context_window
     ):
         return "context_full"
+    assert subtask.parent_message_id is not None  # an ASSISTANT turn answers a message
     if session.seen_through_message_id >= subtask.parent_message_id:
         return "session_ahead"  # the session claims to have seen this turn: start over
     if not _window_covers_unseen(full_input, seen_through=session.seen_through_message_id):
@@ -122,7 +123,12 @@ def resume_input(full_input: PromptInput, *, seen_through: int) -> PromptInput:
 
 
 def record_session(
-    *, subtask: Subtask, worker_id: str, session_id: str, resumed: bool, usage: dict | None
+    *,
+    subtask: Subtask,
+    worker_id: str,
+    session_id: str,
+    resumed: bool,
+    usage: dict[str, Any] | None,
 ) -> None:
     """After a result: mark which prompt was sent, and what the session has now seen.
 
@@ -143,6 +149,7 @@ def record_session(
     sent = reports.filter(kind=sent_kind).values_list("included_message_ids", flat=True).first()
     seen_now = {*(sent or []), subtask.parent_message_id, subtask.message_id}
     if subtask.pipeline_step:
+        assert subtask.parent_message_id is not None  # an ASSISTANT turn answers a message
         seen_now.add(subtask.parent_message_id + subtask.pipeline_step)  # the previous step
     context_tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
     existing = NativeSession.objects.filter(

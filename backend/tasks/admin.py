@@ -28,11 +28,12 @@ def _bounded(text: str, limit: int) -> str:
     return truncate_middle(text, limit, Unit.CHARS)
 
 
-class SubtaskInline(ReadOnlyAdminMixin, admin.TabularInline):
+class SubtaskInline(ReadOnlyAdminMixin, admin.TabularInline[Subtask, Task]):
     model = Subtask
     extra = 0
     ordering = ["message_id"]
-    fields = [
+    # Every column is shown and none is editable (a tuple suits both attributes' types).
+    fields = readonly_fields = (
         "message_id",
         "parent_message_id",
         "role",
@@ -46,8 +47,7 @@ class SubtaskInline(ReadOnlyAdminMixin, admin.TabularInline):
         "error",
         "attempts",
         "finished_at",
-    ]
-    readonly_fields = fields
+    )
     show_change_link = True
 
     @admin.display(description="text (as history shows it)")
@@ -56,7 +56,7 @@ class SubtaskInline(ReadOnlyAdminMixin, admin.TabularInline):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(admin.ModelAdmin[Task]):
     list_display = ["id", "title", "task_type", "status", "is_group_chat", "owner", "created_at"]
     list_filter = ["status", "task_type", "is_group_chat"]
     search_fields = ["title"]
@@ -66,7 +66,7 @@ class TaskAdmin(admin.ModelAdmin):
 
 
 @admin.register(Subtask)
-class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Subtask]):
     allow_delete = True
     list_display = ["id", "task", "message_id", "role", "status", "bot", "executor", "created_at"]
     list_filter = ["status", "role", "executor"]
@@ -97,7 +97,7 @@ class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Bot)
-class BotAdmin(admin.ModelAdmin):
+class BotAdmin(admin.ModelAdmin[Bot]):
     """Operators register the bots pipeline steps name; changes apply to the next dispatch."""
 
     list_display = [

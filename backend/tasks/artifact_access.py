@@ -10,7 +10,7 @@ stores content and knows nothing of tasks (dependencies point from tasks to arti
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import Exists, OuterRef, Q
 
 from backend.artifacts.models import Artifact
@@ -19,7 +19,7 @@ from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.selectors import visible_tasks
 
 
-def visible_artifact(*, user: AbstractBaseUser, artifact_id: str) -> Artifact:
+def visible_artifact(*, user: User, artifact_id: str) -> Artifact:
     """The artifact, or NotFound when it does not exist or the user may not see it (one query).
 
     Staff see every artifact, including orphans whose turns are gone and that wait for

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.auth.models import User
 
 from backend.prompting import Role
 from backend.tasks.models import Subtask, SubtaskStatus, Task
@@ -49,7 +49,7 @@ def answer_pending(*, task: Task, answer: Answer) -> list[Subtask]:
 
 def conversation(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     messages: Sequence[str],
     answers: Iterable[Answer],
     title: str = "Conversation",
@@ -95,7 +95,7 @@ def conversation(
 
 def answered_task(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     message: str = "Run the tests.",
     answer: Answer = "Done.",
     title: str = "Answered task",

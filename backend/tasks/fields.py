@@ -27,7 +27,7 @@ def dump_lossless_json(value: Any) -> str:
     return _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 
-class LosslessJSONField(models.TextField):
+class LosslessJSONField(models.TextField[Any, Any]):
     description = "JSON stored losslessly as text"
 
     def from_db_value(self, value: str | None, expression: Any, connection: Any) -> Any:

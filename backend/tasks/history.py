@@ -101,7 +101,9 @@ class _Request:
 
     @property
     def current_id(self) -> int:
-        return self.subtask.parent_message_id
+        parent_id = self.subtask.parent_message_id
+        assert parent_id is not None  # prompts are built for ASSISTANT turns, which answer one
+        return parent_id
 
     @property
     def previous_step_id(self) -> int | None:

@@ -15,13 +15,13 @@ import re
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db.models import Model
 
 from backend.artifacts.classify import classify_text
 from backend.artifacts.models import Artifact
 from backend.artifacts.services import count_lines, store_artifact
 from backend.prompting.truncate import make_preview
 from backend.prompting.units import count_tokens
+from backend.tasks.models import Task
 
 # Lone surrogates cannot be encoded as UTF-8, and PostgreSQL text cannot hold NUL.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -55,7 +55,7 @@ def replace_unstorable_chars(text: str) -> tuple[str, int]:
     return _UNSTORABLE.subn("\ufffd", text)
 
 
-def ingest_text(*, text: str, task: Model | None, serialized_json: bool = False) -> IngestedText:
+def ingest_text(*, text: str, task: Task | None, serialized_json: bool = False) -> IngestedText:
     """Measure `text` and, when it is longer than the spill threshold, store it as an artifact.
 
     `serialized_json` says the text is Baton's canonical JSON of a result without `value`
@@ -87,7 +87,9 @@ def ingest_text(*, text: str, task: Model | None, serialized_json: bool = False)
         tail_chars=settings.BATON_PREVIEW_TAIL_CHARS,
     )
     artifact = store_artifact(
-        text=text, kind=classify_text(text, serialized_json=serialized_json), task=task
+        text=text,
+        kind=classify_text(text, serialized_json=serialized_json),
+        task_id=None if task is None else task.pk,
     )
     kept_tokens = count_tokens(preview.head) + count_tokens(preview.tail)
     kept_bytes = len(preview.head.encode("utf-8")) + len(preview.tail.encode("utf-8"))

@@ -164,6 +164,9 @@ class Task(models.Model):
     next_message_id = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Not a column: the turns a task API response shows with the task, attached by the view
+    # before serializing (see `TaskWithTurnsOutput`).
+    turns_for_output: list[Subtask]
 
     class Meta:
         ordering = ["-created_at", "-id"]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import Q, QuerySet
 
 from backend.artifacts.storage import verified_chunks
@@ -12,7 +13,7 @@ from backend.errors import NotFound
 from backend.tasks.models import Bot, Subtask, Task
 
 
-def visible_tasks(*, user: AbstractBaseUser) -> QuerySet[Task]:
+def visible_tasks(*, user: User) -> QuerySet[Task]:
     """Tasks the user may read: their own, or every task for staff."""
     tasks = Task.objects.all()
     if not user.is_staff:
@@ -21,7 +22,7 @@ def visible_tasks(*, user: AbstractBaseUser) -> QuerySet[Task]:
 
 
 def task_list(
-    *, user: AbstractBaseUser, status: str | None = None, task_type: str | None = None
+    *, user: User, status: str | None = None, task_type: str | None = None
 ) -> QuerySet[Task]:
     tasks = visible_tasks(user=user).select_related("owner")
     if status:
@@ -31,7 +32,7 @@ def task_list(
     return tasks.order_by("-created_at", "-id")
 
 
-def get_task(*, user: AbstractBaseUser, task_id: int) -> Task:
+def get_task(*, user: User, task_id: int) -> Task:
     """The task with this id, or NotFound if it does not exist or the user may not see it."""
     task = visible_tasks(user=user).select_related("owner").filter(pk=task_id).first()
     if task is None:
@@ -49,21 +50,23 @@ def task_turns(*, task: Task) -> QuerySet[Subtask]:
     )
 
 
-def turn_result(*, subtask: Subtask) -> dict | None:
+def turn_result(*, subtask: Subtask) -> dict[str, Any] | None:
     """The turn's result exactly as the executor sent it.
 
     Long values live in the turn's artifact (see `Subtask.result_value_in_artifact`); this
     reads them back, checked against the artifact's sha256.
     """
-    if not subtask.result_value_in_artifact or subtask.result is None:
-        return subtask.result
+    result: dict[str, Any] | None = subtask.result
+    if not subtask.result_value_in_artifact or result is None:
+        return result
     artifact = subtask.artifact
+    assert artifact is not None  # the value lives in the turn's artifact, which the turn protects
     value = b"".join(
         verified_chunks(
             storage_key=artifact.storage_key, sha256=artifact.sha256, artifact_id=artifact.id
         )
     ).decode("utf-8")
-    return {key: value if key == "value" else item for key, item in subtask.result.items()}
+    return {key: value if key == "value" else item for key, item in result.items()}
 
 
 def bot_list() -> QuerySet[Bot]:

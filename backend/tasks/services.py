@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import F
@@ -93,15 +93,14 @@ def resolve_pipeline(
     `executor`; a pipeline's errors name `pipeline.N.<field>`. Two queries at most.
     """
     single = isinstance(pipeline, PipelineStep)
-    if single:
-        pipeline = [pipeline]
+    requested = [pipeline] if isinstance(pipeline, PipelineStep) else pipeline
 
     def _step_field(index: int, name: str) -> str:
         return name if single else f"pipeline.{index}.{name}"
 
-    if not pipeline:
+    if not requested:
         raise InvalidInput("pipeline must have at least one step.", field="pipeline")
-    for index, step in enumerate(pipeline):
+    for index, step in enumerate(requested):
         if step.executor is not None and step.executor not in ExecutorKind.values:
             raise InvalidInput(
                 f"executor {step.executor!r} is not one of {', '.join(ExecutorKind.values)}.",
@@ -117,9 +116,9 @@ def resolve_pipeline(
             )
         if step.bot is None and step.executor is None:
             raise InvalidInput("Name a bot or an executor.", field=_step_field(index, "executor"))
-    named = {step.bot for step in pipeline if step.bot is not None}
+    named = {step.bot for step in requested if step.bot is not None}
     bots = {bot.name: bot for bot in Bot.objects.filter(name__in=named)}
-    default_kinds = {step.executor for step in pipeline if step.bot is None}
+    default_kinds = {step.executor for step in requested if step.bot is None}
     defaults = (
         {
             bot.executor: bot
@@ -129,7 +128,7 @@ def resolve_pipeline(
         else {}
     )
     steps = []
-    for index, step in enumerate(pipeline):
+    for index, step in enumerate(requested):
         if step.bot is not None:
             bot = bots.get(step.bot)
             if bot is None:
@@ -144,6 +143,7 @@ def resolve_pipeline(
                     field=_step_field(index, "executor"),
                 )
         else:
+            assert step.executor is not None  # checked above: a step names a bot or an executor
             bot = defaults.get(step.executor)
             if bot is None:
                 raise InvalidInput(
@@ -251,7 +251,7 @@ def _validate_sender(*, is_group_chat: bool, sender: str) -> None:
 
 def create_task(
     *,
-    owner: AbstractBaseUser,
+    owner: User,
     title: str,
     task_type: str,
     message: str,
@@ -408,7 +408,9 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-def history_text_for_result(*, status: str, result: dict | None, error: str) -> tuple[str, bool]:
+def history_text_for_result(
+    *, status: str, result: dict[str, Any] | None, error: str
+) -> tuple[str, bool]:
     """The text an ASSISTANT turn contributes to history, and whether it is serialized JSON.
 
     `result.value` when it is a string; a `value` of any other JSON type (a number, a list, an
@@ -446,10 +448,10 @@ def record_result(
     *,
     subtask: Subtask,
     status: str,
-    result: dict | None = None,
+    result: dict[str, Any] | None = None,
     error: str = "",
     error_code: str = "",
-    usage: dict | None = None,
+    usage: dict[str, Any] | None = None,
     native_session_id: str = "",
 ) -> Subtask:
     """Record an ASSISTANT turn's outcome and, for pipelines, make the next step dispatchable.
@@ -481,6 +483,7 @@ def record_result(
             and status == SubtaskStatus.COMPLETED
         ):
             # The artifact holds exactly result["value"]; keep the row small.
+            assert result is not None  # a COMPLETED report has one (validated above)
             subtask.result = {key: None if key == "value" else item for key, item in result.items()}
             subtask.result_value_in_artifact = True
         # PostgreSQL text cannot hold NUL or lone surrogates; an error message is diagnostic
