@@ -15,16 +15,17 @@ from typing import Any
 
 from django.db import models
 
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+# A lone surrogate: valid in a Python str and as a JSON escape, not encodable as UTF-8.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def dump_lossless_json(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    if _LONE_SURROGATE.search(text) is None:
+    if LONE_SURROGATE.search(text) is None:
         return text
     # Outside strings JSON text is ASCII, so every surrogate here is inside a string literal,
     # where its escape means the same code point.
-    return _LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+    return LONE_SURROGATE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 
 class LosslessJSONField(models.TextField[Any, Any]):

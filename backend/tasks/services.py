@@ -7,7 +7,6 @@ rejected follow-up never leaves a half-written round behind.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from django.utils import timezone
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from backend.prompting import ContextPassing, Role
 from backend.prompting.inputs import validate_name
+from backend.tasks.fields import LONE_SURROGATE
 from backend.tasks.ingestion import IngestedText, ingest_text, replace_unstorable_chars
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
@@ -34,8 +34,6 @@ from backend.tasks.models import (
     TaskStatus,
     task_type_validator,
 )
-
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -75,7 +73,7 @@ def validate_message_text(*, text: str, field: str = "message") -> None:
         raise InvalidInput(f"{field} must not be empty.", field=field)
     if "\x00" in text:
         raise InvalidInput(f"{field} must not contain NUL characters.", field=field)
-    surrogate = _LONE_SURROGATE.search(text)
+    surrogate = LONE_SURROGATE.search(text)
     if surrogate is not None:
         raise InvalidInput(
             f"{field} is not valid Unicode (lone surrogate at position {surrogate.start()}).",
