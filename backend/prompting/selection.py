@@ -10,6 +10,8 @@ The history's part of docs/architecture.md's "Caps, in order":
 * Messages are dropped oldest first until the history's messages fit ``max_chars`` and, with the
   section's header and notice, the token budget the fixed sections leave. One omission notice at
   the top of the history counts what was dropped, by role.
+* The window keeps whole rounds: it never opens with an assistant answer whose question was
+  dropped (its pipeline's other answers included).
 
 Invariants kept here: a selection never exceeds ``max_chars`` or its token budget. The walk goes
 newest first and stops at the first message that does not fit, so besides the messages it
@@ -65,6 +67,17 @@ class Selection:
             self.tokens += piece.tokens(counter)
         if role is Role.USER:
             self.users += 1
+
+    def remove(
+        self, index: int, role: Role, counter: TokenCounter, token_budget: int | None
+    ) -> None:
+        piece = next(piece for chosen, piece in self.pieces if chosen == index)
+        self.pieces = [(chosen, kept) for chosen, kept in self.pieces if chosen != index]
+        self.chars -= piece.chars
+        if token_budget is not None:
+            self.tokens -= piece.tokens(counter)
+        if role is Role.USER:
+            self.users -= 1
 
     def oldest_first(self) -> list[tuple[int, SizedPiece]]:
         return sorted(self.pieces, key=lambda item: item[0])
@@ -123,7 +136,35 @@ class HistorySection:
                 selection, index, piece, order, token_budget
             )
             break
+        self._keep_whole_rounds(selection, token_budget)
         return selection
+
+    def _keep_whole_rounds(self, selection: Selection, token_budget: int | None) -> None:
+        """The window never opens with an answer whose question was left out.
+
+        Assistant messages at the old end of the window (the pinned first message aside) whose
+        preceding message is not included are dropped, as a whole round would be. Dropping only
+        frees room, except that the omission notice grows by a digit or appears; should the
+        history then no longer fit, the oldest message goes too, and the rule applies again.
+        """
+        history = self.input.history
+        unloaded = self.input.earlier_user_messages + self.input.earlier_assistant_messages
+        while selection.pieces:
+            chosen = {index for index, _ in selection.pieces}
+            window = sorted(index for index in chosen if index != selection.pinned)
+            oldest = window[0] if window else None
+            if (
+                oldest is not None
+                and history[oldest].role is Role.ASSISTANT
+                and (oldest > 0 or unloaded > 0)  # it has a predecessor ...
+                and oldest - 1 not in chosen  # ... that was left out
+            ):
+                selection.remove(oldest, Role.ASSISTANT, self.counter, token_budget)
+            elif not self._fits(selection, [], token_budget):
+                drop = oldest if oldest is not None else min(chosen)
+                selection.remove(drop, history[drop].role, self.counter, token_budget)
+            else:
+                return
 
     def _name_for(self, message: HistoryMessage) -> str | None:
         if message.role is Role.USER:

@@ -301,11 +301,12 @@ def test_policy_change_applies_to_the_next_dispatch(api, worker_api):
         assert report(worker_api, turn, result={"value": f"answer {number}"}).status_code == 200
         api.post(f"/api/tasks/{task['id']}/messages/", {"message": f"q{number}"}, format="json")
     HistoryPolicy.objects.filter(task_type="code").update(
-        max_messages=2, overrides=["max_messages"], version=2
+        max_messages=3, overrides=["max_messages"], version=2
     )
     [turn] = dispatch(worker_api)
-    assert turn["prompt_report"]["messages_included"] == 2
-    assert "[omitted earlier messages: 6 (3 user, 3 assistant)]" in turn["prompt"]
+    # The pinned first message and the newest whole round.
+    assert turn["prompt_report"]["messages_included"] == 3
+    assert "[omitted earlier messages: 5 (2 user, 3 assistant)]" in turn["prompt"]
 
 
 def test_kill_switch_sends_the_current_message_only(api, worker_api, settings):

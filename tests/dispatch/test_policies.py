@@ -78,11 +78,11 @@ def test_builder_policy_takes_ingestion_sizes_from_settings(settings):
 
 
 def test_environment_settings_take_effect_under_the_shipped_rows(settings, user):
-    """EXECUTOR_HISTORY_MAX_MESSAGES=2 bounds a prompt although the shipped rows exist."""
-    settings.EXECUTOR_HISTORY_DEFAULTS = {**settings.EXECUTOR_HISTORY_DEFAULTS, "max_messages": 2}
+    """EXECUTOR_HISTORY_MAX_MESSAGES=3 bounds a prompt although the shipped rows exist."""
+    settings.EXECUTOR_HISTORY_DEFAULTS = {**settings.EXECUTOR_HISTORY_DEFAULTS, "max_messages": 3}
     settings.EXECUTOR_HISTORY_FROM_ENVIRONMENT = frozenset({"max_messages"})
     code = resolve_policy(task_type="code")
-    assert (code.policy.max_messages, code.sources["max_messages"]) == (2, "environment")
+    assert (code.policy.max_messages, code.sources["max_messages"]) == (3, "environment")
     assert code.sources["max_chars"] == "built-in"
     chat = resolve_policy(task_type="chat")
     assert (chat.policy.max_messages, chat.sources["max_messages"]) == (12, "task_type")
@@ -100,7 +100,8 @@ def test_environment_settings_take_effect_under_the_shipped_rows(settings, user)
         append_message(task=task, message=f"q{number}")
     turn = task.subtasks.get(status=SubtaskStatus.PENDING)
     build = build_prompt(prompt_input_for(subtask=turn, task=task, policy=code.policy), code.policy)
-    assert build.report.messages_included == 2
+    # The pinned first message and the newest whole round, out of 10.
+    assert build.report.messages_included == 3
 
 
 def test_a_row_sets_only_its_overrides_and_the_default_row_fills_in(staff_user):

@@ -68,7 +68,8 @@ SIX_TURNS = (
             "User:\ngo\n",
         ),
         (
-            # Without the pin the same caps keep the newest messages (43 + 13 + 43 = 99 chars).
+            # Without the pin the same caps fit the newest three (43 + 13 + 43 = 99 chars), and
+            # the window keeps whole rounds: the answer whose question did not fit goes too.
             PromptPolicy(
                 max_messages=4,
                 per_message_max_chars=10,
@@ -76,20 +77,19 @@ SIX_TURNS = (
                 keep_first_user_message=False,
             ),
             "## Conversation History\n\n"
-            "[omitted earlier messages: 3 (2 user, 1 assistant)]\n\n"
-            "Assistant:\nbbbbb…20 chars truncated…bbbbb\n\n"
+            "[omitted earlier messages: 4 (2 user, 2 assistant)]\n\n"
             "User:\nthird\n\n"
             "Assistant:\nccccc…20 chars truncated…ccccc\n\n"
             "## Current Message\n\n"
             "User:\ngo\n",
         ),
         (
-            # max_messages=2 with the pin: the first user message and the newest one.
+            # max_messages=2 with the pin: the first user message, and the newest one would be
+            # an answer without its question, so the pin stays alone.
             PromptPolicy(max_messages=2, per_message_max_chars=None, max_chars=None),
             "## Conversation History\n\n"
-            "[omitted earlier messages: 4 (2 user, 2 assistant)]\n\n"
+            "[omitted earlier messages: 5 (2 user, 3 assistant)]\n\n"
             "User:\nfirst question\n\n"
-            f"Assistant:\n{'c' * 30}\n\n"
             "## Current Message\n\n"
             "User:\ngo\n",
         ),

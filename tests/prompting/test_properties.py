@@ -229,3 +229,21 @@ def test_a_reader_sees_exactly_the_real_structure(
         )
     seen = sum(_reader_sees_structure(line) for line in build.text.splitlines())
     assert seen == real
+
+
+@BUILD_SETTINGS
+@given(prompt_input=prompt_inputs(), policy=policies() | token_policies())
+def test_the_window_never_opens_with_an_answer_whose_question_was_left_out(
+    prompt_input: PromptInput, policy: PromptPolicy
+) -> None:
+    build = build_prompt(prompt_input, policy)
+    history = prompt_input.history
+    position = {message.message_id: index for index, message in enumerate(history)}
+    included = [position[message_id] for message_id in build.report.included_message_ids]
+    pinned = prompt_input.first_user_index if build.report.first_user_message_pinned else None
+    window = sorted(index for index in included if index != pinned)
+    if not window or history[window[0]].role is Role.USER:
+        return
+    oldest = window[0]
+    unloaded = prompt_input.earlier_user_messages + prompt_input.earlier_assistant_messages
+    assert (oldest == 0 and unloaded == 0) or oldest - 1 in included
