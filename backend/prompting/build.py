@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from backend.prompting.counting import TokenCounter
 from backend.prompting.document import PromptDocument, RenderedMessage, RenderedSection, Section
 from backend.prompting.fixed import FixedSection, squeeze
-from backend.prompting.inputs import PromptInput, Role
+from backend.prompting.inputs import ArtifactPointer, PromptInput, Role
 from backend.prompting.pieces import SizedPiece
 from backend.prompting.policy import ContextPassing, PromptPolicy
 from backend.prompting.render import escape_note_piece, header_piece, needs_escape, notice_piece
@@ -92,9 +92,11 @@ class _Builder:
         cap: int | None,
         *,
         last: bool,
+        artifact: ArtifactPointer | None = None,
+        removed_before: int = 0,
     ) -> FixedSection:
         tokens = text_tokens if self.counter.cached_counts_apply else None
-        return FixedSection(section, role, name, text, tokens, last, cap)
+        return FixedSection(section, role, name, text, tokens, last, cap, artifact, removed_before)
 
     def build(self) -> PromptBuild:
         fixed: list[FixedSection] = []
@@ -109,6 +111,7 @@ class _Builder:
                     current.token_count,
                     self.policy.current_message_max_chars,
                     last=not self.show_previous,
+                    artifact=current.artifact,
                 )
             )
         if self.show_previous:
@@ -122,11 +125,19 @@ class _Builder:
                     self.input.previous_result_token_count,
                     self.policy.previous_result_max_chars,
                     last=True,
+                    artifact=self.input.previous_result_artifact,
+                    removed_before=self.input.previous_result_removed_chars,
                 )
             )
-        # Verbatim only when no line of the message would read as structure to a model: a
-        # forged label in a first message must be escaped like anywhere else.
-        if not self.history.shown and not self.show_previous and not needs_escape(current.text):
+        # Verbatim only when no line of the message would read as structure to a model (a
+        # forged label in a first message must be escaped like anywhere else), and when it is
+        # not cut: a cut needs its pointer line, and only a labelled message has one.
+        if (
+            not self.history.shown
+            and not self.show_previous
+            and fixed[0].piece.cut is None
+            and not needs_escape(current.text)
+        ):
             return self._build_verbatim(fixed[0])
         return self._build_sections(fixed)
 

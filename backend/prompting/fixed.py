@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from backend.prompting.counting import TokenCounter
 from backend.prompting.document import RenderedMessage, Section
-from backend.prompting.inputs import Role
+from backend.prompting.inputs import ArtifactPointer, Role
 from backend.prompting.pieces import SizedPiece, cut_chars, sized_piece
 from backend.prompting.render import header_piece
 
@@ -33,6 +33,10 @@ class FixedSection:
     """Cached count of ``original``, if any and if it was computed with the policy's encoding."""
     last: bool
     cap: int | None
+    artifact: ArtifactPointer | None = None
+    """Where the whole text is, if stored: every cut shows a pointer line to it."""
+    removed_before: int = 0
+    """Characters already left out of ``original`` (a stored preview), before any cut here."""
     piece: SizedPiece = field(init=False)
 
     def __post_init__(self) -> None:
@@ -43,7 +47,13 @@ class FixedSection:
         cut = cut_chars(self.original, cap)
         content = cut.text if cut is not None else self.original
         tokens = self.original_tokens if cut is None else None
-        message = RenderedMessage(role=self.role, name=self.name, content=content)
+        partial = cut is not None or self.removed_before > 0
+        message = RenderedMessage(
+            role=self.role,
+            name=self.name,
+            content=content,
+            artifact=self.artifact if partial else None,
+        )
         self.piece = sized_piece(message, tokens, last=self.last, cut=cut)
 
     @property
@@ -52,7 +62,13 @@ class FixedSection:
 
     @property
     def removed_chars(self) -> int:
-        return self.piece.cut.removed_chars if self.piece.cut is not None else 0
+        cut = self.piece.cut.removed_chars if self.piece.cut is not None else 0
+        return self.removed_before + cut
+
+    @property
+    def truncated(self) -> bool:
+        """Whether the model sees less than the whole text (a stored preview, or a cut here)."""
+        return self.removed_chars > 0
 
     def section_tokens(self, counter: TokenCounter) -> int:
         return counter.constant(header_piece(self.section)) + self.piece.tokens(counter)

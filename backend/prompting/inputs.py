@@ -155,6 +155,8 @@ class CurrentMessage(_Frozen):
     text: str
     sender: str | None = None
     token_count: int | None = Field(default=None, ge=0)
+    artifact: ArtifactPointer | None = None
+    """Where the whole message is, when it was stored as an artifact: a cut points there."""
 
     @field_validator("sender")
     @classmethod
@@ -170,6 +172,10 @@ class PromptInput(_Frozen):
     previous_result: str | None = None
     previous_result_bot: str | None = None
     previous_result_token_count: int | None = Field(default=None, ge=0)
+    previous_result_artifact: ArtifactPointer | None = None
+    """Where the whole previous result is, when it was stored as an artifact."""
+    previous_result_removed_chars: int = Field(default=0, ge=0)
+    """Characters of the whole result that ``previous_result`` (its stored preview) leaves out."""
     is_group_chat: bool = False
     multi_bot: bool = False
     first_user_message_id: int | None = None

@@ -39,7 +39,7 @@ def tally_build(
     messages = history.input.history
     users = sum(1 for i, _ in selected if messages[i].role is Role.USER)
     artifacts: list[str] = []
-    for _, piece in selected:
+    for piece in [piece for _, piece in selected] + [f.piece for f in fixed]:
         artifact = piece.message.artifact
         if artifact is not None and artifact.artifact_id not in artifacts:
             artifacts.append(artifact.artifact_id)
@@ -72,8 +72,8 @@ def tally_build(
         note_tokens=note_tokens,
         artifacts=tuple(artifacts),
         first_user_message_pinned=pinned,
-        current_truncated=current is not None and current.piece.cut is not None,
+        current_truncated=current is not None and current.truncated,
         current_removed_chars=current.removed_chars if current is not None else 0,
-        previous_result_truncated=previous is not None and previous.piece.cut is not None,
+        previous_result_truncated=previous is not None and previous.truncated,
         previous_result_removed_chars=previous.removed_chars if previous is not None else 0,
     )

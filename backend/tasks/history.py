@@ -75,6 +75,13 @@ def _name(value: str) -> str | None:
     return value or None
 
 
+def _preview_removed_chars(turn: Subtask) -> int:
+    """Characters a spilled turn's stored preview leaves out of its whole text (else 0)."""
+    if turn.artifact_id is None or turn.history_chars is None:
+        return 0
+    return max(turn.history_chars - len(turn.preview_head) - len(turn.preview_tail), 0)
+
+
 def history_message(turn: Subtask) -> HistoryMessage:
     """One stored turn as the prompt builder's input."""
     spilled = turn.artifact_id is not None
@@ -188,11 +195,20 @@ def prompt_inputs_for(
                 text=user_turn.message,
                 sender=_name(user_turn.sender),
                 token_count=None if user_turn.artifact_id else user_turn.history_text_tokens,
+                artifact=_pointer(user_turn.artifact) if user_turn.artifact_id else None,
             ),
             previous_result=previous_turn.history_text if previous_turn is not None else None,
             previous_result_bot=_name(previous_turn.bot) if previous_turn is not None else None,
             previous_result_token_count=(
                 previous_turn.history_text_tokens if previous_turn is not None else None
+            ),
+            previous_result_artifact=(
+                _pointer(previous_turn.artifact)
+                if previous_turn is not None and previous_turn.artifact_id
+                else None
+            ),
+            previous_result_removed_chars=(
+                _preview_removed_chars(previous_turn) if previous_turn is not None else 0
             ),
             is_group_chat=task.is_group_chat,
             multi_bot=task.is_multi_bot,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import timedelta
 
 import pytest
@@ -482,3 +483,37 @@ def test_a_worker_id_that_is_not_an_identifier_is_logged_opaque(api, worker_api,
     [line] = [r.getMessage() for r in caplog.records if '"event": "dispatch"' in r.getMessage()]
     assert json.loads(line)["worker_id"].startswith("sha256:")
     assert "Alice" not in caplog.text
+
+
+_POINTER = re.compile(r"^\[artifact (\w+) · .* · full text: (\S+)\]$", re.MULTILINE)
+
+
+def _pointed_texts(worker_api, turn) -> dict[str, str]:
+    """Each pointer line's artifact, fetched through the manifest's download URL."""
+    manifest = {entry["id"]: entry for entry in turn["artifacts"]}
+    texts = {}
+    for artifact_id, path in _POINTER.findall(turn["prompt"]):
+        entry = manifest[artifact_id]  # every pointer's artifact is in the manifest
+        assert entry["path"] == path
+        response = worker_api.get(entry["download_url"])
+        texts[artifact_id] = b"".join(response.streaming_content).decode()
+    return texts
+
+
+def test_every_cut_section_points_to_its_whole_text_in_the_manifest(api, worker_api):
+    """A 1 MiB message and a 70,000-char first pipeline answer both reach the next prompts as
+    cuts whose pointer lines name manifest artifacts holding exactly the original text."""
+    message = "Please look at this log.\n" + "a log line that is long enough\n" * 33_000
+    message = message[: 1024 * 1024 - 1]
+    task = create(api, {**PIPELINE, "message": message})
+    [coder] = dispatch(worker_api)
+    assert coder["prompt_report"]["current_truncated"]
+    assert list(_pointed_texts(worker_api, coder).values()) == [message]
+
+    answer = "".join(f"changed line {n}\n" for n in range(5_000))[:70_000]
+    assert report(worker_api, coder, result={"value": answer}).status_code == 200
+    [reviewer] = dispatch(worker_api, kinds=("claude_code",))
+    report_ = reviewer["prompt_report"]
+    assert report_["current_truncated"] and report_["previous_result_truncated"]
+    assert sorted(_pointed_texts(worker_api, reviewer).values()) == sorted([message, answer])
+    assert task["id"] == reviewer["task_id"]

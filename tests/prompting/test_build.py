@@ -281,6 +281,66 @@ def test_current_message_and_previous_result_are_cut_never_dropped() -> None:
     assert (report.previous_result_truncated, report.previous_result_removed_chars) == (True, 36)
 
 
+def _pointer(artifact_id: str, chars: int, kind: str = "text") -> ArtifactPointer:
+    return ArtifactPointer(
+        artifact_id=artifact_id,
+        kind=kind,
+        total_chars=chars,
+        total_lines=1,
+        workspace_path=f".baton/artifacts/{artifact_id}.txt",
+    )
+
+
+def test_a_cut_current_message_and_previous_result_point_to_their_whole_text() -> None:
+    """Every cut leaves a way back: the pointer line names the artifact with the whole text."""
+    whole = "y" * 30_000
+    preview = make_preview(whole, head_chars=10, tail_chars=10)
+    prompt_input = PromptInput(
+        current=CurrentMessage(message_id=3, text="x" * 50, artifact=_pointer("c0ffee", 50)),
+        previous_result=preview.text,
+        previous_result_artifact=_pointer("beef00", 30_000, "command_output"),
+        previous_result_removed_chars=preview.removed_chars,
+    )
+    policy = PromptPolicy(current_message_max_chars=10)
+    build = build_prompt(prompt_input, policy)
+    assert build.text == (
+        "## Current Message\n\nUser:\nxxxxx…40 chars truncated…xxxxx\n"
+        "[artifact c0ffee · text · 50 chars, 1 line · full text: .baton/artifacts/c0ffee.txt]\n\n"
+        "## Previous Result\n\nAssistant:\nyyyyyyyyyy…29980 chars truncated…yyyyyyyyyy\n"
+        "[artifact beef00 · command_output · 30,000 chars, 1 line · "
+        "full text: .baton/artifacts/beef00.txt]\n"
+    )
+    report = build.report
+    assert report.artifacts == ("c0ffee", "beef00")
+    assert (report.current_truncated, report.current_removed_chars) == (True, 40)
+    assert (report.previous_result_truncated, report.previous_result_removed_chars) == (
+        True,
+        29_980,
+    )
+    assert parse_prompt(build.text) == build.document
+
+
+def test_an_uncut_message_with_an_artifact_needs_no_pointer() -> None:
+    prompt_input = PromptInput(
+        current=CurrentMessage(message_id=1, text="short enough", artifact=_pointer("c0ffee", 12))
+    )
+    build = build_prompt(prompt_input, PromptPolicy())
+    assert build.text == "short enough"
+    assert build.report.artifacts == ()
+
+
+def test_a_first_message_that_is_cut_gets_a_label_and_its_pointer() -> None:
+    prompt_input = PromptInput(
+        current=CurrentMessage(message_id=1, text="z" * 40, artifact=_pointer("abc123", 40))
+    )
+    build = build_prompt(prompt_input, PromptPolicy(current_message_max_chars=10))
+    assert build.text == (
+        "## Current Message\n\nUser:\nzzzzz…30 chars truncated…zzzzz\n"
+        "[artifact abc123 · text · 40 chars, 1 line · full text: .baton/artifacts/abc123.txt]\n"
+    )
+    assert not build.report.verbatim
+
+
 def test_a_spilled_preview_is_recut_with_an_exact_marker() -> None:
     original = "H" * 100 + "m" * 1_000 + "T" * 100
     preview = make_preview(original, head_chars=100, tail_chars=100)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.prompting import PromptPolicy, Role, build_prompt, parse_prompt
-from backend.tasks.factories import conversation
+from backend.tasks.factories import answer_pending, conversation
 from backend.tasks.history import prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, record_result
@@ -229,3 +229,42 @@ def test_a_step_that_never_ran_shows_why_in_history(user):
         "Assistant[coder]: [failed]\ncompiler crashed\n\n"
         "Assistant[reviewer]: [failed]\nNot run: pipeline step 0 (coder) failed.\n\n"
     ) in build.text
+
+
+def test_a_spilled_previous_result_points_to_its_whole_text(user, settings):
+    """A pipeline's reviewer can fetch the coder's whole answer: pointer, report and manifest."""
+    settings.BATON_SPILL_THRESHOLD_CHARS = 1_000
+    settings.BATON_PREVIEW_HEAD_CHARS = settings.BATON_PREVIEW_TAIL_CHARS = 20
+    steps = [
+        PipelineStep(bot="coder", executor="codex"),
+        PipelineStep(bot="reviewer", executor="claude_code"),
+    ]
+    task = chat(user, 0, pipeline=steps)
+    coder, reviewer = pending(task)
+    answer = "diff --git a/x b/x\n" + "+added line\n" * 500
+    record_result(subtask=coder, status=SubtaskStatus.COMPLETED, result={"value": answer})
+    artifact = Subtask.objects.get(pk=coder.pk).artifact
+    build = prompt_for(task, PromptPolicy(), turn=Subtask.objects.get(pk=reviewer.pk))
+    assert build.text.endswith(
+        f"[artifact {artifact.id} · {artifact.kind} · {len(answer):,} chars, 501 lines · "
+        f"full text: .baton/artifacts/{artifact.id}.txt]\n"
+    )
+    assert build.report.artifacts == (artifact.id,)
+    assert build.report.previous_result_truncated
+    assert build.report.previous_result_removed_chars == len(answer) - 40
+
+
+def test_a_cut_current_message_points_to_its_whole_text(user, settings):
+    settings.BATON_SPILL_THRESHOLD_CHARS = 1_000
+    message = "Please review this log:\n" + "line of the log\n" * 200
+    task = chat(user, 1)
+    answer_pending(task=task, answer="ok")
+    append_message(task=task, message=message)
+    artifact = task.subtasks.get(role=Role.USER, message=message).artifact
+    build = prompt_for(task, PromptPolicy(current_message_max_chars=100))
+    assert build.text.endswith(
+        f"[artifact {artifact.id} · {artifact.kind} · {len(message):,} chars, 201 lines · "
+        f"full text: .baton/artifacts/{artifact.id}.txt]\n"
+    )
+    assert build.report.current_truncated
+    assert artifact.id in build.report.artifacts
