@@ -161,8 +161,13 @@ class PromptReport(models.Model):
     messages_omitted = models.PositiveIntegerField()
     omitted_user = models.PositiveIntegerField()
     omitted_assistant = models.PositiveIntegerField()
-    truncated = models.JSONField(default=list)
+    truncated = models.JSONField(default=list)  # the history messages that were cut
+    # Cuts in every section: the history's, plus the Current Message's and the Previous Result's.
     truncated_count = models.PositiveIntegerField()
+    current_truncated = models.BooleanField(default=False)
+    current_removed_chars = models.PositiveIntegerField(default=0)
+    previous_result_truncated = models.BooleanField(default=False)
+    previous_result_removed_chars = models.PositiveIntegerField(default=0)
     sections = models.JSONField(default=list)
     chars = models.PositiveIntegerField()
     bytes = models.PositiveIntegerField(default=0)  # UTF-8 size of the prompt
@@ -170,6 +175,7 @@ class PromptReport(models.Model):
     history_tokens = models.PositiveIntegerField()
     current_tokens = models.PositiveIntegerField()
     previous_result_tokens = models.PositiveIntegerField()
+    note_tokens = models.PositiveIntegerField(default=0)  # the escape note's, when present
     token_encoding = models.CharField(max_length=64)
     artifacts = models.JSONField(default=list)
     included_message_ids = models.JSONField(default=list)

@@ -228,7 +228,13 @@ def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
         "omitted_assistant": report.omitted_assistant,
         "included_message_ids": list(report.included_message_ids),
         "truncated": [item.model_dump(mode="json") for item in report.truncated],
-        "truncated_count": len(report.truncated),
+        "truncated_count": (
+            len(report.truncated) + report.current_truncated + report.previous_result_truncated
+        ),
+        "current_truncated": report.current_truncated,
+        "current_removed_chars": report.current_removed_chars,
+        "previous_result_truncated": report.previous_result_truncated,
+        "previous_result_removed_chars": report.previous_result_removed_chars,
         "sections": list(report.sections),
         "chars": report.chars,
         "bytes": report.bytes,
@@ -236,6 +242,7 @@ def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
         "history_tokens": report.history_tokens,
         "current_tokens": report.current_tokens,
         "previous_result_tokens": report.previous_result_tokens,
+        "note_tokens": report.note_tokens,
         "token_encoding": report.token_encoding,
         "artifacts": list(report.artifacts),
         "first_user_message_pinned": report.first_user_message_pinned,

@@ -516,4 +516,9 @@ def test_every_cut_section_points_to_its_whole_text_in_the_manifest(api, worker_
     report_ = reviewer["prompt_report"]
     assert report_["current_truncated"] and report_["previous_result_truncated"]
     assert sorted(_pointed_texts(worker_api, reviewer).values()) == sorted([message, answer])
-    assert task["id"] == reviewer["task_id"]
+    # The stored report (and so the dispatch log line) counts the cuts of every section.
+    row = PromptReport.objects.get(subtask_id=reviewer["subtask_id"], kind="full")
+    assert (row.task_id, row.truncated_count) == (task["id"], 2)
+    assert (row.current_truncated, row.previous_result_truncated) == (True, True)
+    assert row.current_removed_chars == len(message) - 32_000
+    assert row.previous_result_removed_chars == len(answer) - 4_000
