@@ -52,19 +52,20 @@ def test_seed_demo_is_idempotent_and_prints_a_login(settings, tmp_path):
 
 
 def test_seed_demo_seeds_the_tasks_the_readme_walks_through(settings, tmp_path):
-    # The README's walkthrough creates task 3 and reads the demo's turns: ids and texts are pinned.
+    # The README's walkthrough creates task 3 and reads the demo's turns: the demo makes
+    # exactly two tasks, one after the other (ids 1 and 2 on a fresh database; PostgreSQL's
+    # sequences are not reset between tests), and their turns and texts are pinned.
     settings.VAR_DIR = tmp_path
     run("seed_demo")
-    tasks = Task.objects.order_by("pk")
+    tasks = list(Task.objects.order_by("pk"))
+    first = tasks[0].pk
     assert [(task.pk, task.title, task.task_type, task.is_group_chat) for task in tasks] == [
-        (1, "Demo: release planning chat", "chat", True),
-        (2, "Demo: fix the flaky upload test", "code", False),
+        (first, "Demo: release planning chat", "chat", True),
+        (first + 1, "Demo: fix the flaky upload test", "code", False),
     ]
     fields = ("message_id", "parent_message_id", "role", "status", "sender", "bot", "history_text")
-    turns = {
-        task.pk: list(task.subtasks.order_by("message_id").values_list(*fields)) for task in tasks
-    }
-    assert turns[1] == [
+    turns = [list(task.subtasks.order_by("message_id").values_list(*fields)) for task in tasks]
+    assert turns[0] == [
         (1, None, "USER", "COMPLETED", "alice", "", CHAT_QUESTION),
         (2, 1, "ASSISTANT", "COMPLETED", "", "planner", CHAT_ANSWER),
         (3, None, "USER", "COMPLETED", "bob", "", "I'll review the migration PR today."),
@@ -80,7 +81,7 @@ def test_seed_demo_seeds_the_tasks_the_readme_walks_through(settings, tmp_path):
         (5, None, "USER", "COMPLETED", "alice", "", "Please list the open PRs by owner."),
         (6, 5, "ASSISTANT", "PENDING", "", "planner", ""),
     ]
-    assert turns[2] == [
+    assert turns[1] == [
         (1, None, "USER", "COMPLETED", "carol", "", PIPELINE_QUESTION),
         (2, 1, "ASSISTANT", "COMPLETED", "", "coder", CODER_ANSWER),
         (3, 1, "ASSISTANT", "COMPLETED", "", "reviewer", REVIEWER_ANSWER),
@@ -88,7 +89,7 @@ def test_seed_demo_seeds_the_tasks_the_readme_walks_through(settings, tmp_path):
         (5, 4, "ASSISTANT", "PENDING", "", "coder", ""),
         (6, 4, "ASSISTANT", "PENDING", "", "reviewer", ""),
     ]
-    assert Subtask.objects.get(task_id=2, message_id=2).result == {"value": CODER_ANSWER}
+    assert Subtask.objects.get(task_id=first + 1, message_id=2).result == {"value": CODER_ANSWER}
 
 
 CHAT_QUESTION = "Can we ship 2.4 on Friday? The changelog is in CHANGES.md."
