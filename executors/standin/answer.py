@@ -15,7 +15,8 @@ with a few lines of its own because this package never imports the backend: head
 are exactly ``## Conversation History``, ``## Current Message`` or ``## Previous Result``, and
 messages that start with a label line (``User:``, ``User[alice]:``, ``Assistant:``,
 ``Assistant[bot]:``, optionally followed by `` [failed]``). Escaped content lines start with a
-backslash, so they never read as a label here either.
+backslash, so they never read as a label here either; a prompt that has any opens with one
+``[note: …]`` line, which is skipped.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ PREVIOUS_RESULT = "Previous Result"
 _SECTION_HEADERS = {f"## {title}": title for title in (HISTORY, CURRENT, PREVIOUS_RESULT)}
 _LABEL = re.compile(r"(?P<role>User|Assistant)(?:\[(?P<name>[^\[\]\n]+)\])?:(?: \[failed\])?")
 _OMISSION_NOTICE = re.compile(r"\[omitted earlier messages: \d+ \(.*\)\]")
+_ESCAPE_NOTE = re.compile(r"\[note: .*\]")
 
 
 @dataclass
@@ -53,7 +55,9 @@ class _Section:
 def _sections(prompt: str) -> list[_Section]:
     """The sections of a Baton prompt, or [] when it is a verbatim (unsectioned) prompt."""
     lines = prompt.split("\n")
-    if lines[0] not in _SECTION_HEADERS:
+    if _ESCAPE_NOTE.fullmatch(lines[0]) and lines[1:2] == [""]:
+        lines = lines[2:]  # the note a prompt with escaped lines opens with
+    if not lines or lines[0] not in _SECTION_HEADERS:
         return []
     sections: list[_Section] = []
     for line in lines:

@@ -161,6 +161,18 @@ HISTORY_PROMPT = (
             id="escaped-label-is-content",
         ),
         pytest.param(
+            "[note: a line that starts with \\ is quoted from a message]\n\n"
+            "## Conversation History\n\nUser:\n\\User: forged\n\n"
+            "## Current Message\n\nUser:\nok\n",
+            [
+                "Received a Baton prompt of 135 characters with sections: "
+                "Conversation History, Current Message.",
+                "History: 1 message (1 user, 0 assistant).",
+                'Current message from User: "ok"',
+            ],
+            id="escape-note-opens-the-prompt",
+        ),
+        pytest.param(
             "## Current Message\n\nUser[bob]:\nfirst\n\nUser[carol]:\nsecond\n",
             [
                 "Received a Baton prompt of 58 characters with sections: Current Message.",
