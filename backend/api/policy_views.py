@@ -26,7 +26,7 @@ from backend.dispatch.policies import (
     SOURCE_DEFAULT_ROW,
     SOURCE_ENVIRONMENT,
     SOURCE_TASK_TYPE,
-    effective_values,
+    row_effective_values,
     save_policy,
 )
 from backend.errors import InvalidInput, NotFound
@@ -72,18 +72,17 @@ class PolicyOutput(serializers.ModelSerializer[HistoryPolicy]):
     def get_name(self, row: HistoryPolicy) -> str:
         return row.task_type or DEFAULT_POLICY_NAME
 
-    def _effective(self, row: HistoryPolicy) -> tuple[dict[str, Any], dict[str, str]]:
-        default = self.context.get("default_row")
-        own, default = (None, row) if row.is_default else (row, default)
-        return effective_values(own=own, default=default)
-
     @extend_schema_field(serializers.DictField(child=serializers.ChoiceField(choices=SOURCES)))
     def get_sources(self, row: HistoryPolicy) -> dict[str, str]:
-        return self._effective(row)[1]
+        return self._sources
 
     def to_representation(self, row: HistoryPolicy) -> dict[str, Any]:
+        # Resolved once per row: the caps' values and, through get_sources, their sources.
+        values, self._sources = row_effective_values(
+            row=row, default_row=self.context.get("default_row")
+        )
         data = super().to_representation(row)
-        data.update(self._effective(row)[0])
+        data.update(values)
         return data
 
 

@@ -36,8 +36,8 @@ from backend.dispatch.models import HistoryPolicy, PromptReport
 from backend.dispatch.policies import (
     POLICY_FIELDS,
     builder_policy,
-    effective_values,
     resolve_policy,
+    row_effective_values,
     save_policy,
 )
 from backend.dispatch.preview import PromptPreview, preview_prompt
@@ -107,9 +107,8 @@ class HistoryPolicyForm(PolicyValuesForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         row = self.instance
-        default = None if row.is_default else HistoryPolicy.objects.filter(task_type="").first()
-        own, default = (None, row) if row.is_default else (row, default)
-        effective, _ = effective_values(own=own if row.pk else None, default=default)
+        default_row = None if row.is_default else HistoryPolicy.objects.filter(task_type="").first()
+        effective, _ = row_effective_values(row=row, default_row=default_row)
         self.fields["set_here"].initial = list(row.overrides)
         for name in POLICY_FIELDS:
             if name not in row.overrides:

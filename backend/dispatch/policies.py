@@ -141,6 +141,15 @@ def effective_values(
     return values, sources
 
 
+def row_effective_values(
+    *, row: HistoryPolicy, default_row: HistoryPolicy | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """What ``row`` resolves to: over the default row, unless it is the default row itself."""
+    if row.is_default:
+        return effective_values(own=None, default=row)
+    return effective_values(own=row, default=default_row)
+
+
 def settings_policy() -> PromptPolicy:
     values, _ = effective_values(own=None, default=None)
     return builder_policy(values)
@@ -206,13 +215,12 @@ def save_policy(
     draft = HistoryPolicy(
         task_type=row.task_type, overrides=overrides, **{**row_values(row), **setting}
     )
-    default = (
+    default_row = (
         None
         if row.is_default
         else HistoryPolicy.objects.filter(task_type=DEFAULT_TASK_TYPE).first()
     )
-    own, default = (None, draft) if row.is_default else (draft, default)
-    builder_policy(effective_values(own=own, default=default)[0])
+    builder_policy(row_effective_values(row=draft, default_row=default_row)[0])
     with transaction.atomic():
         for name, value in setting.items():
             setattr(row, name, value)
