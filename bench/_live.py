@@ -114,7 +114,9 @@ def wait_for_task(baton: LiveBaton, task_id: int, *, timeout: float = 120) -> di
     deadline = time.monotonic() + timeout
     while True:
         task = baton.product.get(f"/api/tasks/{task_id}/").json()
-        if task["turns"][-1]["status"] in ("COMPLETED", "FAILED", "CANCELLED"):
+        # The task row can trail its turns by a moment (separate reads): wait for both.
+        finished = task["turns"][-1]["status"] in ("COMPLETED", "FAILED", "CANCELLED")
+        if finished and task["status"] not in ("PENDING", "RUNNING"):
             return task
         if time.monotonic() > deadline:
             raise SystemExit(f"task {task_id} did not finish")

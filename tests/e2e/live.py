@@ -21,6 +21,7 @@ from executors.process import processes_with_marker
 from executors.standin import ModelServer, extract_prompt
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED"}
+UNFINISHED = {"PENDING", "RUNNING"}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -48,11 +49,15 @@ class Baton:
         return response.json()
 
     def wait(self, task_id: int, *, timeout: float = 90.0) -> dict[str, Any]:
-        """The task once its latest turn has finished."""
+        """The task once its latest turn has finished and the task's status says so too.
+
+        The task row and its turns are read by separate queries, so a read that lands while a
+        result commits can show the turn finished and the task a moment behind: wait for both.
+        """
         deadline = time.monotonic() + timeout
         while True:
             task = self.task(task_id)
-            if task["turns"][-1]["status"] in FINISHED:
+            if task["turns"][-1]["status"] in FINISHED and task["status"] not in UNFINISHED:
                 return task
             if time.monotonic() > deadline:
                 raise AssertionError(f"task {task_id} did not finish: {task['turns'][-1]}")
