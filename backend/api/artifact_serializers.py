@@ -15,7 +15,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 
 from backend.api.serializers import StrictQuery
-from backend.artifacts.models import Artifact, ArtifactKind
+from backend.artifacts.models import ARTIFACT_KIND_CHOICES, Artifact
 from backend.artifacts.selectors import LineRange
 
 LINES_PATTERN = re.compile(r"^(\d+)-(\d*)$")
@@ -31,7 +31,7 @@ def artifact_download_url(*, request: Request, artifact_id: str) -> str:
 class ArtifactManifestEntryOutput(serializers.Serializer[Artifact]):
     id = serializers.CharField()
     sha256 = serializers.CharField()
-    kind = serializers.ChoiceField(choices=ArtifactKind.choices)
+    kind = serializers.ChoiceField(choices=ARTIFACT_KIND_CHOICES)
     size_bytes = serializers.IntegerField()
     size_chars = serializers.IntegerField()
     size_lines = serializers.IntegerField()

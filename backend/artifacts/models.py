@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from django.db import models
 
-ARTIFACT_ID_LENGTH = 16
+from backend.prompting.addressing import ARTIFACT_ID_LENGTH, workspace_path
+from backend.prompting.kinds import ArtifactKind
 
-
-class ArtifactKind(models.TextChoices):
-    JSON = "json", "JSON"
-    WEB_OR_SEARCH = "web_or_search", "Web page or search results"
-    COMMAND_OUTPUT = "command_output", "Command output"
-    FILE_OR_CODE = "file_or_code", "File, code or diff"
-    TEXT = "text", "Text"
+# The kinds are the prompt core's (they appear in pointer lines); these are their labels.
+ARTIFACT_KIND_CHOICES = [
+    (ArtifactKind.JSON.value, "JSON"),
+    (ArtifactKind.WEB_OR_SEARCH.value, "Web page or search results"),
+    (ArtifactKind.COMMAND_OUTPUT.value, "Command output"),
+    (ArtifactKind.FILE_OR_CODE.value, "File, code or diff"),
+    (ArtifactKind.TEXT.value, "Text"),
+]
 
 
 class Artifact(models.Model):
@@ -28,7 +30,7 @@ class Artifact(models.Model):
     size_chars = models.BigIntegerField()
     size_bytes = models.BigIntegerField()
     size_lines = models.BigIntegerField()
-    kind = models.CharField(max_length=20, choices=ArtifactKind.choices)
+    kind = models.CharField(max_length=20, choices=ARTIFACT_KIND_CHOICES)
     # The task whose turn first produced this text; later identical texts share the artifact.
     task = models.ForeignKey(
         "tasks.Task", on_delete=models.SET_NULL, null=True, blank=True, related_name="artifacts"
@@ -47,7 +49,3 @@ class Artifact(models.Model):
     def workspace_path(self) -> str:
         """Where an executor finds the whole text inside its workspace."""
         return workspace_path(self.id)
-
-
-def workspace_path(artifact_id: str) -> str:
-    return f".baton/artifacts/{artifact_id}.txt"

@@ -8,15 +8,9 @@ from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 
-from backend.artifacts.models import ARTIFACT_ID_LENGTH, Artifact
+from backend.artifacts.models import Artifact
 from backend.artifacts.storage import ArtifactIntegrityError, store_text
-
-
-def count_lines(text: str) -> int:
-    """Lines as Baton counts them everywhere: split on "\\n"; a last line without one counts."""
-    if not text:
-        return 0
-    return text.count("\n") + (0 if text.endswith("\n") else 1)
+from backend.prompting.addressing import artifact_id_for, count_lines
 
 
 def store_artifact(*, text: str, kind: str, task_id: int | None) -> Artifact:
@@ -27,7 +21,7 @@ def store_artifact(*, text: str, kind: str, task_id: int | None) -> Artifact:
     Concurrency-safe; must run inside the caller's transaction.
     """
     stored = store_text(text)
-    artifact_id = stored.sha256[:ARTIFACT_ID_LENGTH]
+    artifact_id = artifact_id_for(stored.sha256)
     # Locking the row makes a concurrent prune wait for this transaction, after which it sees
     # the caller's new reference and keeps the artifact.
     existing = Artifact.objects.select_for_update().filter(pk=artifact_id).first()

@@ -37,6 +37,7 @@ from backend.tasks.history import prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus, Task
 from backend.tasks.selectors import bots_for_turns
 from backend.tasks.services import lock_task, record_result
+from backend.tasks.whole_texts import store_whole_texts
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,15 @@ def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
                         full_input, seen_through=session.seen_through_message_id
                     ),
                 )
+            # Every pointer must lead to a file the workspace will have: store the cut texts
+            # the prompts address by content before the manifest is read.
+            store_whole_texts(
+                task_id=subtask.task_id,
+                whole_texts=[
+                    *prompt.build.whole_texts,
+                    *(resume.build.whole_texts if resume is not None else ()),
+                ],
+            )
         except Exception as error:  # noqa: BLE001 - any failure must release the claim
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)
             continue

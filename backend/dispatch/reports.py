@@ -252,7 +252,7 @@ def report_result(
         error_code=subtask.error_code,
         attempt=subtask.attempts,
         history_chars=subtask.history_chars,
-        spilled=subtask.artifact_id is not None,
+        spilled=subtask.history_is_preview,
     )
     return subtask, True
 

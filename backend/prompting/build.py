@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from backend.prompting.addressing import WholeText
 from backend.prompting.counting import TokenCounter
 from backend.prompting.document import PromptDocument, RenderedMessage, RenderedSection, Section
 from backend.prompting.fixed import FixedSection, squeeze
@@ -58,6 +59,9 @@ class PromptBuild:
     text: str
     report: BuildReport
     document: PromptDocument
+    whole_texts: tuple[WholeText, ...] = ()
+    """Cut texts whose pointer lines name their content address rather than a stored
+    artifact: whoever sends the prompt stores them first (the report lists their ids too)."""
 
 
 class _Builder:
@@ -94,9 +98,12 @@ class _Builder:
         last: bool,
         artifact: ArtifactPointer | None = None,
         removed_before: int = 0,
+        message_id: int | None = None,
     ) -> FixedSection:
         tokens = text_tokens if self.counter.cached_counts_apply else None
-        return FixedSection(section, role, name, text, tokens, last, cap, artifact, removed_before)
+        return FixedSection(
+            section, role, name, text, tokens, last, cap, artifact, removed_before, message_id
+        )
 
     def build(self) -> PromptBuild:
         fixed: list[FixedSection] = []
@@ -112,6 +119,7 @@ class _Builder:
                     self.policy.current_message_max_chars,
                     last=not self.show_previous,
                     artifact=current.artifact,
+                    message_id=current.message_id,
                 )
             )
         if self.show_previous:
@@ -127,6 +135,7 @@ class _Builder:
                     last=True,
                     artifact=self.input.previous_result_artifact,
                     removed_before=self.input.previous_result_removed_chars,
+                    message_id=self.input.previous_result_message_id,
                 )
             )
         # Verbatim only when no line of the message would read as structure to a model (a
@@ -146,6 +155,10 @@ class _Builder:
             fixed, self.max_tokens, lambda f: f.verbatim_tokens(self.counter)
         ):
             raise PromptBudgetError(f"max_tokens={self.policy.max_tokens} cannot hold a marker")
+        if fixed.piece.cut is not None:
+            # Cut to fit max_tokens: a cut needs its pointer line, so the message is labelled.
+            fixed.recut(self.policy.current_message_max_chars)
+            return self._build_sections([fixed])
         tokens = fixed.verbatim_tokens(self.counter)
         # A verbatim prompt has no label, so its message has no name either.
         message = RenderedMessage(role=Role.USER, name=None, content=fixed.piece.message.content)
@@ -253,7 +266,21 @@ class _Builder:
             token_encoding=self.policy.token_encoding,
         )
         document = PromptDocument(tuple(sections), escape_note=escape_note)
-        return PromptBuild(text=text, report=report, document=document)
+        whole_texts = [piece.whole_text for _, piece in selected] + [f.whole_text for f in fixed]
+        return PromptBuild(
+            text=text,
+            report=report,
+            document=document,
+            whole_texts=_distinct(whole_texts),
+        )
+
+
+def _distinct(whole_texts: list[WholeText | None]) -> tuple[WholeText, ...]:
+    seen: dict[str, WholeText] = {}
+    for whole in whole_texts:
+        if whole is not None:
+            seen.setdefault(whole.pointer.artifact_id, whole)
+    return tuple(seen.values())
 
 
 def _escaped(piece: SizedPiece) -> bool:
@@ -283,6 +310,11 @@ def build_prompt(
         exact = counter.count(build.text)
         if policy.max_tokens is None or exact <= policy.max_tokens:
             report = build.report.model_copy(update={"tokens": exact})
-            return PromptBuild(text=build.text, report=report, document=build.document)
+            return PromptBuild(
+                text=build.text,
+                report=report,
+                document=build.document,
+                whole_texts=build.whole_texts,
+            )
         slack += exact - policy.max_tokens
     raise PromptBudgetError(f"could not fit max_tokens={policy.max_tokens} exactly")

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from backend.prompting.addressing import WholeText, pointer_to_whole
 from backend.prompting.counting import TokenCounter
 from backend.prompting.document import RenderedMessage, Section
 from backend.prompting.inputs import ArtifactPointer, Role
@@ -37,7 +38,14 @@ class FixedSection:
     """Where the whole text is, if stored: every cut shows a pointer line to it."""
     removed_before: int = 0
     """Characters already left out of ``original`` (a stored preview), before any cut here."""
+    message_id: int | None = None
+    """The turn whose text ``original`` is: a cut of unstored text points to its content
+    address, and dispatch stores it there."""
     piece: SizedPiece = field(init=False)
+    whole_text: WholeText | None = field(init=False, default=None)
+    _addressed: tuple[ArtifactPointer | None, WholeText | None] | None = field(
+        init=False, default=None
+    )
 
     def __post_init__(self) -> None:
         self.recut(self.cap)
@@ -48,13 +56,19 @@ class FixedSection:
         content = cut.text if cut is not None else self.original
         tokens = self.original_tokens if cut is None else None
         partial = cut is not None or self.removed_before > 0
-        message = RenderedMessage(
-            role=self.role,
-            name=self.name,
-            content=content,
-            artifact=self.artifact if partial else None,
+        pointer, self.whole_text = self._pointer() if partial else (None, None)
+        message = RenderedMessage(role=self.role, name=self.name, content=content, artifact=pointer)
+        self.piece = sized_piece(
+            message, tokens, last=self.last, cut=cut, whole_text=self.whole_text
         )
-        self.piece = sized_piece(message, tokens, last=self.last, cut=cut)
+
+    def _pointer(self) -> tuple[ArtifactPointer | None, WholeText | None]:
+        # Computed once (a squeeze recuts several times); a stored preview is never addressed
+        # as if it were the whole text.
+        if self._addressed is None:
+            message_id = self.message_id if self.removed_before == 0 else None
+            self._addressed = pointer_to_whole(self.original, message_id, self.artifact)
+        return self._addressed
 
     @property
     def kept_chars(self) -> int:

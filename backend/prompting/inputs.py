@@ -7,9 +7,11 @@ queryset. Everything here is frozen and validated at construction, so the builde
   current message, and holds only COMPLETED or FAILED turns (the caller filters PENDING, RUNNING
   and CANCELLED ones).
 * A spilled message carries only its bounded preview: ``preview_head`` and ``preview_tail`` are
-  the first and last code points of the original, ``total_chars`` is the original length and
+  the first and last code points of the original, ``total_chars`` is the original length,
   ``text`` must equal the rendered preview ``head + …N chars truncated… + tail`` with
-  ``N = total_chars - len(head) - len(tail)`` (build it with :func:`make_preview`).
+  ``N = total_chars - len(head) - len(tail)`` (build it with :func:`make_preview`), and
+  ``artifact`` says where the whole text is. A message that did not spill may carry an
+  ``artifact`` too (its whole text stored when an earlier prompt cut it).
 * ``token_count``, when given, is the exact count of ``text`` under ``token_count_encoding``
   (:func:`count_tokens`); the builder trusts it instead of re-encoding.
 * A FAILED assistant turn has ``failed=True``; its ``error`` (or, when ``error`` is ``None``,
@@ -125,6 +127,8 @@ class HistoryMessage(_Frozen):
                 raise ValueError("a preview needs total_chars >= len(head) + len(tail)")
             if self.text != render_preview(self.preview_head, self.preview_tail, self.total_chars):
                 raise ValueError("text must be the rendered preview (see make_preview)")
+            if self.artifact is None:
+                raise ValueError("a preview needs the artifact that holds the whole text")
         elif self.total_chars is not None and self.total_chars != len(self.text):
             raise ValueError("total_chars must equal len(text) for a message without preview")
         return self
@@ -176,6 +180,8 @@ class PromptInput(_Frozen):
     """Where the whole previous result is, when it was stored as an artifact."""
     previous_result_removed_chars: int = Field(default=0, ge=0)
     """Characters of the whole result that ``previous_result`` (its stored preview) leaves out."""
+    previous_result_message_id: int | None = None
+    """The previous step's turn: a cut of its unstored result points to the content address."""
     is_group_chat: bool = False
     multi_bot: bool = False
     first_user_message_id: int | None = None

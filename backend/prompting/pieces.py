@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from backend.prompting.addressing import WholeText
 from backend.prompting.counting import TokenCounter
 from backend.prompting.document import RenderedMessage
 from backend.prompting.render import escape_content, message_prefix, message_suffix
@@ -34,6 +35,8 @@ class SizedPiece:
     cached_tokens: int | None
     cut: Truncation | None = None
     truncated: TruncatedMessage | None = None
+    whole_text: WholeText | None = None
+    """The unstored whole text the piece's pointer line addresses (dispatch stores it)."""
     _tokens: int | None = field(default=None)
 
     @property
@@ -60,6 +63,7 @@ def sized_piece(
     last: bool = False,
     cut: Truncation | None = None,
     truncated: TruncatedMessage | None = None,
+    whole_text: WholeText | None = None,
 ) -> SizedPiece:
     """Render ``message`` as a piece; ``content_tokens`` is the cached count of its content."""
     body = escape_content(message.content)
@@ -76,4 +80,5 @@ def sized_piece(
         cached_tokens=content_tokens,
         cut=cut,
         truncated=truncated,
+        whole_text=whole_text,
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from backend.prompting.addressing import pointer_to_whole
 from backend.prompting.counting import TokenCounter
 from backend.prompting.document import OmissionNotice, RenderedMessage, Section
 from backend.prompting.inputs import HistoryMessage, PromptInput, Role
@@ -176,6 +177,9 @@ class HistorySection:
         cached = message.token_count if self.counter.cached_counts_apply else None
         preview = None if message.shows_error else message.preview
         truncated = None
+        # Only a cut shows a pointer: to the stored artifact, else to the content address of
+        # the whole text (which dispatch then stores). A spilled message is always cut.
+        pointer, whole = None, None
         if preview is not None:
             if cap is not None and preview.kept_chars > cap:
                 preview = preview.recut(cap)
@@ -183,6 +187,7 @@ class HistorySection:
             else:
                 content = message.text
             if preview.removed_chars > 0:
+                pointer = message.artifact
                 truncated = TruncatedMessage(
                     message_id=message.message_id,
                     original_chars=preview.total_chars,
@@ -198,6 +203,12 @@ class HistorySection:
             content = source
             if cut is not None:
                 content, cached = cut.text, None
+                # A failed turn's error is not the turn's stored text: it has no artifact.
+                pointer, whole = pointer_to_whole(
+                    source,
+                    None if message.shows_error else message.message_id,
+                    None if message.shows_error else message.artifact,
+                )
                 truncated = TruncatedMessage(
                     message_id=message.message_id,
                     original_chars=len(source),
@@ -209,9 +220,9 @@ class HistorySection:
             name=self._name_for(message),
             content=content,
             failed=message.failed,
-            artifact=message.artifact,
+            artifact=pointer,
         )
-        return sized_piece(rendered, cached, truncated=truncated)
+        return sized_piece(rendered, cached, truncated=truncated, whole_text=whole)
 
     def _walk_order(self, pinned: int | None) -> Iterator[int]:
         """History indices in the order they are considered: the pin, then newest first."""

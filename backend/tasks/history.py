@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from django.db.models import Case, Count, F, Q, RowRange, Sum, Value, When, Window
 from django.db.models.functions import Least, Length, RowNumber
 
-from backend.artifacts.models import Artifact, workspace_path
+from backend.artifacts.models import Artifact
 from backend.prompting import Role
+from backend.prompting.addressing import workspace_path
 from backend.prompting.inputs import (
     ArtifactPointer,
     CurrentMessage,
@@ -52,6 +53,7 @@ _HISTORY_FIELDS = (
     "artifact__kind",
     "artifact__size_chars",
     "artifact__size_lines",
+    "history_is_preview",
 )
 
 
@@ -77,14 +79,15 @@ def _name(value: str) -> str | None:
 
 def _preview_removed_chars(turn: Subtask) -> int:
     """Characters a spilled turn's stored preview leaves out of its whole text (else 0)."""
-    if turn.artifact_id is None or turn.history_chars is None:
+    if not turn.history_is_preview or turn.history_chars is None:
         return 0
     return max(turn.history_chars - len(turn.preview_head) - len(turn.preview_tail), 0)
 
 
 def history_message(turn: Subtask) -> HistoryMessage:
-    """One stored turn as the prompt builder's input."""
-    spilled = turn.artifact_id is not None
+    """One stored turn as the prompt builder's input: its history text (or, when it spilled,
+    its preview) and, when stored, the artifact a cut of it points to."""
+    spilled = turn.history_is_preview
     return HistoryMessage(
         message_id=turn.message_id,
         role=Role(turn.role),
@@ -96,7 +99,7 @@ def history_message(turn: Subtask) -> HistoryMessage:
         total_chars=turn.history_chars,
         preview_head=turn.preview_head if spilled else None,
         preview_tail=turn.preview_tail if spilled else None,
-        artifact=_pointer(turn.artifact) if spilled else None,
+        artifact=_pointer(turn.artifact),
     )
 
 
@@ -194,8 +197,10 @@ def prompt_inputs_for(
                 message_id=request.current_id,
                 text=user_turn.message,
                 sender=_name(user_turn.sender),
-                token_count=None if user_turn.artifact_id else user_turn.history_text_tokens,
-                artifact=_pointer(user_turn.artifact) if user_turn.artifact_id else None,
+                token_count=(
+                    None if user_turn.history_is_preview else user_turn.history_text_tokens
+                ),
+                artifact=_pointer(user_turn.artifact),
             ),
             previous_result=previous_turn.history_text if previous_turn is not None else None,
             previous_result_bot=_name(previous_turn.bot) if previous_turn is not None else None,
@@ -203,9 +208,10 @@ def prompt_inputs_for(
                 previous_turn.history_text_tokens if previous_turn is not None else None
             ),
             previous_result_artifact=(
-                _pointer(previous_turn.artifact)
-                if previous_turn is not None and previous_turn.artifact_id
-                else None
+                _pointer(previous_turn.artifact) if previous_turn is not None else None
+            ),
+            previous_result_message_id=(
+                previous_turn.message_id if previous_turn is not None else None
             ),
             previous_result_removed_chars=(
                 _preview_removed_chars(previous_turn) if previous_turn is not None else 0

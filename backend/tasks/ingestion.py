@@ -16,9 +16,10 @@ from dataclasses import dataclass
 
 from django.conf import settings
 
-from backend.artifacts.classify import classify_text
 from backend.artifacts.models import Artifact
-from backend.artifacts.services import count_lines, store_artifact
+from backend.artifacts.services import store_artifact
+from backend.prompting.addressing import count_lines
+from backend.prompting.kinds import classify_text
 from backend.prompting.truncate import make_preview
 from backend.prompting.units import count_tokens
 from backend.tasks.models import Task

@@ -257,6 +257,8 @@ class Subtask(models.Model):
     history_tokens_estimated = models.BooleanField(default=False)
     # Lone surrogates and NULs shown as U+FFFD in the history text (the result keeps them).
     history_replaced_chars = models.PositiveIntegerField(default=0)
+    # The whole text as an artifact: stored at ingestion when the text spilled (history_text
+    # is then its preview), or at dispatch when a prompt cut the text and pointed to it.
     artifact = models.ForeignKey(
         "artifacts.Artifact",
         on_delete=models.PROTECT,
@@ -264,6 +266,8 @@ class Subtask(models.Model):
         blank=True,
         related_name="subtasks",
     )
+    # True when the text spilled: history_text is the head + tail preview of the artifact.
+    history_is_preview = models.BooleanField(default=False)
     # True when `result["value"]` is kept in the artifact instead of this row: `result` then
     # holds every other key as sent, with `"value": null` in its place. Long results stay out
     # of the database row, and `selectors.turn_result` puts the value back.

@@ -392,6 +392,7 @@ def _ingestion_fields(ingested: IngestedText, *, recorded_at: Any) -> dict[str, 
         "history_tokens_estimated": ingested.tokens_estimated,
         "history_replaced_chars": ingested.replaced_chars,
         "artifact": ingested.artifact,
+        "history_is_preview": ingested.artifact is not None,
         "recorded_at": recorded_at,
     }
 

@@ -102,7 +102,7 @@ def history_messages(draw: st.DrawFn, message_id: int) -> HistoryMessage:
             "preview_head": preview.head,
             "preview_tail": preview.tail,
             "total_chars": preview.total_chars,
-            "artifact": draw(st.none() | artifacts),
+            "artifact": draw(artifacts),
         }
     else:
         fields |= {"text": text, "artifact": draw(st.none() | artifacts)}
@@ -133,6 +133,9 @@ def prompt_inputs(draw: st.DrawFn, max_history: int = 10) -> PromptInput:
         previous_result_bot=draw(st.none() | names),
         previous_result_token_count=(
             count_tokens(previous) if previous is not None and draw(st.booleans()) else None
+        ),
+        previous_result_message_id=(
+            size + 2 if previous is not None and draw(st.booleans()) else None
         ),
         is_group_chat=draw(st.booleans()),
         multi_bot=draw(st.booleans()),

@@ -56,30 +56,37 @@ SIX_TURNS = (
     ("policy", "expected"),
     [
         (
-            # Newest first up to 4 (the pin first) → cap each at 10 → drop oldest to fit 100
-            # chars (message 4 goes; the pinned one stays) → render oldest first.
-            PromptPolicy(max_messages=4, per_message_max_chars=10, max_chars=100),
+            # Newest first up to 4 (the pin first) → cap each at 10, a cut pointing to the
+            # whole text's content address → drop oldest to fit 310 chars (message 4 goes; the
+            # pinned one stays) → render oldest first.
+            PromptPolicy(max_messages=4, per_message_max_chars=10, max_chars=310),
             "## Conversation History\n\n"
             "[omitted earlier messages: 3 (1 user, 2 assistant)]\n\n"
-            "User:\nfirst…4 chars truncated…stion\n\n"
+            "User:\nfirst…4 chars truncated…stion\n"
+            "[artifact e1e98cdfb94f6e0a · text · 14 chars, 1 line · "
+            "full text: .baton/artifacts/e1e98cdfb94f6e0a.txt]\n\n"
             "User:\nthird\n\n"
-            "Assistant:\nccccc…20 chars truncated…ccccc\n\n"
+            "Assistant:\nccccc…20 chars truncated…ccccc\n"
+            "[artifact 489105dc33b65d94 · text · 30 chars, 1 line · "
+            "full text: .baton/artifacts/489105dc33b65d94.txt]\n\n"
             "## Current Message\n\n"
             "User:\ngo\n",
         ),
         (
-            # Without the pin the same caps fit the newest three (43 + 13 + 43 = 99 chars), and
-            # the window keeps whole rounds: the answer whose question did not fit goes too.
+            # Without the pin the same caps fit the newest three (148 + 13 + 148 = 309 chars),
+            # and the window keeps whole rounds: the answer whose question did not fit goes too.
             PromptPolicy(
                 max_messages=4,
                 per_message_max_chars=10,
-                max_chars=100,
+                max_chars=310,
                 keep_first_user_message=False,
             ),
             "## Conversation History\n\n"
             "[omitted earlier messages: 4 (2 user, 2 assistant)]\n\n"
             "User:\nthird\n\n"
-            "Assistant:\nccccc…20 chars truncated…ccccc\n\n"
+            "Assistant:\nccccc…20 chars truncated…ccccc\n"
+            "[artifact 489105dc33b65d94 · text · 30 chars, 1 line · "
+            "full text: .baton/artifacts/489105dc33b65d94.txt]\n\n"
             "## Current Message\n\n"
             "User:\ngo\n",
         ),
@@ -110,7 +117,7 @@ def test_cap_order_exact_output(policy: PromptPolicy, expected: str) -> None:
 
 
 def test_cap_order_report() -> None:
-    policy = PromptPolicy(max_messages=4, per_message_max_chars=10, max_chars=100)
+    policy = PromptPolicy(max_messages=4, per_message_max_chars=10, max_chars=310)
     report = build_prompt(conversation(*SIX_TURNS), policy).report
     assert report.messages_considered == 6
     assert (report.messages_included, report.messages_omitted) == (3, 3)
@@ -121,7 +128,8 @@ def test_cap_order_report() -> None:
         {"message_id": 1, "original_chars": 14, "kept_chars": 10, "removed_chars": 4},
         {"message_id": 6, "original_chars": 30, "kept_chars": 10, "removed_chars": 20},
     ]
-    assert report.history_chars == 37 + 13 + 43 <= 100
+    assert report.artifacts == ("e1e98cdfb94f6e0a", "489105dc33b65d94")
+    assert report.history_chars == 142 + 13 + 148 <= 310
     assert report.sections == ("Conversation History", "Current Message")
 
 
@@ -272,10 +280,15 @@ def test_current_message_and_previous_result_are_cut_never_dropped() -> None:
     prompt_input = conversation(current="x" * 50, previous_result="y" * 40)
     policy = PromptPolicy(current_message_max_chars=10, previous_result_max_chars=4)
     build = build_prompt(prompt_input, policy)
+    # The current message is turn 1, so its cut points to the whole text's content address;
+    # this previous result names no turn that could keep it, so its cut has no pointer.
     assert build.text == (
-        "## Current Message\n\nUser:\nxxxxx…40 chars truncated…xxxxx\n\n"
+        "## Current Message\n\nUser:\nxxxxx…40 chars truncated…xxxxx\n"
+        "[artifact 77cf12060d47183e · text · 50 chars, 1 line · "
+        "full text: .baton/artifacts/77cf12060d47183e.txt]\n\n"
         "## Previous Result\n\nAssistant:\nyy…36 chars truncated…yy\n"
     )
+    assert [(w.message_id, w.text) for w in build.whole_texts] == [(1, "x" * 50)]
     report = build.report
     assert (report.current_truncated, report.current_removed_chars) == (True, 40)
     assert (report.previous_result_truncated, report.previous_result_removed_chars) == (True, 36)
@@ -350,6 +363,7 @@ def test_a_spilled_preview_is_recut_with_an_exact_marker() -> None:
         preview_head=preview.head,
         preview_tail=preview.tail,
         total_chars=preview.total_chars,
+        artifact=_pointer("5b111ed", 1_200),
     )
     build = build_prompt(conversation(message), PromptPolicy(per_message_max_chars=6))
     content = build.document.sections[0].messages[0].content
@@ -390,12 +404,17 @@ def test_an_oversized_current_message_is_cut_to_fit_max_tokens() -> None:
     assert parse_prompt(build.text) == build.document
 
 
-def test_a_verbatim_prompt_is_cut_to_fit_max_tokens() -> None:
+def test_a_first_message_cut_to_fit_max_tokens_gets_a_label_and_its_pointer() -> None:
     build = build_prompt(
         conversation(current="token " * 5_000), UNCAPPED.model_copy(update={"max_tokens": 1_024})
     )
-    assert build.report.verbatim and build.report.current_truncated
+    assert not build.report.verbatim and build.report.current_truncated
     assert build.report.tokens == count_tokens(build.text) <= 1_024
+    assert build.text.endswith(
+        "\n[artifact ddb6b9ec38ad388b · text · 30,000 chars, 1 line · "
+        "full text: .baton/artifacts/ddb6b9ec38ad388b.txt]\n"
+    )
+    assert parse_prompt(build.text) == build.document
 
 
 def test_all_messages_fit_when_only_the_notice_was_in_the_way() -> None:

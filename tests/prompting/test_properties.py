@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from backend.prompting import (
     HistoryMessage,
+    PromptBudgetError,
     PromptBuild,
     PromptInput,
     PromptPolicy,
@@ -20,6 +21,7 @@ from backend.prompting import (
     parse_prompt,
     render_document,
 )
+from backend.prompting.addressing import content_pointer
 from backend.prompting.render import message_piece
 from tests.prompting.strategies import policies, prompt_inputs, token_policies
 
@@ -154,8 +156,13 @@ def test_report_counts_are_consistent(prompt_input: PromptInput, policy: PromptP
             )
     included = _included(prompt_input, build)
     assert report.included_message_ids == tuple(sorted(report.included_message_ids))
-    artifacts = [m.artifact.artifact_id for m in included if m.artifact is not None]
-    assert report.artifacts == tuple(dict.fromkeys(artifacts))
+    shown = [
+        message.artifact.artifact_id
+        for section in build.document.sections
+        for message in section.messages
+        if message.artifact is not None
+    ]
+    assert report.artifacts == tuple(dict.fromkeys(shown))
     first = prompt_input.first_user_index
     if policy.keep_first_user_message and first is not None and included:
         # The pinned message is the last thing dropped.
@@ -247,3 +254,50 @@ def test_the_window_never_opens_with_an_answer_whose_question_was_left_out(
     oldest = window[0]
     unloaded = prompt_input.earlier_user_messages + prompt_input.earlier_assistant_messages
     assert (oldest == 0 and unloaded == 0) or oldest - 1 in included
+
+
+@BUILD_SETTINGS
+@given(prompt_input=prompt_inputs(), policy=policies() | token_policies())
+def test_every_cut_points_to_the_whole_text(
+    prompt_input: PromptInput, policy: PromptPolicy
+) -> None:
+    """Nothing cut without a way back: each cut message of every section ends with a pointer,
+    to its stored artifact or to the content address of exactly the text that was cut."""
+    try:
+        build = build_prompt(prompt_input, policy)
+    except PromptBudgetError:
+        return
+    report = build.report
+    whole = {item.pointer.artifact_id: item for item in build.whole_texts}
+    for item in build.whole_texts:
+        assert content_pointer(item.text) == item.pointer
+        assert item.pointer.artifact_id in report.artifacts
+    history = build.document.section(Section.HISTORY)
+    by_id = {message.message_id: message for message in prompt_input.history}
+    shown = dict(zip(report.included_message_ids, history.messages if history else (), strict=True))
+    for cut in report.truncated:
+        source, message = by_id[cut.message_id], shown[cut.message_id]
+        if source.shows_error:
+            continue  # an error shown instead of the turn's text is not the turn's artifact
+        assert message.artifact is not None
+        if source.artifact is not None:
+            assert message.artifact == source.artifact
+        else:
+            assert whole[message.artifact.artifact_id].text == source.text
+            assert whole[message.artifact.artifact_id].message_id == source.message_id
+    current = build.document.section(Section.CURRENT)
+    if report.current_truncated:
+        assert current is not None
+        [message] = current.messages
+        assert message.artifact is not None
+        if prompt_input.current.artifact is None:
+            assert whole[message.artifact.artifact_id].text == prompt_input.current.text
+    previous = build.document.section(Section.PREVIOUS_RESULT)
+    if report.previous_result_truncated and (
+        prompt_input.previous_result_artifact or prompt_input.previous_result_message_id
+    ):
+        assert previous is not None
+        [message] = previous.messages
+        assert message.artifact is not None
+    if build.report.verbatim:
+        assert not report.current_truncated

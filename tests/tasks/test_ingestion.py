@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from backend.artifacts.classify import classify_text
-from backend.artifacts.models import Artifact, ArtifactKind
-from backend.artifacts.services import count_lines
+from backend.artifacts.models import Artifact
 from backend.artifacts.storage import artifact_storage
 from backend.errors import InvalidInput, PayloadTooLarge
 from backend.prompting import Role
+from backend.prompting.addressing import count_lines
+from backend.prompting.kinds import ArtifactKind, classify_text
 from backend.prompting.units import count_tokens
 from backend.tasks.fields import dump_lossless_json
 from backend.tasks.ingestion import ingest_text, replace_unstorable_chars

@@ -23,10 +23,20 @@ costs the same as a 50 KB one.
 from __future__ import annotations
 
 import re
-
-from backend.artifacts.models import ArtifactKind
+from enum import StrEnum
 
 SAMPLE_CHARS = 8_000
+
+
+class ArtifactKind(StrEnum):
+    """What an artifact's text is; the value appears in pointer lines and on artifact rows."""
+
+    JSON = "json"
+    WEB_OR_SEARCH = "web_or_search"
+    COMMAND_OUTPUT = "command_output"
+    FILE_OR_CODE = "file_or_code"
+    TEXT = "text"
+
 
 _HTML = re.compile(r"<!doctype html|<html[\s>]|<body[\s>]|<div[\s>]|<head[\s>]", re.IGNORECASE)
 _URL_LINE = re.compile(r"https?://\S+")
@@ -54,7 +64,7 @@ def sample_text(text: str) -> str:
     return text[:SAMPLE_CHARS] + "\n" + text[-SAMPLE_CHARS:]
 
 
-def classify_text(text: str, *, serialized_json: bool = False) -> str:
+def classify_text(text: str, *, serialized_json: bool = False) -> ArtifactKind:
     """The ArtifactKind value for this text (see the module docstring for the rules)."""
     if serialized_json:
         return ArtifactKind.JSON

@@ -1,0 +1,39 @@
+"""Storing the whole texts a prompt points to by content address, before the prompt is sent.
+
+The prompt core points every cut to the whole text (docs/architecture.md, principle 2). A text
+that spilled at ingestion already is an artifact; a shorter one that a prompt cut anyway (by
+`per_message_max_chars`, `current_message_max_chars`, `previous_result_max_chars` or the token
+budget) is addressed by its content (`backend.prompting.addressing`), and this module makes that
+address true: it stores the text and links it to its turn, so the artifact is in the dispatch
+manifest, readable by the executor that holds the task's turn, and kept by retention while the
+turn exists. Idempotent and safe under concurrency: the same text is one artifact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from django.db import transaction
+
+from backend.artifacts.models import Artifact
+from backend.artifacts.services import store_artifact
+from backend.prompting.addressing import WholeText
+from backend.tasks.models import Subtask
+
+
+def store_whole_texts(*, task_id: int, whole_texts: Iterable[WholeText]) -> None:
+    """Store each text of `task_id`'s turns not stored yet, and link it to its turn."""
+    pending = {whole.pointer.artifact_id: whole for whole in whole_texts}
+    if not pending:
+        return
+    stored = set(Artifact.objects.filter(pk__in=list(pending)).values_list("pk", flat=True))
+    for artifact_id, whole in pending.items():
+        with transaction.atomic():
+            if artifact_id not in stored:
+                artifact = store_artifact(text=whole.text, kind=whole.pointer.kind, task_id=task_id)
+                if artifact.pk != artifact_id:  # the core and storage disagree on the address
+                    raise RuntimeError("content address mismatch")
+            # A turn keeps the artifact it has (a spilled turn's is its own whole text).
+            Subtask.objects.filter(
+                task_id=task_id, message_id=whole.message_id, artifact__isnull=True
+            ).update(artifact_id=artifact_id)
