@@ -41,6 +41,7 @@ from backend.dispatch.policies import (
     save_policy,
 )
 from backend.dispatch.preview import PromptPreview, preview_prompt
+from backend.dispatch.replay import replay_prompt
 from backend.errors import BatonError, InvalidInput
 from backend.tasks.admin import SubtaskInline, TaskAdmin
 from backend.tasks.models import Task, task_type_validator
@@ -338,7 +339,8 @@ class HistoryPolicyAdmin(admin.ModelAdmin[HistoryPolicy]):
 
 @admin.register(PromptReport)
 class PromptReportAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[PromptReport]):
-    """What each dispatch built, read-only: counts, sizes and flags, never the prompt text."""
+    """What each dispatch built, read-only: counts, sizes and flags. The report keeps no prompt
+    text; its page replays the prompt from the turns and says whether it is the one sent."""
 
     allow_delete = True
 
@@ -370,7 +372,31 @@ class PromptReportAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[PromptReport]):
     def get_readonly_fields(
         self, request: HttpRequest, obj: PromptReport | None = None
     ) -> list[str]:
-        return [field.name for field in self.opts.fields]
+        return ["replay", *(field.name for field in self.opts.fields)]
+
+    @admin.display(description="Replay")
+    def replay(self, report: PromptReport) -> str:
+        replay = replay_prompt(report=report)
+        if replay.matches:
+            verdict = format_html("<strong>sha256 matches</strong> ({})", replay.sha256)
+        elif not replay.text:
+            verdict = format_html("<strong>cannot replay</strong>: {}", replay.problem)
+        else:
+            verdict = format_html(
+                "<strong>sha256 differs</strong>: recorded {}, rebuilt {}. {}",
+                report.prompt_sha256,
+                replay.sha256,
+                replay.problem,
+            )
+        if not replay.text:
+            return verdict
+        return format_html(
+            '{}<details><summary>Rebuilt prompt ({} chars)</summary><pre class="prompt">{}</pre>'
+            "</details>",
+            verdict,
+            len(replay.text),
+            replay.text,
+        )
 
 
 class DispatchTaskAdmin(TaskAdmin):

@@ -188,6 +188,13 @@ class PromptReport(models.Model):
     resume_reason = models.CharField(max_length=32, blank=True)
     # Which of the dispatch's prompts the worker sent (set when the result is reported).
     sent = models.BooleanField(null=True, blank=True)
+    # What rebuilds the prompt byte for byte (backend/dispatch/replay.py), without its text:
+    # the rendering rules' version, the policy as resolved, the build input's turn ids, counts
+    # and flags, and the sha256 of the prompt sent. Empty on reports made before replay.
+    builder_version = models.CharField(max_length=32, blank=True)
+    policy_snapshot = models.JSONField(default=dict, blank=True)
+    input_snapshot = models.JSONField(default=dict, blank=True)
+    prompt_sha256 = models.CharField(max_length=64, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

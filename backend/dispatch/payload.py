@@ -33,7 +33,9 @@ from backend.dispatch.sessions import (
     resume_reason,
 )
 from backend.events import EventValue, log_event, opaque_id
-from backend.tasks.history import prompt_input_for, prompt_inputs_for
+from backend.prompting import BUILDER_VERSION
+from backend.prompting.addressing import content_sha256
+from backend.tasks.history import input_snapshot, prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus, Task
 from backend.tasks.selectors import bots_for_turns
 from backend.tasks.services import lock_task, record_result
@@ -257,12 +259,19 @@ def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
         "artifacts": list(report.artifacts),
         "first_user_message_pinned": report.first_user_message_pinned,
         "build_ms": round(prompt.build_ms, 3),
+        "builder_version": BUILDER_VERSION,
+        "policy_snapshot": prompt.resolved.policy.model_dump(mode="json"),
+        "input_snapshot": input_snapshot(prompt.input),
+        "prompt_sha256": content_sha256(prompt.build.text),
     }
 
 
-# Columns a dispatch line leaves out: the row's own id and time, and which prompt was sent
-# (known only when the result comes back).
-_NOT_LOGGED = frozenset({"id", "created_at", "sent"})
+# Columns a dispatch line leaves out: the row's own id and time, which prompt was sent (known
+# only when the result comes back), and what replay needs (a digest of the prompt is not for
+# logs, and the snapshots are structures, not counts).
+_NOT_LOGGED = frozenset(
+    {"id", "created_at", "sent", "policy_snapshot", "input_snapshot", "prompt_sha256"}
+)
 
 
 def _dispatch_event(*, row: PromptReport, subtask: Subtask) -> dict[str, EventValue]:

@@ -19,6 +19,7 @@ class TurnPrompt:
     resolved: ResolvedPolicy
     context_passing: str
     build_ms: float
+    input: PromptInput
 
 
 def build_turn_prompt(
@@ -43,6 +44,7 @@ def build_turn_prompt(
         resolved=resolved,
         context_passing=str(mode),
         build_ms=(time.perf_counter() - started) * 1000,
+        input=prompt_input,
     )
 
 

@@ -21,7 +21,7 @@ each:
 * ``report`` — :class:`BuildReport`, counts and flags only, never prompt text.
 """
 
-from backend.prompting.build import PromptBudgetError, PromptBuild, build_prompt
+from backend.prompting.build import BUILDER_VERSION, PromptBudgetError, PromptBuild, build_prompt
 from backend.prompting.counting import SEAM_SAFE_ENCODINGS
 from backend.prompting.document import (
     OmissionNotice,
@@ -70,6 +70,7 @@ from backend.prompting.units import (
 
 __all__ = [
     "APPROX_BYTES_PER_TOKEN",
+    "BUILDER_VERSION",
     "DEFAULT_TOKEN_ENCODING",
     "MIN_MAX_TOKENS",
     "SEAM_SAFE_ENCODINGS",

@@ -47,6 +47,11 @@ from backend.prompting.tally import tally_build
 
 _VERIFY_ROUNDS = 4
 
+BUILDER_VERSION = "2026.11.26"
+"""Names the rendering rules. Change it whenever the same input and policy would render to other
+bytes: a PromptReport records it, and a replay under another version says so instead of
+claiming the past prompt was different."""
+
 
 class PromptBudgetError(ValueError):
     """``max_tokens`` cannot hold even the prompt's structure (headers, labels, markers)."""

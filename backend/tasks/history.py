@@ -13,8 +13,9 @@ policy pins it. Older turns are only counted (by role) so the omission notice st
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.db.models import Case, Count, F, Q, RowRange, Sum, Value, When, Window
 from django.db.models.functions import Least, Length, RowNumber
@@ -191,31 +192,10 @@ def prompt_inputs_for(
         newest = windows.get(request.subtask.pk, [])
         users, assistants = totals.get(request.subtask.pk, (0, 0))
         loaded_users = sum(1 for turn in newest if turn.role == Role.USER)
-        inputs[request.subtask.pk] = PromptInput(
-            history=tuple(history_message(turn) for turn in newest),
-            current=CurrentMessage(
-                message_id=request.current_id,
-                text=user_turn.message,
-                sender=_name(user_turn.sender),
-                token_count=(
-                    None if user_turn.history_is_preview else user_turn.history_text_tokens
-                ),
-                artifact=_pointer(user_turn.artifact),
-            ),
-            previous_result=previous_turn.history_text if previous_turn is not None else None,
-            previous_result_bot=_name(previous_turn.bot) if previous_turn is not None else None,
-            previous_result_token_count=(
-                previous_turn.history_text_tokens if previous_turn is not None else None
-            ),
-            previous_result_artifact=(
-                _pointer(previous_turn.artifact) if previous_turn is not None else None
-            ),
-            previous_result_message_id=(
-                previous_turn.message_id if previous_turn is not None else None
-            ),
-            previous_result_removed_chars=(
-                _preview_removed_chars(previous_turn) if previous_turn is not None else 0
-            ),
+        inputs[request.subtask.pk] = _prompt_input(
+            history=newest,
+            user_turn=user_turn,
+            previous_turn=previous_turn,
             is_group_chat=task.is_group_chat,
             multi_bot=task.is_multi_bot,
             first_user_message_id=(
@@ -226,6 +206,85 @@ def prompt_inputs_for(
             token_count_encoding=DEFAULT_TOKEN_ENCODING,
         )
     return inputs
+
+
+def _prompt_input(
+    *,
+    history: Sequence[Subtask],
+    user_turn: Subtask,
+    previous_turn: Subtask | None,
+    **fields: Any,
+) -> PromptInput:
+    """The builder input from the rows it is made of: the one place rows become an input,
+    for dispatch and for replay."""
+    return PromptInput(
+        history=tuple(history_message(turn) for turn in history),
+        current=CurrentMessage(
+            message_id=user_turn.message_id,
+            text=user_turn.message,
+            sender=_name(user_turn.sender),
+            token_count=None if user_turn.history_is_preview else user_turn.history_text_tokens,
+            artifact=_pointer(user_turn.artifact),
+        ),
+        previous_result=previous_turn.history_text if previous_turn is not None else None,
+        previous_result_bot=_name(previous_turn.bot) if previous_turn is not None else None,
+        previous_result_token_count=(
+            previous_turn.history_text_tokens if previous_turn is not None else None
+        ),
+        previous_result_artifact=(
+            _pointer(previous_turn.artifact) if previous_turn is not None else None
+        ),
+        previous_result_removed_chars=(
+            _preview_removed_chars(previous_turn) if previous_turn is not None else 0
+        ),
+        previous_result_message_id=previous_turn.message_id if previous_turn else None,
+        **fields,
+    )
+
+
+# What a PromptReport keeps of a build's input to rebuild it: ids, counts and flags only (the
+# texts are read again from the turns, which do not change once recorded).
+_SNAPSHOT_FIELDS = (
+    "is_group_chat",
+    "multi_bot",
+    "first_user_message_id",
+    "earlier_user_messages",
+    "earlier_assistant_messages",
+    "token_count_encoding",
+)
+
+
+def input_snapshot(prompt_input: PromptInput) -> dict[str, Any]:
+    """The ids, counts and flags that rebuild `prompt_input` from the task's turns."""
+    return {
+        "history": [message.message_id for message in prompt_input.history],
+        "current": prompt_input.current.message_id,
+        "previous_result": prompt_input.previous_result_message_id,
+        **{name: getattr(prompt_input, name) for name in _SNAPSHOT_FIELDS},
+    }
+
+
+def prompt_input_from_snapshot(*, task_id: int, snapshot: Mapping[str, Any]) -> PromptInput:
+    """The builder input an `input_snapshot` was taken of, read again from the task's turns
+    (one query). Raises HistoryUnavailable when a turn it names is gone."""
+    history_ids: list[int] = list(snapshot["history"])
+    previous_id: int | None = snapshot["previous_result"]
+    wanted = {*history_ids, snapshot["current"], *([previous_id] if previous_id else [])}
+    rows = {
+        turn.message_id: turn
+        for turn in Subtask.objects.filter(task_id=task_id, message_id__in=wanted)
+        .select_related("artifact")
+        .only(*_HISTORY_FIELDS, "task_id", "message", "parent_message_id")
+    }
+    missing = sorted(wanted - rows.keys())
+    if missing:
+        raise HistoryUnavailable(f"turns {missing} of task {task_id} no longer exist")
+    return _prompt_input(
+        history=[rows[message_id] for message_id in history_ids],
+        user_turn=rows[snapshot["current"]],
+        previous_turn=rows[previous_id] if previous_id else None,
+        **{name: snapshot[name] for name in _SNAPSHOT_FIELDS},
+    )
 
 
 def _history_condition(request: _Request) -> Q:
