@@ -20,6 +20,7 @@ ARTIFACT_KIND_CHOICES = [
     (ArtifactKind.COMMAND_OUTPUT.value, "Command output"),
     (ArtifactKind.FILE_OR_CODE.value, "File, code or diff"),
     (ArtifactKind.TEXT.value, "Text"),
+    (ArtifactKind.TRANSCRIPT.value, "Conversation transcript"),
 ]
 
 

@@ -25,7 +25,12 @@ from backend.artifacts.selectors import manifest_artifacts
 from backend.dispatch.leases import attempts_used, requeue
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import policy_rows, resolve_from_rows
-from backend.dispatch.prompts import TurnPrompt, build_turn_prompt
+from backend.dispatch.prompts import (
+    TurnPrompt,
+    build_turn_prompt,
+    needs_transcript,
+    with_transcript,
+)
 from backend.dispatch.sessions import (
     RESUME,
     native_sessions_for,
@@ -39,7 +44,41 @@ from backend.tasks.history import input_snapshot, prompt_input_for, prompt_input
 from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus, Task
 from backend.tasks.selectors import bots_for_turns
 from backend.tasks.services import lock_task, record_result
+from backend.tasks.transcripts import store_transcripts, transcripts_for
 from backend.tasks.whole_texts import store_whole_texts
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One file the worker writes in the task's workspace: an artifact at the path a pointer
+    line names (`.baton/artifacts/<id>.txt`, or the transcript's `.baton/history/...`)."""
+
+    artifact: Artifact
+    workspace_path: str
+
+    @property
+    def id(self) -> str:
+        return self.artifact.id
+
+    @property
+    def sha256(self) -> str:
+        return self.artifact.sha256
+
+    @property
+    def kind(self) -> str:
+        return self.artifact.kind
+
+    @property
+    def size_bytes(self) -> int:
+        return self.artifact.size_bytes
+
+    @property
+    def size_chars(self) -> int:
+        return self.artifact.size_chars
+
+    @property
+    def size_lines(self) -> int:
+        return self.artifact.size_lines
 
 
 @dataclass(frozen=True)
@@ -49,7 +88,7 @@ class ClaimedTurn:
     bot: Bot
     prompt: TurnPrompt
     report: PromptReport
-    manifest: list[Artifact]
+    manifest: list[ManifestEntry]
     # Offered when the claiming worker can resume the bot's native session (see sessions.py).
     session: NativeSession | None
     resume: TurnPrompt | None
@@ -99,7 +138,11 @@ def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
                 subtask=subtask, task=subtask.task, policy=policy.policy
             )
             prompt = build_turn_prompt(
-                subtask=subtask, task=subtask.task, resolved=policy, prompt_input=full_input
+                subtask=subtask,
+                task=subtask.task,
+                resolved=policy,
+                prompt_input=full_input,
+                find_transcript=False,  # added for the whole batch below
             )
             session = sessions.get(subtask.pk)
             reason = resume_reason(
@@ -121,8 +164,21 @@ def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
                         full_input, seen_through=session.seen_through_message_id
                     ),
                 )
-            # Every pointer must lead to a file the workspace will have: store the cut texts
-            # the prompts address by content before the manifest is read.
+        except Exception as error:  # noqa: BLE001 - any failure must release the claim
+            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
+            continue
+        built.append((subtask, prompt, resume, reason))
+    try:
+        built = _with_transcripts(built)
+    except Exception as error:  # noqa: BLE001 - any failure must release the claims
+        for subtask, *_ in built:
+            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
+        return []
+    stored: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]] = []
+    for subtask, prompt, resume, reason in built:
+        try:
+            # Every pointer must lead to a file the workspace will have: the cut texts the
+            # prompts address by content are stored before the manifest is read.
             store_whole_texts(
                 task_id=subtask.task_id,
                 whole_texts=[
@@ -133,7 +189,8 @@ def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
         except Exception as error:  # noqa: BLE001 - any failure must release the claim
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)
             continue
-        built.append((subtask, prompt, resume, reason))
+        stored.append((subtask, prompt, resume, reason))
+    built = stored
     try:
         manifest_entries = {
             artifact.id: artifact
@@ -141,7 +198,7 @@ def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
                 artifact_ids=[
                     artifact_id
                     for _, prompt, resume, _ in built
-                    for artifact_id in _artifacts_of(prompt, resume)
+                    for artifact_id, _ in _files_of(prompt, resume)
                 ]
             )
         }
@@ -165,7 +222,8 @@ def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
                     resume_reason=reason,
                 ),
                 manifest=[
-                    manifest_entries[artifact_id] for artifact_id in _artifacts_of(prompt, resume)
+                    ManifestEntry(manifest_entries[artifact_id], path)
+                    for artifact_id, path in _files_of(prompt, resume)
                 ],
                 session=sessions.get(subtask.pk) if resume is not None else None,
                 resume=resume,
@@ -197,13 +255,47 @@ def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
     return claimed
 
 
-def _artifacts_of(prompt: TurnPrompt, resume: TurnPrompt | None) -> list[str]:
-    """Artifacts either prompt points to, each once: one manifest serves both (with fewer
-    turns, a resume prompt may keep a turn the full prompt dropped)."""
-    ids = list(prompt.build.report.artifacts)
-    if resume is not None:
-        ids += [artifact for artifact in resume.build.report.artifacts if artifact not in ids]
-    return ids
+def _with_transcripts(
+    built: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]],
+) -> list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]]:
+    """The batch with each prompt that left history out pointing to its task's transcript,
+    stored: one query to read the transcripts' turns and three to store them, for the batch."""
+    requests = [
+        request
+        for subtask, prompt, _, _ in built
+        if (request := needs_transcript(prompt, task=subtask.task)) is not None
+    ]
+    transcripts = transcripts_for(requests)
+    store_transcripts(transcripts)
+    return [
+        (
+            subtask,
+            with_transcript(prompt, transcripts[subtask.task_id])
+            if subtask.task_id in transcripts
+            else prompt,
+            resume,
+            reason,
+        )
+        for subtask, prompt, resume, reason in built
+    ]
+
+
+def _files_of(prompt: TurnPrompt, resume: TurnPrompt | None) -> list[tuple[str, str]]:
+    """The (artifact id, workspace path) of every pointer line either prompt shows, each once:
+    one manifest serves both (with fewer turns, a resume prompt may keep a turn the full prompt
+    dropped)."""
+    files: dict[tuple[str, str], None] = {}
+    for turn_prompt in (prompt, resume):
+        if turn_prompt is None:
+            continue
+        for section in turn_prompt.build.document.sections:
+            pointers = [message.artifact for message in section.messages]
+            if section.notice is not None:
+                pointers.insert(0, section.notice.transcript)
+            for pointer in pointers:
+                if pointer is not None:
+                    files[(pointer.artifact_id, pointer.workspace_path)] = None
+    return list(files)
 
 
 def _report_row(
@@ -261,7 +353,10 @@ def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
         "build_ms": round(prompt.build_ms, 3),
         "builder_version": BUILDER_VERSION,
         "policy_snapshot": prompt.resolved.policy.model_dump(mode="json"),
-        "input_snapshot": input_snapshot(prompt.input),
+        "input_snapshot": {
+            **input_snapshot(prompt.input),
+            "transcript": list(prompt.transcript.message_ids) if prompt.transcript else None,
+        },
         "prompt_sha256": content_sha256(prompt.build.text),
     }
 

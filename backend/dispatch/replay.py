@@ -19,6 +19,7 @@ from backend.dispatch.models import PromptReport
 from backend.prompting import BUILDER_VERSION, PromptBudgetError, PromptPolicy, build_prompt
 from backend.prompting.addressing import content_sha256
 from backend.tasks.history import HistoryUnavailable, prompt_input_from_snapshot
+from backend.tasks.transcripts import transcript_for
 
 
 @dataclass(frozen=True)
@@ -43,9 +44,20 @@ def replay_prompt(*, report: PromptReport) -> Replay:
         return _unreplayable(report, "this report was recorded before prompts could be replayed")
     try:
         policy = PromptPolicy.model_validate(report.policy_snapshot)
-        prompt_input = prompt_input_from_snapshot(
-            task_id=report.task_id, snapshot=report.input_snapshot
-        )
+        snapshot = report.input_snapshot
+        prompt_input = prompt_input_from_snapshot(task_id=report.task_id, snapshot=snapshot)
+        if snapshot.get("transcript"):
+            transcript = transcript_for(
+                task_id=report.task_id,
+                is_group_chat=prompt_input.is_group_chat,
+                multi_bot=prompt_input.multi_bot,
+                message_ids=snapshot["transcript"],
+            )
+            if transcript is None or len(transcript.message_ids) != len(snapshot["transcript"]):
+                raise HistoryUnavailable(
+                    f"turns of task {report.task_id}'s transcript no longer exist"
+                )
+            prompt_input = prompt_input.with_transcript(transcript.pointer)
         build = build_prompt(prompt_input, policy, context_passing=report.context_passing)
     except HistoryUnavailable as error:
         return _unreplayable(report, str(error))

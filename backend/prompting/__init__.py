@@ -19,6 +19,7 @@ each:
 * ``build`` — :func:`build_prompt`: the sections put together under the caps, in their order.
 * ``parse`` — :func:`parse_prompt`: text → document, the inverse of rendering.
 * ``report`` — :class:`BuildReport`, counts and flags only, never prompt text.
+* ``transcript`` — the whole conversation in the prompt's format, where the omission notice points.
 """
 
 from backend.prompting.build import BUILDER_VERSION, PromptBudgetError, PromptBuild, build_prompt

@@ -31,11 +31,13 @@ class Section(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class OmissionNotice:
-    """How many older history messages were dropped, by role."""
+    """How many older history messages were dropped, by role, and where the whole
+    conversation is (a transcript file in the executor's workspace), when there is one."""
 
     omitted: int
     user: int
     assistant: int
+    transcript: ArtifactPointer | None = None
 
 
 @dataclass(frozen=True, slots=True)

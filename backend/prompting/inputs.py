@@ -191,6 +191,9 @@ class PromptInput(_Frozen):
     """ASSISTANT turns older than ``history`` that the caller did not load."""
     token_count_encoding: str = DEFAULT_TOKEN_ENCODING
     """The encoding the cached ``token_count``s were computed with."""
+    transcript: ArtifactPointer | None = None
+    """Where the whole conversation before the current message is (a transcript rendered by
+    ``backend.prompting.transcript``): the omission notice points there."""
 
     _user_messages: int = PrivateAttr(default=0)
     _assistant_messages: int = PrivateAttr(default=0)
@@ -233,6 +236,11 @@ class PromptInput(_Frozen):
         if self.history[index].role is not Role.USER:
             raise ValueError("first_user_message_id names an assistant turn")
         return index
+
+    def with_transcript(self, transcript: ArtifactPointer) -> PromptInput:
+        """The same input, its omission notice pointing to ``transcript``."""
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
+        return PromptInput(**(fields | {"transcript": transcript}))
 
     @property
     def user_messages(self) -> int:

@@ -36,6 +36,8 @@ class ArtifactKind(StrEnum):
     COMMAND_OUTPUT = "command_output"
     FILE_OR_CODE = "file_or_code"
     TEXT = "text"
+    TRANSCRIPT = "transcript"
+    """A conversation's transcript (``transcript``): never a classification result."""
 
 
 _HTML = re.compile(r"<!doctype html|<html[\s>]|<body[\s>]|<div[\s>]|<head[\s>]", re.IGNORECASE)

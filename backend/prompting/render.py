@@ -334,18 +334,30 @@ def message_suffix(artifact: ArtifactPointer | None, *, last: bool = False) -> s
 
 
 def omission_notice(notice: OmissionNotice) -> str:
-    return (
+    """The notice line and, when the whole conversation is in a transcript, its pointer line."""
+    line = (
         f"[omitted earlier messages: {notice.omitted} "
         f"({notice.user} user, {notice.assistant} assistant)]"
     )
+    if notice.transcript is None:
+        return line
+    return f"{line}\n{pointer_line(notice.transcript)}"
 
 
-def parse_omission_notice(line: str) -> OmissionNotice | None:
+def parse_omission_notice(text: str) -> OmissionNotice | None:
+    """The notice of :func:`omission_notice`'s text (its line and the transcript's pointer)."""
+    line, _, pointer = text.partition("\n")
     match = _NOTICE.fullmatch(line)
     if match is None:
         return None
+    transcript = parse_pointer_line(pointer) if pointer else None
+    if pointer and transcript is None:
+        return None
     return OmissionNotice(
-        omitted=int(match["omitted"]), user=int(match["user"]), assistant=int(match["assistant"])
+        omitted=int(match["omitted"]),
+        user=int(match["user"]),
+        assistant=int(match["assistant"]),
+        transcript=transcript,
     )
 
 

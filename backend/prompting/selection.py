@@ -112,6 +112,7 @@ class HistorySection:
             omitted=omitted,
             user=self.user_messages - included_user,
             assistant=self.assistant_messages - included_assistant,
+            transcript=self.input.transcript,
         )
 
     def overhead(self, included_user: int, included_assistant: int) -> int:

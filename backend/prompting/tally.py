@@ -39,6 +39,9 @@ def tally_build(
     messages = history.input.history
     users = sum(1 for i, _ in selected if messages[i].role is Role.USER)
     artifacts: list[str] = []
+    notice = history.notice(users, len(selected) - users) if history.shown else None
+    if notice is not None and notice.transcript is not None:
+        artifacts.append(notice.transcript.artifact_id)
     for piece in [piece for _, piece in selected] + [f.piece for f in fixed]:
         artifact = piece.message.artifact
         if artifact is not None and artifact.artifact_id not in artifacts:

@@ -2,7 +2,8 @@
 
 A caller may read an artifact when they may see (`selectors.visible_tasks`) the task that first
 produced it or a task with a turn that references it; an executor worker, while it holds a
-claim on a task's turn, reads the artifacts that task's turns reference; staff read them all.
+claim on a task's turn, reads the artifacts that task's turns reference and the task's
+transcript; staff read them all.
 
 The rule lives with the turns because only they know who refers to what; the artifacts package
 stores content and knows nothing of tasks (dependencies point from tasks to artifacts).
@@ -35,7 +36,10 @@ def visible_artifact(*, user: User, artifact_id: str) -> Artifact:
         referenced = Subtask.objects.filter(artifact_id=OuterRef("pk")).filter(
             Q(task__in=tasks) | Q(task__in=claimed)
         )
-        artifacts = artifacts.filter(Q(task__in=tasks) | Exists(referenced))
+        transcript_of = Task.objects.filter(transcript_id=OuterRef("pk")).filter(
+            Q(pk__in=tasks) | Q(pk__in=claimed)
+        )
+        artifacts = artifacts.filter(Q(task__in=tasks) | Exists(referenced) | Exists(transcript_of))
     artifact = artifacts.first()
     if artifact is None:
         raise NotFound(f"Artifact {artifact_id} does not exist.")

@@ -1,9 +1,10 @@
-"""Which artifacts are garbage: the ones no turn references any more.
+"""Which artifacts are garbage: the ones no turn (and no task, as its transcript) references.
 
 An artifact stays while any turn references it: prompts point at it and executors download it, so
 removing it would break "nothing is lost" (docs/architecture.md, principle 2). Once every
 referencing turn is gone (its task deleted), the artifact is garbage, and `prune_artifacts` removes
 the row and the stored file after it has been neither created nor read for the retention period.
+A task references only its latest transcript: earlier ones go the same way.
 
 Only the turns know what references an artifact, so the selection lives here; removing rows
 and files safely is storage work (`backend.artifacts.retention.remove_artifacts`).
@@ -17,7 +18,7 @@ from django.db.models import Exists, OuterRef, QuerySet
 
 from backend.artifacts.models import Artifact
 from backend.artifacts.retention import PrunedArtifact, remove_artifacts, stale_artifacts
-from backend.tasks.models import Subtask
+from backend.tasks.models import Subtask, Task
 
 
 def prunable_artifacts(*, older_than: timedelta) -> QuerySet[Artifact]:
@@ -25,6 +26,7 @@ def prunable_artifacts(*, older_than: timedelta) -> QuerySet[Artifact]:
     return (
         stale_artifacts(older_than=older_than)
         .filter(~Exists(Subtask.objects.filter(artifact_id=OuterRef("pk"))))
+        .filter(~Exists(Task.objects.filter(transcript_id=OuterRef("pk"))))
         .order_by("created_at", "id")
     )
 

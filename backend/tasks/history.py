@@ -38,7 +38,7 @@ HISTORY_STATUSES = (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED)
 # A task's first turn is always its first user message (create_task allocates from 1).
 FIRST_USER_MESSAGE_ID = 1
 
-_HISTORY_FIELDS = (
+HISTORY_FIELDS = (
     "id",
     "message_id",
     "role",
@@ -171,7 +171,7 @@ def prompt_inputs_for(
     anchors = {
         (turn.task_id, turn.message_id): turn
         for turn in anchor_rows.select_related("artifact").only(
-            *_HISTORY_FIELDS, "task_id", "message", "parent_message_id"
+            *HISTORY_FIELDS, "task_id", "message", "parent_message_id"
         )
     }
 
@@ -274,7 +274,7 @@ def prompt_input_from_snapshot(*, task_id: int, snapshot: Mapping[str, Any]) -> 
         turn.message_id: turn
         for turn in Subtask.objects.filter(task_id=task_id, message_id__in=wanted)
         .select_related("artifact")
-        .only(*_HISTORY_FIELDS, "task_id", "message", "parent_message_id")
+        .only(*HISTORY_FIELDS, "task_id", "message", "parent_message_id")
     }
     missing = sorted(wanted - rows.keys())
     if missing:
@@ -338,7 +338,7 @@ def _history_windows(
     rows = (
         Subtask.objects.filter(pk__in=window_ids)
         .select_related("artifact")
-        .only(*_HISTORY_FIELDS, "task_id")
+        .only(*HISTORY_FIELDS, "task_id")
         .order_by("task_id", "-message_id")
     )
     for turn in rows:

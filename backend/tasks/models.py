@@ -162,6 +162,15 @@ class Task(models.Model):
     pipeline = models.JSONField(default=list)
     # The next message_id to hand out; advanced atomically by services.allocate_message_ids.
     next_message_id = models.PositiveIntegerField(default=1)
+    # The latest transcript of the whole conversation a dispatched prompt's omission notice
+    # pointed to (backend.tasks.transcripts): readable by the worker holding the task's turn.
+    transcript = models.ForeignKey(
+        "artifacts.Artifact",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="transcript_of",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     # Not a column: the turns a task API response shows with the task, attached by the view

@@ -357,10 +357,12 @@ def test_preview_of_unsaved_values_marks_omitted_and_truncated_turns(admin_clien
     page = response.content.decode()
     prompt = shown_prompt(page)
     assert "unsaved edit (based on code v1)" in page
-    # Pinned first question + the two newest turns; three turns dropped, one cut.
+    # Pinned first question + the two newest turns; three turns dropped, and the notice
+    # points to the whole conversation (the preview stores nothing: see data_snapshot).
     assert prompt.startswith(
-        "## Conversation History\n\n[omitted earlier messages: 3 (1 user, 2 assistant)]\n\n"
+        "## Conversation History\n\n[omitted earlier messages: 3 (1 user, 2 assistant)]\n[artifact "
     )
+    assert f"full text: .baton/history/task-{task.pk}.md]\n\nUser:\nFirst?" in prompt
     assert prompt.count("User:\n") == 3  # pinned first, newest history, current
     assert "chars truncated…" not in prompt  # the long answer was dropped, not cut
     assert 'class="turn mark-included" data-message-id="1"' in page
@@ -407,14 +409,16 @@ def test_preview_of_a_pipeline_step_shows_the_previous_result(admin_client, user
 def test_preview_query_count_does_not_grow_with_the_history(
     admin_client, user, django_assert_num_queries
 ):
-    short = long_task(owner=user, rounds=2)
-    long = long_task(owner=user, rounds=12)
+    # Both leave history out under the default policy (20 messages): the transcript they point
+    # to costs one query, however long the history.
+    short = long_task(owner=user, rounds=11)
+    long = long_task(owner=user, rounds=30)
     admin_client.get(PREVIEW_URL, {"task": short.pk})  # warm the session and caches
     with CaptureQueriesContext(connection) as short_queries:
         admin_client.get(PREVIEW_URL, {"task": short.pk})
     with django_assert_num_queries(len(short_queries.captured_queries)):
         response = admin_client.get(PREVIEW_URL, {"task": long.pk})
-    assert len(response.context["preview"].history_turns) == 24
+    assert response.context["preview"].report.messages_omitted > 0
 
 
 def test_preview_lists_a_bounded_number_of_history_turns(admin_client, user, monkeypatch):

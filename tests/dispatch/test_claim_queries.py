@@ -1,4 +1,8 @@
-"""What a claim costs in queries: fixed, whatever the policy and however long the histories."""
+"""What a claim costs in queries: fixed, whatever the policy and however long the histories.
+
+A claim whose prompts leave history out costs a fixed number more, for the whole batch: reading
+the turns of the transcripts their omission notices point to, and storing the transcripts.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +36,10 @@ POLICIES = {
 # the task status update, the claimed turns, bots, policy rows, the history (anchors, window
 # ids, window rows), native sessions and the reports' insert.
 FIXED_QUERIES = 12
+# When a prompt leaves history out: the transcripts' turns, locking the existing transcript
+# artifacts, inserting the new ones, pointing the tasks to them, and reading the manifest (which
+# a batch without pointer lines skips).
+TRANSCRIPT_QUERIES = 5
 
 
 def claim_queries(claimed: int) -> int:
@@ -57,14 +65,16 @@ def answered_tasks(user, *, executor: str, rounds: int) -> None:
             append_message(task=task, message=f"question {answer + 1}")
 
 
-def queries_to_claim(worker, *, kinds: list[str], limit: int) -> int:
-    """Queries of one claim, rolled back afterwards so every setting claims the same turns."""
+def queries_to_claim(worker, *, kinds: list[str], limit: int) -> tuple[int, bool]:
+    """Queries of one claim, and whether a prompt left history out; rolled back afterwards so
+    every setting claims the same turns."""
     with transaction.atomic():
         with CaptureQueriesContext(connection) as queries:
             claimed = claim_turns(worker=worker, worker_id="w", kinds=kinds, limit=limit)
         assert len(claimed) == limit
+        omits = any(turn.report.messages_omitted for turn in claimed)
         transaction.set_rollback(True)
-    return len(queries.captured_queries)
+    return len(queries.captured_queries), omits
 
 
 def test_a_claim_costs_the_same_whatever_the_policy_and_the_length_of_the_histories(user, worker):
@@ -76,6 +86,9 @@ def test_a_claim_costs_the_same_whatever_the_policy_and_the_length_of_the_histor
         HistoryPolicy.objects.filter(task_type="code").update(**caps)
         for limit in (1, TASKS):
             expected = FIXED_QUERIES + claim_queries(limit)
-            short = queries_to_claim(worker, kinds=["claude_code"], limit=limit)
-            long = queries_to_claim(worker, kinds=["codex"], limit=limit)
-            assert (short, long) == (expected, expected), (name, limit)
+            short, short_omits = queries_to_claim(worker, kinds=["claude_code"], limit=limit)
+            long, long_omits = queries_to_claim(worker, kinds=["codex"], limit=limit)
+            assert short == expected + TRANSCRIPT_QUERIES * short_omits, (name, limit)
+            assert long == expected + TRANSCRIPT_QUERIES * long_omits, (name, limit)
+            if name != "no_caps":
+                assert long_omits  # the long histories are cut: transcripts were counted

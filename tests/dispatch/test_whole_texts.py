@@ -8,12 +8,15 @@ address the pointer line names, lists it in the manifest and links it to its tur
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 
 import pytest
 
 from backend.artifacts.models import Artifact
 from backend.dispatch.models import HistoryPolicy
 from backend.dispatch.preview import preview_prompt
+from backend.prompting import parse_prompt
+from backend.tasks.artifact_retention import prunable_artifacts
 from backend.tasks.models import Subtask, Task
 from tests.dispatch.test_dispatch_api import PIPELINE, SINGLE, create, dispatch, report
 
@@ -100,3 +103,43 @@ def test_a_cut_previous_result_points_to_the_coders_whole_answer(api, worker_api
     assert read(worker_api, artifact_id) == answer
     assert reviewer["prompt_report"]["previous_result_truncated"] is True
     assert Subtask.objects.get(pk=coder["subtask_id"]).artifact_id == artifact_id
+
+
+def test_the_omission_notice_points_to_a_transcript_of_the_whole_conversation(api, worker_api):
+    set_code_policy(max_messages=4)
+    task = create(api)
+    answers = []
+    for number in range(5):
+        [turn] = dispatch(worker_api)
+        answers.append(f"Assistant: answer {number}")  # a forged label, escaped in the file
+        report(worker_api, turn, result={"value": answers[-1]})
+        api.post(f"/api/tasks/{task['id']}/messages/", {"message": f"q{number}"}, format="json")
+    [turn] = dispatch(worker_api)
+    path = f".baton/history/task-{task['id']}.md"
+    lines = turn["prompt"].split("\n")
+    [at] = [i for i, line in enumerate(lines) if line.startswith("[omitted earlier messages: ")]
+    pointer = lines[at + 1]
+    match = POINTER.fullmatch(pointer)
+    assert match is not None and match["path"] == path
+    [entry] = [entry for entry in turn["artifacts"] if entry["path"] == path]
+    assert entry["id"] == match["id"] and entry["kind"] == "transcript"
+    transcript = read(worker_api, entry["id"])
+    document = parse_prompt(transcript)
+    [history] = document.sections
+    assert [message.content for message in history.messages] == [
+        "CI is red.",
+        *[text for number, text in enumerate(answers) for text in (text, f"q{number}")],
+    ][:-1]
+    assert Task.objects.get(pk=task["id"]).transcript_id == entry["id"]
+
+    # One more round: a new transcript at the same path; the old one is no longer the task's.
+    report(worker_api, turn, result={"value": "answer 5"})
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "q5"}, format="json")
+    [turn] = dispatch(worker_api)
+    [newer] = [entry for entry in turn["artifacts"] if entry["path"] == path]
+    assert newer["id"] != entry["id"]
+    assert "answer 5" in read(worker_api, newer["id"])
+    assert Task.objects.get(pk=task["id"]).transcript_id == newer["id"]
+    # Retention keeps the task's current transcript; the earlier one can go.
+    prunable = set(prunable_artifacts(older_than=timedelta(0)).values_list("pk", flat=True))
+    assert entry["id"] in prunable and newer["id"] not in prunable

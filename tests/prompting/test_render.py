@@ -84,6 +84,23 @@ def test_pointer_line_exact_output(artifact: ArtifactPointer, expected: str) -> 
             OmissionNotice(1500, 750, 750),
             "[omitted earlier messages: 1500 (750 user, 750 assistant)]",
         ),
+        (
+            OmissionNotice(
+                3,
+                1,
+                2,
+                transcript=ArtifactPointer(
+                    artifact_id="5e1f00d4c0ffee00",
+                    kind="transcript",
+                    total_chars=1_234,
+                    total_lines=40,
+                    workspace_path=".baton/history/task-7.md",
+                ),
+            ),
+            "[omitted earlier messages: 3 (1 user, 2 assistant)]\n"
+            "[artifact 5e1f00d4c0ffee00 · transcript · 1,234 chars, 40 lines · "
+            "full text: .baton/history/task-7.md]",
+        ),
     ],
 )
 def test_omission_notice_exact_output(notice: OmissionNotice, expected: str) -> None:

@@ -1,0 +1,142 @@
+"""Transcripts: the whole conversation before a turn, for the omission notice to point to.
+
+A prompt whose history leaves messages out points, in its notice, to the task's transcript in
+the executor's workspace (`.baton/history/task-<id>.md`, rendered by
+`backend.prompting.transcript`). This module reads the turns it is made of, and stores it as the
+task's transcript artifact when a prompt that points to it is dispatched. Reading every earlier
+turn costs one query over bounded fields (history texts and previews, never whole results), and
+only for prompts that omit something; a batch of dispatched turns shares one query to read them
+and three to store them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from django.db.models import Case, Q, Value, When
+
+from backend.artifacts.models import Artifact
+from backend.artifacts.storage import store_text
+from backend.prompting.addressing import artifact_id_for
+from backend.prompting.inputs import ArtifactPointer
+from backend.prompting.transcript import render_transcript, transcript_pointer
+from backend.tasks.history import HISTORY_FIELDS, HISTORY_STATUSES, any_of, history_message
+from backend.tasks.models import Subtask, Task
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    pointer: ArtifactPointer
+    message_ids: tuple[int, ...]
+    """The turns it shows, oldest first (what a replay reads again)."""
+
+
+def transcript_path(task_id: int) -> str:
+    """Where the executor finds the task's transcript in its workspace."""
+    return f".baton/history/task-{task_id}.md"
+
+
+@dataclass(frozen=True)
+class TranscriptRequest:
+    task_id: int
+    is_group_chat: bool
+    multi_bot: bool
+    before_message_id: int
+
+
+def transcripts_for(requests: Sequence[TranscriptRequest]) -> dict[int, Transcript]:
+    """The transcripts of several tasks, by task id: each the task's COMPLETED and FAILED turns
+    before its request's message. One query for the whole batch (none for an empty one)."""
+    if not requests:
+        return {}
+    condition = any_of(
+        [
+            Q(task_id=request.task_id, message_id__lt=request.before_message_id)
+            for request in requests
+        ]
+    )
+    rows: dict[int, list[Subtask]] = {}
+    for turn in (
+        Subtask.objects.filter(condition, status__in=HISTORY_STATUSES)
+        .select_related("artifact")
+        .only(*HISTORY_FIELDS, "task_id")
+        .order_by("task_id", "message_id")
+    ):
+        rows.setdefault(turn.task_id, []).append(turn)
+    return {
+        request.task_id: _transcript(request.task_id, rows[request.task_id], request)
+        for request in requests
+        if rows.get(request.task_id)
+    }
+
+
+def transcript_for(
+    *, task_id: int, is_group_chat: bool, multi_bot: bool, message_ids: Sequence[int]
+) -> Transcript | None:
+    """The transcript of exactly the turns `message_ids` (what a replay reads again)."""
+    rows = list(
+        Subtask.objects.filter(task_id=task_id, message_id__in=list(message_ids))
+        .select_related("artifact")
+        .only(*HISTORY_FIELDS, "task_id")
+        .order_by("message_id")
+    )
+    if not rows:
+        return None
+    request = TranscriptRequest(task_id, is_group_chat, multi_bot, before_message_id=0)
+    return _transcript(task_id, rows, request)
+
+
+def _transcript(task_id: int, rows: list[Subtask], request: TranscriptRequest) -> Transcript:
+    text = render_transcript(
+        [history_message(turn) for turn in rows],
+        is_group_chat=request.is_group_chat,
+        multi_bot=request.multi_bot,
+    )
+    return Transcript(
+        text=text,
+        pointer=transcript_pointer(text, workspace_path=transcript_path(task_id)),
+        message_ids=tuple(turn.message_id for turn in rows),
+    )
+
+
+def store_transcripts(transcripts: Mapping[int, Transcript]) -> None:
+    """Store each task's transcript (once per content) as its current one: three queries for the
+    whole batch, whatever its size. Must run in the caller's transaction: the existing rows are
+    locked so a concurrent prune waits and then sees the new references."""
+    if not transcripts:
+        return
+    stored = {task_id: store_text(transcript.text) for task_id, transcript in transcripts.items()}
+    for task_id, content in stored.items():
+        if artifact_id_for(content.sha256) != transcripts[task_id].pointer.artifact_id:
+            raise RuntimeError("content address mismatch")
+    ids = [transcript.pointer.artifact_id for transcript in transcripts.values()]
+    existing = set(
+        Artifact.objects.select_for_update().filter(pk__in=ids).values_list("pk", flat=True)
+    )
+    Artifact.objects.bulk_create(
+        [
+            Artifact(
+                id=transcript.pointer.artifact_id,
+                sha256=stored[task_id].sha256,
+                storage_key=stored[task_id].storage_key,
+                size_chars=transcript.pointer.total_chars,
+                size_bytes=stored[task_id].size_bytes,
+                size_lines=transcript.pointer.total_lines,
+                kind=transcript.pointer.kind,
+                task_id=task_id,
+            )
+            for task_id, transcript in transcripts.items()
+            if transcript.pointer.artifact_id not in existing
+        ],
+        ignore_conflicts=True,  # a concurrent dispatch stored the same text
+    )
+    Task.objects.filter(pk__in=list(transcripts)).update(
+        transcript_id=Case(
+            *[
+                When(pk=task_id, then=Value(transcript.pointer.artifact_id))
+                for task_id, transcript in transcripts.items()
+            ]
+        )
+    )
