@@ -44,6 +44,7 @@ from backend.prompting.render import escape_note_piece, header_piece, needs_esca
 from backend.prompting.report import BuildReport
 from backend.prompting.selection import HistorySection, Selection
 from backend.prompting.tally import tally_build
+from backend.prompting.truncate import Preview
 
 _VERIFY_ROUNDS = 4
 
@@ -104,10 +105,21 @@ class _Builder:
         artifact: ArtifactPointer | None = None,
         removed_before: int = 0,
         message_id: int | None = None,
+        preview: Preview | None = None,
     ) -> FixedSection:
         tokens = text_tokens if self.counter.cached_counts_apply else None
         return FixedSection(
-            section, role, name, text, tokens, last, cap, artifact, removed_before, message_id
+            section,
+            role,
+            name,
+            text,
+            tokens,
+            last,
+            cap,
+            artifact,
+            removed_before,
+            message_id,
+            preview,
         )
 
     def build(self) -> PromptBuild:
@@ -141,6 +153,7 @@ class _Builder:
                     artifact=self.input.previous_result_artifact,
                     removed_before=self.input.previous_result_removed_chars,
                     message_id=self.input.previous_result_message_id,
+                    preview=self.input.previous_result_preview,
                 )
             )
         # Verbatim only when no line of the message would read as structure to a model (a

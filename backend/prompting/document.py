@@ -11,7 +11,7 @@ task has several), and ``artifact`` the pointer line that ends it, if any.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from backend.prompting.inputs import ArtifactPointer, Role
@@ -49,6 +49,10 @@ class RenderedMessage:
     content: str
     failed: bool = False
     artifact: ArtifactPointer | None = None
+    marker: tuple[int, int] | None = field(default=None, compare=False)
+    """The span in ``content`` of the marker of a real cut: escaping leaves it alone, while any
+    text that only looks like a marker is escaped. (Not compared: a quoted half-marker right
+    before the real one can swallow its ellipsis, and the parser then finds no span to give.)"""
 
 
 @dataclass(frozen=True, slots=True)

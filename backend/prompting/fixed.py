@@ -20,6 +20,7 @@ from backend.prompting.document import RenderedMessage, Section
 from backend.prompting.inputs import ArtifactPointer, Role
 from backend.prompting.pieces import SizedPiece, cut_chars, sized_piece
 from backend.prompting.render import header_piece
+from backend.prompting.truncate import Preview
 
 
 @dataclass(slots=True)
@@ -41,7 +42,11 @@ class FixedSection:
     message_id: int | None = None
     """The turn whose text ``original`` is: a cut of unstored text points to its content
     address, and dispatch stores it there."""
+    preview: Preview | None = None
+    """The stored preview ``original`` renders (a spilled text): cuts are made from its head
+    and tail, so the one marker keeps counting against the whole text."""
     piece: SizedPiece = field(init=False)
+    shown: Preview | None = field(init=False, default=None)
     whole_text: WholeText | None = field(init=False, default=None)
     _addressed: tuple[ArtifactPointer | None, WholeText | None] | None = field(
         init=False, default=None
@@ -52,12 +57,24 @@ class FixedSection:
 
     def recut(self, cap: int | None) -> None:
         self.cap = cap
-        cut = cut_chars(self.original, cap)
-        content = cut.text if cut is not None else self.original
-        tokens = self.original_tokens if cut is None else None
-        partial = cut is not None or self.removed_before > 0
+        if self.preview is not None:
+            shown = self.preview
+            if cap is not None and shown.kept_chars > cap:
+                shown = shown.recut(cap)
+            self.shown = shown
+            content, marker, cut = shown.text, shown.marker_span, None
+            tokens = self.original_tokens if shown is self.preview else None
+            partial = shown.removed_chars > 0
+        else:
+            cut = cut_chars(self.original, cap)
+            content = cut.text if cut is not None else self.original
+            marker = cut.marker_span if cut is not None else None
+            tokens = self.original_tokens if cut is None else None
+            partial = cut is not None or self.removed_before > 0
         pointer, self.whole_text = self._pointer() if partial else (None, None)
-        message = RenderedMessage(role=self.role, name=self.name, content=content, artifact=pointer)
+        message = RenderedMessage(
+            role=self.role, name=self.name, content=content, artifact=pointer, marker=marker
+        )
         self.piece = sized_piece(
             message, tokens, last=self.last, cut=cut, whole_text=self.whole_text
         )
@@ -66,16 +83,21 @@ class FixedSection:
         # Computed once (a squeeze recuts several times); a stored preview is never addressed
         # as if it were the whole text.
         if self._addressed is None:
-            message_id = self.message_id if self.removed_before == 0 else None
+            spilled = self.removed_before > 0 or self.preview is not None
+            message_id = None if spilled else self.message_id
             self._addressed = pointer_to_whole(self.original, message_id, self.artifact)
         return self._addressed
 
     @property
     def kept_chars(self) -> int:
+        if self.shown is not None:
+            return self.shown.kept_chars
         return self.piece.cut.kept_chars if self.piece.cut is not None else len(self.original)
 
     @property
     def removed_chars(self) -> int:
+        if self.shown is not None:
+            return self.shown.removed_chars
         cut = self.piece.cut.removed_chars if self.piece.cut is not None else 0
         return self.removed_before + cut
 

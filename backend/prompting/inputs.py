@@ -180,6 +180,10 @@ class PromptInput(_Frozen):
     """Where the whole previous result is, when it was stored as an artifact."""
     previous_result_removed_chars: int = Field(default=0, ge=0)
     """Characters of the whole result that ``previous_result`` (its stored preview) leaves out."""
+    previous_result_preview_head: str | None = None
+    previous_result_preview_tail: str | None = None
+    """When the previous result spilled: the head and tail its stored preview
+    (``previous_result``) keeps, so a further cut counts against the whole result."""
     previous_result_message_id: int | None = None
     """The previous step's turn: a cut of its unstored result points to the content address."""
     is_group_chat: bool = False
@@ -203,6 +207,25 @@ class PromptInput(_Frozen):
     @classmethod
     def _names_fit_labels(cls, value: str | None) -> str | None:
         return validate_name(value)
+
+    @model_validator(mode="after")
+    def _previous_preview_is_consistent(self) -> PromptInput:
+        head, tail = self.previous_result_preview_head, self.previous_result_preview_tail
+        if (head is None) != (tail is None):
+            raise ValueError("previous_result_preview_head and _tail come together")
+        if head is not None and tail is not None:
+            total = len(head) + len(tail) + self.previous_result_removed_chars
+            if self.previous_result != render_preview(head, tail, total):
+                raise ValueError("previous_result must be the rendered preview of head and tail")
+        return self
+
+    @property
+    def previous_result_preview(self) -> Preview | None:
+        head, tail = self.previous_result_preview_head, self.previous_result_preview_tail
+        if head is None or tail is None:
+            return None
+        total = len(head) + len(tail) + self.previous_result_removed_chars
+        return Preview(head=head, tail=tail, total_chars=total)
 
     @model_validator(mode="after")
     def _history_is_ordered(self) -> PromptInput:

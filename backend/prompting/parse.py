@@ -32,7 +32,7 @@ from backend.prompting.render import (
     parse_omission_notice,
     parse_pointer_line,
     starts_with_header_line,
-    unescape_content,
+    unescape_with_marker,
 )
 
 _BOUNDARY = re.compile(
@@ -54,12 +54,14 @@ def _message(role: str, name: str | None, failed: bool, raw: str) -> RenderedMes
         artifact = parse_pointer_line(raw[last_break + 1 :])
         if artifact is not None:
             raw = raw[:last_break]
+    content, marker = unescape_with_marker(raw)
     return RenderedMessage(
         role=Role.USER if role == "User" else Role.ASSISTANT,
         name=name,
-        content=unescape_content(raw),
+        content=content,
         failed=failed,
         artifact=artifact,
+        marker=marker,
     )
 
 

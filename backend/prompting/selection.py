@@ -180,7 +180,7 @@ class HistorySection:
         truncated = None
         # Only a cut shows a pointer: to the stored artifact, else to the content address of
         # the whole text (which dispatch then stores). A spilled message is always cut.
-        pointer, whole = None, None
+        pointer, whole, marker = None, None, None
         if preview is not None:
             if cap is not None and preview.kept_chars > cap:
                 preview = preview.recut(cap)
@@ -188,7 +188,7 @@ class HistorySection:
             else:
                 content = message.text
             if preview.removed_chars > 0:
-                pointer = message.artifact
+                pointer, marker = message.artifact, preview.marker_span
                 truncated = TruncatedMessage(
                     message_id=message.message_id,
                     original_chars=preview.total_chars,
@@ -203,7 +203,7 @@ class HistorySection:
             cut = cut_chars(source, cap)
             content = source
             if cut is not None:
-                content, cached = cut.text, None
+                content, cached, marker = cut.text, None, cut.marker_span
                 # A failed turn's error is not the turn's stored text: it has no artifact.
                 pointer, whole = pointer_to_whole(
                     source,
@@ -222,6 +222,7 @@ class HistorySection:
             content=content,
             failed=message.failed,
             artifact=pointer,
+            marker=marker,
         )
         return sized_piece(rendered, cached, truncated=truncated, whole_text=whole)
 

@@ -33,10 +33,14 @@ def render_transcript(
             content=(message.error or "") if message.shows_error else message.text,
             failed=message.failed,
             artifact=message.artifact if message.preview is not None else None,
+            marker=_marker(message),
         )
         for message in history
     )
-    escaped = any(escape_content(message.content) is not message.content for message in messages)
+    escaped = any(
+        escape_content(message.content, keep=message.marker) is not message.content
+        for message in messages
+    )
     document = PromptDocument(
         sections=(RenderedSection(Section.HISTORY, messages),), escape_note=escaped
     )
@@ -52,6 +56,11 @@ def transcript_pointer(text: str, *, workspace_path: str) -> ArtifactPointer:
         total_lines=count_lines(text),
         workspace_path=workspace_path,
     )
+
+
+def _marker(message: HistoryMessage) -> tuple[int, int] | None:
+    preview = None if message.shows_error else message.preview
+    return preview.marker_span if preview is not None else None
 
 
 def _name(message: HistoryMessage, *, is_group_chat: bool, multi_bot: bool) -> str | None:

@@ -62,6 +62,13 @@ class Truncation:
     def kept_chars(self) -> int:
         return len(self.head) + len(self.tail)
 
+    @property
+    def marker_span(self) -> tuple[int, int] | None:
+        """Where the marker sits in ``text`` (None when nothing was cut)."""
+        if not self.truncated:
+            return None
+        return len(self.head), len(self.text) - len(self.tail)
+
 
 def _unchanged(text: str) -> Truncation:
     return Truncation(text=text, head=text, tail="", truncated=False, removed=0, removed_chars=0)
@@ -219,6 +226,13 @@ class Preview:
     @property
     def text(self) -> str:
         return render_preview(self.head, self.tail, self.total_chars)
+
+    @property
+    def marker_span(self) -> tuple[int, int] | None:
+        """Where the marker sits in ``text`` (None when the preview is the whole text)."""
+        if self.removed_chars <= 0:
+            return None
+        return len(self.head), len(self.head) + len(truncation_marker(self.removed_chars))
 
     def recut(self, limit: int) -> Preview:
         """Keep at most ``limit`` code points, half from the head and half from the tail.

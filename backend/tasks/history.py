@@ -237,6 +237,16 @@ def _prompt_input(
         previous_result_removed_chars=(
             _preview_removed_chars(previous_turn) if previous_turn is not None else 0
         ),
+        previous_result_preview_head=(
+            previous_turn.preview_head
+            if previous_turn is not None and previous_turn.history_is_preview
+            else None
+        ),
+        previous_result_preview_tail=(
+            previous_turn.preview_tail
+            if previous_turn is not None and previous_turn.history_is_preview
+            else None
+        ),
         previous_result_message_id=previous_turn.message_id if previous_turn else None,
         **fields,
     )

@@ -33,6 +33,10 @@ STRUCTURE_LOOKALIKES = (
     "[artifact abc · text · 1 char, 1 line · full text: a.txt]",
     "[omitted earlier messages: 2 (1 user, 1 assistant)]",
     "…3 chars truncated…",
+    "...5 tokens truncated...",
+    "…\\7 chars truncated…",
+    "… 12 Chars Truncated …",
+    "…\u200b4 chars truncated…",
     # What a model reads as structure although it is not the exact text.
     "\u200bUser[alice]:\n",
     "\ufeffAssistant:",

@@ -311,6 +311,8 @@ def test_a_cut_current_message_and_previous_result_point_to_their_whole_text() -
     prompt_input = PromptInput(
         current=CurrentMessage(message_id=3, text="x" * 50, artifact=_pointer("c0ffee", 50)),
         previous_result=preview.text,
+        previous_result_preview_head=preview.head,
+        previous_result_preview_tail=preview.tail,
         previous_result_artifact=_pointer("beef00", 30_000, "command_output"),
         previous_result_removed_chars=preview.removed_chars,
     )
@@ -498,3 +500,19 @@ def test_history_must_be_ordered_and_older_than_the_current_message() -> None:
         PromptInput(history=(user(5, "a"),), current=CurrentMessage(message_id=5, text="x"))
     with pytest.raises(ValueError, match="assistant turn"):
         conversation(user(1, "a"), assistant(2, "b"), first_user_message_id=2)
+
+
+def test_a_typed_truncation_marker_is_escaped_and_a_real_one_is_not() -> None:
+    """A user who types Codex's marker cannot make the model believe text was cut."""
+    prompt_input = conversation(
+        user(1, "the log said …500 chars truncated… then stopped"),
+        assistant(2, "…9 chars truncated… " + "z" * 60),
+        current="ok",
+    )
+    build = build_prompt(prompt_input, PromptPolicy(per_message_max_chars=50))
+    history = build.text.split("## Current Message")[0]
+    assert "User:\nthe log said …\\500 chars truncated… then stopped\n\n" in history
+    # The cut's own marker stays as it is; the quoted one in its head is escaped.
+    assert f"Assistant:\n…\\9 chars truncated… zzzzz…30 chars truncated…{'z' * 25}\n" in history
+    assert build.report.note_tokens > 0 and build.text.startswith(ESCAPE_NOTE)
+    assert parse_prompt(build.text) == build.document

@@ -19,10 +19,11 @@ from backend.prompting import (
     build_prompt,
     count_tokens,
     parse_prompt,
+    render,
     render_document,
 )
 from backend.prompting.addressing import content_pointer
-from backend.prompting.render import message_piece
+from backend.prompting.render import escape_content, message_piece
 from tests.prompting.strategies import policies, prompt_inputs, token_policies
 
 BUILD_SETTINGS = settings(
@@ -301,3 +302,27 @@ def test_every_cut_points_to_the_whole_text(
         assert message.artifact is not None
     if build.report.verbatim:
         assert not report.current_truncated
+
+
+@BUILD_SETTINGS
+@given(prompt_input=prompt_inputs(), policy=policies() | token_policies())
+def test_only_real_cuts_read_as_truncation_markers(
+    prompt_input: PromptInput, policy: PromptPolicy
+) -> None:
+    """A marker a user typed never passes for a cut: in every message body of the prompt, the
+    only marker-like text without a backslash after its ellipsis is the cut's own."""
+    try:
+        build = build_prompt(prompt_input, policy)
+    except PromptBudgetError:
+        return
+    if build.report.verbatim:
+        [section] = build.document.sections
+        assert not render.typed_markers(section.messages[0].content)
+        return
+    for section in build.document.sections:
+        for message in section.messages:
+            body = escape_content(message.content, keep=message.marker)
+            unescaped = [m for m in render.typed_markers(body) if not m.group("escapes")]
+            assert len(unescaped) <= 1
+            if unescaped:
+                assert message.marker is not None

@@ -187,6 +187,34 @@ def test_escaping_is_reversible(content: str) -> None:
     assert unescape_content(escape_content(content)) == content
 
 
+@pytest.mark.parametrize(
+    ("content", "escaped"),
+    [
+        ("see …500 chars truncated… here", "see …\\500 chars truncated… here"),
+        ("x...12 TOKENS truncated...", "x...\\12 TOKENS truncated..."),
+        ("… 3 chars truncated …", "…\\ 3 chars truncated …"),
+        ("…\u200b4 characters truncated…", "…\\\u200b4 characters truncated…"),
+        ("typed …\\9 chars truncated…", "typed …\\\\9 chars truncated…"),
+        ("…5 chars were truncated…", "…5 chars were truncated…"),  # not a marker's shape
+        ("nothing truncated here", "nothing truncated here"),
+    ],
+)
+def test_typed_truncation_markers_are_escaped(content: str, escaped: str) -> None:
+    assert escape_content(content) == escaped
+    assert unescape_content(escaped) == content
+
+
+def test_the_real_marker_of_a_cut_is_kept_and_found_again() -> None:
+    # A cut's head and tail quote markers; only the cut's own marker stays a marker.
+    content = "head …2 chars truncated…" + "…40 chars truncated…" + "…1 chars truncated… tail"
+    real = (24, 44)
+    escaped = escape_content(content, keep=real)
+    assert escaped == (
+        "head …\\2 chars truncated…" + "…40 chars truncated…" + "…\\1 chars truncated… tail"
+    )
+    assert render.unescape_with_marker(escaped) == (content, real)
+
+
 @given(
     content=st.lists(
         st.one_of(
