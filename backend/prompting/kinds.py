@@ -42,20 +42,23 @@ class ArtifactKind(StrEnum):
 
 _HTML = re.compile(r"<!doctype html|<html[\s>]|<body[\s>]|<div[\s>]|<head[\s>]", re.IGNORECASE)
 _URL_LINE = re.compile(r"https?://\S+")
-_COMMAND = re.compile(
-    r"^(?:\$|>|#) \S"  # shell prompt
-    r"|^Traceback \(most recent call last\):"
-    r"|\x1b\[[0-9;]*m"  # ANSI colours
-    r"|\bexit (?:code|status)\b"
-    r"|^=+ .*\b\d+ (?:passed|failed)\b"
-    r"|^(?:FAILED|ERROR:|npm ERR!|error\[E\d+\])",
-    re.MULTILINE | re.IGNORECASE,
+# Command output, matched on the lower-cased sample: a line that opens with a shell prompt, a
+# traceback, a test-runner summary or an error tag; an `exit code`/`exit status`; ANSI colours.
+# A line start is the sample's start or a "\n" (a literal the regex engine scans for quickly).
+_COMMAND_LINE = (
+    r"(?:[$>#] \S|traceback \(most recent call last\):|=+ .*\b\d+ (?:passed|failed)\b"
+    r"|failed|error:|npm err!|error\[e\d+\])"
 )
+_COMMAND_FIRST_LINE = re.compile(_COMMAND_LINE)
+_COMMAND_LATER_LINE = re.compile("\n" + _COMMAND_LINE)
+# Starts with its literal, so the engine scans for "exit " quickly; the word boundary before it
+# is checked by hand (a leading \b would make the engine try every position).
+_EXIT = re.compile(r"exit (?:code|status)\b")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DIFF = re.compile(r"^(?:diff --git |--- a/|\+\+\+ b/|@@ -\d)", re.MULTILINE)
-_CODE_LINE = re.compile(
-    r"^\s*(?:def |class |import |from \S+ import |function |const |let |var |fn |pub |"
+_CODE_START = re.compile(
+    r"\s*(?:def |class |import |from \S+ import |function |const |let |var |fn |pub |"
     r"func |package |#include|public |private |return\b|if \(|for \(|while \()"
-    r"|[{};]\s*$"
 )
 
 
@@ -77,16 +80,39 @@ def classify_text(text: str, *, serialized_json: bool = False) -> ArtifactKind:
     if _HTML.search(sample[:2_000]):
         return ArtifactKind.WEB_OR_SEARCH
     lines = sample.splitlines()
-    url_lines = sum(1 for line in lines if _URL_LINE.search(line))
-    if url_lines >= 3 and url_lines * 5 >= len(lines):
-        return ArtifactKind.WEB_OR_SEARCH
-    if _COMMAND.search(sample):
+    if sample.count("http") >= 3:
+        url_lines = sum(1 for line in lines if _URL_LINE.search(line))
+        if url_lines >= 3 and url_lines * 5 >= len(lines):
+            return ArtifactKind.WEB_OR_SEARCH
+    if _looks_like_command_output(sample):
         return ArtifactKind.COMMAND_OUTPUT
     if _DIFF.search(sample):
         return ArtifactKind.FILE_OR_CODE
     code_lines = [line for line in lines if line.strip()]
-    if code_lines and sum(1 for line in code_lines if _CODE_LINE.search(line)) * 5 >= len(
-        code_lines
-    ):
+    if code_lines and sum(1 for line in code_lines if _is_code_line(line)) * 5 >= len(code_lines):
         return ArtifactKind.FILE_OR_CODE
     return ArtifactKind.TEXT
+
+
+def _looks_like_command_output(sample: str) -> bool:
+    lowered = sample.lower()
+    return bool(
+        _COMMAND_FIRST_LINE.match(lowered)
+        or _COMMAND_LATER_LINE.search(lowered)
+        or _has_exit_status(lowered)
+        or ("\x1b[" in sample and _ANSI.search(sample))
+    )
+
+
+def _has_exit_status(lowered: str) -> bool:
+    """`exit code` or `exit status` starting a word."""
+    for match in _EXIT.finditer(lowered):
+        before = lowered[match.start() - 1 : match.start()]
+        if not (before.isalnum() or before == "_"):
+            return True
+    return False
+
+
+def _is_code_line(line: str) -> bool:
+    """A definition, import or control statement opens it, or a brace or semicolon ends it."""
+    return line.rstrip()[-1:] in ("{", "}", ";") or _CODE_START.match(line) is not None

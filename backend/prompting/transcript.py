@@ -14,37 +14,50 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backend.prompting.addressing import artifact_id_for, content_sha256, count_lines
-from backend.prompting.document import PromptDocument, RenderedMessage, RenderedSection, Section
+from backend.prompting.document import Section
 from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
 from backend.prompting.kinds import ArtifactKind
-from backend.prompting.render import escape_content, render_document
+from backend.prompting.render import (
+    PIECE_END,
+    PROMPT_END,
+    escape_content,
+    escape_note_piece,
+    header_piece,
+    message_prefix,
+    message_suffix,
+)
 
 
 def render_transcript(
     history: Sequence[HistoryMessage], *, is_group_chat: bool, multi_bot: bool
 ) -> str:
-    """The transcript of ``history`` (oldest first, at least one message)."""
+    """The transcript of ``history`` (oldest first, at least one message).
+
+    The text is what ``render_document`` makes of one Conversation History section holding
+    these messages; each body is escaped once (a long conversation's transcript is its size).
+    """
     if not history:
         raise ValueError("a transcript needs at least one message")
-    messages = tuple(
-        RenderedMessage(
-            role=message.role,
-            name=_name(message, is_group_chat=is_group_chat, multi_bot=multi_bot),
-            content=(message.error or "") if message.shows_error else message.text,
-            failed=message.failed,
-            artifact=message.artifact if message.preview is not None else None,
-            marker=_marker(message),
+    pieces: list[str] = []
+    escaped = False
+    for message in history:
+        content = (message.error or "") if message.shows_error else message.text
+        preview = None if message.shows_error else message.preview
+        body = escape_content(content, keep=preview.marker_span if preview else None)
+        escaped = escaped or body is not content
+        pieces.append(
+            message_prefix(
+                message.role,
+                _name(message, is_group_chat=is_group_chat, multi_bot=multi_bot),
+                failed=message.failed,
+            )
+            + body
+            + message_suffix(message.artifact if message.preview is not None else None)
         )
-        for message in history
-    )
-    escaped = any(
-        escape_content(message.content, keep=message.marker) is not message.content
-        for message in messages
-    )
-    document = PromptDocument(
-        sections=(RenderedSection(Section.HISTORY, messages),), escape_note=escaped
-    )
-    return render_document(document)
+    text = header_piece(Section.HISTORY) + "".join(pieces)
+    if escaped:
+        text = escape_note_piece() + text
+    return text.removesuffix(PIECE_END) + PROMPT_END
 
 
 def transcript_pointer(text: str, *, workspace_path: str) -> ArtifactPointer:
@@ -56,11 +69,6 @@ def transcript_pointer(text: str, *, workspace_path: str) -> ArtifactPointer:
         total_lines=count_lines(text),
         workspace_path=workspace_path,
     )
-
-
-def _marker(message: HistoryMessage) -> tuple[int, int] | None:
-    preview = None if message.shows_error else message.preview
-    return preview.marker_span if preview is not None else None
 
 
 def _name(message: HistoryMessage, *, is_group_chat: bool, multi_bot: bool) -> str | None:

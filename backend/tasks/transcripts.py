@@ -11,18 +11,18 @@ and three to store them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from django.db.models import Case, Q, Value, When
+from django.db.models import Case, Q, QuerySet, Value, When
 
 from backend.artifacts.models import Artifact
 from backend.artifacts.storage import store_text
-from backend.prompting.addressing import artifact_id_for
-from backend.prompting.inputs import ArtifactPointer
+from backend.prompting.addressing import artifact_id_for, workspace_path
+from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
 from backend.prompting.transcript import render_transcript, transcript_pointer
-from backend.tasks.history import HISTORY_FIELDS, HISTORY_STATUSES, any_of, history_message
-from backend.tasks.models import Subtask, Task
+from backend.tasks.history import HISTORY_STATUSES, any_of
+from backend.tasks.models import Subtask, SubtaskStatus, Task
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,10 @@ def transcripts_for(requests: Sequence[TranscriptRequest]) -> dict[int, Transcri
             for request in requests
         ]
     )
-    rows: dict[int, list[Subtask]] = {}
-    for turn in (
-        Subtask.objects.filter(condition, status__in=HISTORY_STATUSES)
-        .select_related("artifact")
-        .only(*HISTORY_FIELDS, "task_id")
-        .order_by("task_id", "message_id")
-    ):
-        rows.setdefault(turn.task_id, []).append(turn)
+    rows: dict[int, list[HistoryMessage]] = {}
+    turns = Subtask.objects.filter(condition, status__in=HISTORY_STATUSES)
+    for task_id, message in _messages(turns.order_by("task_id", "message_id")):
+        rows.setdefault(task_id, []).append(message)
     return {
         request.task_id: _transcript(request.task_id, rows[request.task_id], request)
         for request in requests
@@ -76,24 +72,75 @@ def transcript_for(
     *, task_id: int, is_group_chat: bool, multi_bot: bool, message_ids: Sequence[int]
 ) -> Transcript | None:
     """The transcript of exactly the turns `message_ids` (what a replay reads again)."""
-    rows = list(
-        Subtask.objects.filter(task_id=task_id, message_id__in=list(message_ids))
-        .select_related("artifact")
-        .only(*HISTORY_FIELDS, "task_id")
-        .order_by("message_id")
-    )
+    turns = Subtask.objects.filter(task_id=task_id, message_id__in=list(message_ids))
+    rows = [message for _, message in _messages(turns.order_by("message_id"))]
     if not rows:
         return None
     request = TranscriptRequest(task_id, is_group_chat, multi_bot, before_message_id=0)
     return _transcript(task_id, rows, request)
 
 
-def _transcript(task_id: int, rows: list[Subtask], request: TranscriptRequest) -> Transcript:
-    text = render_transcript(
-        [history_message(turn) for turn in rows],
-        is_group_chat=request.is_group_chat,
-        multi_bot=request.multi_bot,
-    )
+_COLUMNS = (
+    "task_id",
+    "message_id",
+    "role",
+    "status",
+    "sender",
+    "bot",
+    "history_text",
+    "history_is_preview",
+    "preview_head",
+    "preview_tail",
+    "history_chars",
+    "artifact_id",
+    "artifact__kind",
+    "artifact__size_chars",
+    "artifact__size_lines",
+)
+
+
+def _messages(turns: QuerySet[Subtask]) -> Iterator[tuple[int, HistoryMessage]]:
+    """(task id, message) for each turn, read as plain values: a transcript reads every earlier
+    turn, so no model instances. The rows were validated as `history_message`s when they were
+    recorded and each prompt that includes them validates them again; here they are only
+    rendered, so they are constructed without a second validation."""
+    for row in turns.values_list(*_COLUMNS):
+        (task_id, message_id, role, status, sender, bot, text, spilled, head, tail, chars) = row[
+            :11
+        ]
+        artifact_id, kind, size_chars, size_lines = row[11:]
+        pointer = (
+            ArtifactPointer.model_construct(
+                artifact_id=artifact_id,
+                kind=kind,
+                total_chars=size_chars,
+                total_lines=size_lines,
+                workspace_path=workspace_path(artifact_id),
+            )
+            if artifact_id is not None
+            else None
+        )
+        yield (
+            task_id,
+            HistoryMessage.model_construct(
+                message_id=message_id,
+                role=Role(role),
+                text=text,
+                sender=(sender or None) if role == Role.USER else None,
+                bot=(bot or None) if role == Role.ASSISTANT else None,
+                failed=status == SubtaskStatus.FAILED,
+                error=None,
+                token_count=None,
+                total_chars=chars,
+                preview_head=head if spilled else None,
+                preview_tail=tail if spilled else None,
+                artifact=pointer,
+            ),
+        )
+
+
+def _transcript(task_id: int, rows: list[HistoryMessage], request: TranscriptRequest) -> Transcript:
+    text = render_transcript(rows, is_group_chat=request.is_group_chat, multi_bot=request.multi_bot)
     return Transcript(
         text=text,
         pointer=transcript_pointer(text, workspace_path=transcript_path(task_id)),
