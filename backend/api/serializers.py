@@ -15,6 +15,7 @@ from rest_framework.fields import empty
 from rest_framework.settings import api_settings
 
 from backend.api.errors import RequestBodyNotAnObject
+from backend.api.pagination import TaskPagination, TurnPagination
 from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
     CONTEXT_PASSING_CHOICES,
@@ -124,11 +125,23 @@ class MessageInput(StrictInput):
     sender = label_name_field(required=False, default="")
 
 
+class TurnListQuery(StrictQuery):
+    """A page of a task's turns: the same rules as every list (a bad page or page size is a 400
+    naming it; a page past the end is a 404)."""
+
+    page = serializers.IntegerField(min_value=1, required=False)
+    page_size = serializers.IntegerField(
+        min_value=1, max_value=TurnPagination.max_page_size, required=False
+    )
+
+
 class TaskListFilters(StrictQuery):
     status = serializers.ChoiceField(choices=TaskStatus.choices, required=False)
     task_type = serializers.CharField(max_length=64, required=False)
     page = serializers.IntegerField(min_value=1, required=False)
-    page_size = serializers.IntegerField(min_value=1, required=False)
+    page_size = serializers.IntegerField(
+        min_value=1, max_value=TaskPagination.max_page_size, required=False
+    )
 
 
 class PipelineStepOutput(serializers.Serializer[dict[str, Any]]):

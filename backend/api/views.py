@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -21,6 +21,7 @@ from backend.api.serializers import (
     TaskListFilters,
     TaskOutput,
     TaskWithTurnsOutput,
+    TurnListQuery,
 )
 from backend.tasks import selectors, services
 from backend.tasks.models import Subtask, Task
@@ -118,14 +119,13 @@ class TaskSubtasksApi(APIView):
 
     @extend_schema(
         operation_id="tasks_subtasks_list",
-        parameters=[
-            OpenApiParameter("page", int, required=False),
-            OpenApiParameter("page_size", int, required=False),
-        ],
+        parameters=[TurnListQuery],
         responses=SubtaskOutput(many=True),
         summary="The task's turns in message_id order",
     )
     def get(self, request: Request, task_id: int) -> Response:
+        query = TurnListQuery(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
         task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
         paginator = TurnPagination()
         page = paginator.paginate_queryset(selectors.task_turns(task=task), request, view=self)

@@ -347,6 +347,30 @@ def test_the_browsable_api_format_links_work_on_every_list(api):
         assert f"{path}?format=json".encode() in as_page.content
 
 
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"page": "0"}, "page"),
+        ({"page": "abc"}, "page"),
+        ({"page_size": "0"}, "page_size"),
+        ({"page_size": "abc"}, "page_size"),
+        ({"page_size": "100000"}, "page_size"),
+        ({"pagesize": "5"}, "pagesize"),
+    ],
+)
+def test_both_lists_answer_a_bad_page_query_the_same_way(api, query, field):
+    """The task list and a task's turns share one rule: a bad page or page size is a 400
+    naming it (never a 404, never silently ignored); a page past the end is a 404."""
+    task_id = create(api, SINGLE)["id"]
+    for path in ("/api/tasks/", f"/api/tasks/{task_id}/subtasks/"):
+        response = api.get(path, query)
+        assert response.status_code == 400, (path, query)
+        assert list(response.json()["fields"]) == [field], path
+        past_the_end = api.get(path, {"page": "9"})
+        assert past_the_end.status_code == 404, path
+        assert past_the_end.json()["code"] == "not_found"
+
+
 def test_list_still_refuses_an_unknown_query_parameter(api):
     response = api.get("/api/tasks/", {"statu": "COMPLETED"})
     assert response.status_code == 400
