@@ -53,20 +53,53 @@ class StrictInput(serializers.Serializer[Any]):
             raise RequestBodyNotAnObject()
         return super().run_validation(data)
 
+    # A JSON body's values must already have their field's type: "5" is not an integer, 5 is
+    # not a string and "yes" is not a boolean (DRF would coerce them silently).
+    strict_types = True
+
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):
             unknown = sorted(set(data) - set(self.fields))
             if unknown:
                 raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+            if self.strict_types:
+                wrong = {
+                    name: [problem]
+                    for name, value in data.items()
+                    if (problem := _wrong_json_type(self.fields[name], value)) is not None
+                }
+                if wrong:
+                    raise serializers.ValidationError(wrong)
         return super().to_internal_value(data)
+
+
+def _wrong_json_type(field: serializers.Field[Any, Any, Any, Any], value: Any) -> str | None:
+    """What is wrong with `value`'s JSON type for `field`, if anything (null is the field's
+    own business: allow_null)."""
+    if value is None:
+        return None
+    if isinstance(field, serializers.BooleanField) and not isinstance(value, bool):
+        return "Must be true or false."
+    if isinstance(field, serializers.IntegerField) and (
+        not isinstance(value, int) or isinstance(value, bool)
+    ):
+        return "Must be an integer."
+    if isinstance(field, serializers.CharField | serializers.ChoiceField) and not isinstance(
+        value, str
+    ):
+        return "Must be a string."
+    return None
 
 
 class StrictQuery(StrictInput):
     """Query parameters: undeclared ones are refused, except DRF's own `?format=` override.
 
     The browsable API links every page to `?format=json` and `?format=api`; the renderer reads
-    that parameter, so it is not a filter and must not be refused as one.
+    that parameter, so it is not a filter and must not be refused as one. Query values are
+    strings by nature, so their types are the fields' to parse.
     """
+
+    strict_types = False
 
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, dict):

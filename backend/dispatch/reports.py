@@ -204,6 +204,7 @@ def report_result(
             error=error,
             error_code=error_code,
             usage=usage,
+            native_session_id=native_session_id,
         ):
             return subtask, False
         if subtask.status in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED) and same_claim:
@@ -265,15 +266,22 @@ def _is_repeat(
     error: str,
     error_code: str,
     usage: dict[str, Any] | None,
+    native_session_id: str,
 ) -> bool:
-    """Whether this report is the one the claim already made (a retried request)."""
+    """Whether this report is the one the claim already made (a retried request). A report
+    that differs in anything it would record, its native session id included, is not: it is
+    refused as a different result rather than half applied."""
     if status in (RETRY, RELEASE):
         # A requeue by this claim leaves the turn PENDING with its error code until the next
         # claim (which changes `attempts`); a RETRY on the last attempt left it FAILED.
         requeued = subtask.status == SubtaskStatus.PENDING
         gave_up = status == RETRY and subtask.status == SubtaskStatus.FAILED
         return (requeued or gave_up) and subtask.error_code == error_code
-    if subtask.status != status or subtask.usage != usage:
+    if (
+        subtask.status != status
+        or subtask.usage != usage
+        or subtask.native_session_id != native_session_id
+    ):
         return False
     if status == SubtaskStatus.FAILED:
         return (

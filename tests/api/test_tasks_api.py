@@ -447,7 +447,8 @@ def test_follow_up_while_pending_is_409_and_stores_nothing(api):
         ({"message": ""}, 400, "message"),
         ({}, 400, "message"),
         ({"message": "hi", "colour": "red"}, 400, "colour"),
-        ({"message": 12}, 201, None),  # DRF accepts a number as text, like any form
+        ({"message": 12}, 400, "message"),  # a number is not text: no silent coercion
+        ({"message": ["hi"]}, 400, "message"),
     ],
 )
 def test_follow_up_validation(api, body, status, field):
