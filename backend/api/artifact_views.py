@@ -43,7 +43,7 @@ from backend.artifacts import selectors
 from backend.artifacts.retention import record_artifact_read
 from backend.artifacts.selectors import ByteRange, RangeNotSatisfiable
 from backend.errors import InvalidInput
-from backend.tasks.artifact_access import visible_artifact
+from backend.tasks.artifact_access import artifact_as_seen_by, visible_artifact
 
 CONTENT_TYPE = "text/plain; charset=utf-8"
 _BYTE_RANGE = re.compile(r"^bytes=[ \t]*(\d*)-(\d*)[ \t]*$", re.IGNORECASE)
@@ -120,7 +120,10 @@ class ArtifactDetailApi(APIView):
         summary="An artifact's metadata: sizes, kind, sha256, workspace path and download URL",
     )
     def get(self, request: Request, artifact_id: str) -> Response:
-        artifact = visible_artifact(user=authenticated_user(request), artifact_id=artifact_id)
+        user = authenticated_user(request)
+        artifact = artifact_as_seen_by(
+            user=user, artifact=visible_artifact(user=user, artifact_id=artifact_id)
+        )
         return Response(ArtifactOutput(artifact, context={"request": request}).data)
 
 

@@ -11,6 +11,8 @@ stores content and knows nothing of tasks (dependencies point from tasks to arti
 
 from __future__ import annotations
 
+import copy
+
 from django.contrib.auth.models import User
 from django.db.models import Exists, OuterRef, Q
 
@@ -44,3 +46,30 @@ def visible_artifact(*, user: User, artifact_id: str) -> Artifact:
     if artifact is None:
         raise NotFound(f"Artifact {artifact_id} does not exist.")
     return artifact
+
+
+def artifact_as_seen_by(*, user: User, artifact: Artifact) -> Artifact:
+    """The artifact's metadata as `user`'s own tasks justify it (an unsaved copy of the row).
+
+    Identical texts share one artifact, so its row says who produced it first and when it was
+    last read by anyone. A caller who may see the producing task (or staff) gets the row as it
+    is; anyone else learns nothing about other owners: the task is the caller's own earliest
+    task that references the text, created_at is when that task's turn recorded it, and
+    last_read_at is not shown (one query).
+    """
+    if user.is_staff or (
+        artifact.task_id is not None
+        and visible_tasks(user=user).filter(pk=artifact.task_id).exists()
+    ):
+        return artifact
+    own = (
+        Subtask.objects.filter(artifact_id=artifact.pk, task__in=visible_tasks(user=user))
+        .order_by("created_at", "id")
+        .values_list("task_id", "created_at")
+        .first()
+    )
+    seen = copy.copy(artifact)
+    seen.task_id, seen.last_read_at = (own[0] if own else None), None
+    if own is not None:
+        seen.created_at = own[1]
+    return seen

@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 
 from backend.artifacts import selectors
 from backend.artifacts.models import Artifact
+from backend.tasks.models import Task
 from tests.artifacts.conftest import LINE_COUNT, SPILLED_LINES, SPILLED_TEXT, spill
 
 pytestmark = pytest.mark.django_db
@@ -64,6 +65,23 @@ def test_metadata(api: APIClient, artifact: Artifact) -> None:
         "last_read_at": None,
     }
     assert body["created_at"]
+
+
+def test_metadata_of_a_shared_text_tells_each_owner_only_about_their_own_tasks(
+    api: APIClient, other_api: APIClient, artifact: Artifact, other_user
+) -> None:
+    """B sends the text A sent: one artifact, but B learns nothing of A's task or reads."""
+    assert body_of(api.get(content_url(artifact.id))) == BODY  # A reads it: last_read_at is set
+    own = spill(owner=other_user, title="B's copy")
+    assert own.id == artifact.id
+    b_task = Task.objects.get(owner=other_user)
+    body = other_api.get(f"/api/artifacts/{artifact.id}/").json()
+    assert body["task"] == b_task.pk != artifact.task_id
+    assert body["last_read_at"] is None
+    b_turn = b_task.subtasks.get(artifact_id=artifact.id)
+    assert body["created_at"] == b_turn.created_at.isoformat().replace("+00:00", "Z")
+    a_view = api.get(f"/api/artifacts/{artifact.id}/").json()
+    assert a_view["task"] == artifact.task_id and a_view["last_read_at"] is not None
 
 
 def test_metadata_of_unknown_artifact_is_404(api: APIClient) -> None:
