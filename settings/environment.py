@@ -22,6 +22,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # A development key is fine on a laptop; it is refused in production mode.
 DEVELOPMENT_SECRET_KEY = "baton-development-only-secret-key-not-for-production"  # noqa: S105
 
+# A pipeline step's index is stored in a small integer column (0 to 32767), so no setting may
+# allow more steps than that column can number.
+PIPELINE_STEPS_CEILING = 32_768
+
 
 class ConfigurationError(RuntimeError):
     """Raised at startup when the environment describes an unusable configuration."""
@@ -54,6 +58,9 @@ class BatonEnvironment(BaseModel):
     spill_threshold_chars: int = Field(16_000, alias="BATON_SPILL_THRESHOLD_CHARS", gt=0)
     preview_head_chars: int = Field(2_000, alias="BATON_PREVIEW_HEAD_CHARS", ge=0)
     preview_tail_chars: int = Field(2_000, alias="BATON_PREVIEW_TAIL_CHARS", ge=0)
+    max_pipeline_steps: int = Field(
+        16, alias="BATON_MAX_PIPELINE_STEPS", ge=1, le=PIPELINE_STEPS_CEILING
+    )
     artifact_storage_backend: str = Field(
         "django.core.files.storage.FileSystemStorage", alias="BATON_ARTIFACT_STORAGE_BACKEND"
     )

@@ -62,6 +62,16 @@ def test_bad_values_give_a_readable_error(environ, fragment):
         load_environment(environ).database()
 
 
+def test_pipeline_length_has_a_bounded_setting():
+    assert load_environment({}).max_pipeline_steps == 16
+    assert load_environment({"BATON_MAX_PIPELINE_STEPS": "3"}).max_pipeline_steps == 3
+    # pipeline_step is a small integer column: steps 0 to 32767.
+    assert load_environment({"BATON_MAX_PIPELINE_STEPS": "32768"}).max_pipeline_steps == 32768
+    for value in ("0", "-1", "32769", "many"):
+        with pytest.raises(ConfigurationError, match="BATON_MAX_PIPELINE_STEPS"):
+            load_environment({"BATON_MAX_PIPELINE_STEPS": value})
+
+
 def test_allowed_hosts_are_a_comma_list():
     env = load_environment({"ALLOWED_HOSTS": "baton.example.org, api.example.org,"})
     assert env.effective_allowed_hosts == ["baton.example.org", "api.example.org"]

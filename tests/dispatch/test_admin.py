@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import re
 from typing import Any
 
@@ -577,6 +578,63 @@ def test_turn_pages_show_bounded_text_and_the_result_as_sent(admin_client, user,
     detail = admin_client.get(f"/admin/tasks/subtask/{turn.pk}/change/").content.decode()
     assert value in detail  # the result as sent, not {"value": null}
     assert Subtask.objects.get(pk=turn.pk).result == {"value": None}
+
+
+def task_change_data(admin_client, task: Task, **changes: Any) -> dict[str, Any]:
+    """The task change form as a browser posts it: the page's hidden inline management fields,
+    the task's own fields, then `changes`."""
+    page = admin_client.get(f"/admin/tasks/task/{task.pk}/change/").content.decode()
+    hidden = {
+        html.unescape(name): html.unescape(value)
+        for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page)
+        if name != "csrfmiddlewaretoken"
+    }
+    return {
+        **hidden,
+        "owner": task.owner_id,
+        "title": task.title,
+        "task_type": task.task_type,
+        "status": task.status,
+        "pipeline": json.dumps(task.pipeline),
+        **({"is_group_chat": "on"} if task.is_group_chat else {}),
+        **changes,
+        "_save": "Save",
+    }
+
+
+def test_a_pipeline_edited_in_the_admin_is_bounded_and_checked(admin_client, user, settings):
+    settings.BATON_MAX_PIPELINE_STEPS = 3
+    task = answered_task(owner=user)
+    url = f"/admin/tasks/task/{task.pk}/change/"
+    stored = task.pipeline
+    step = {"bot": "coder", "executor": "codex", "context_passing": None}
+    for pipeline, reason in [
+        ([step] * 4, "pipeline has 4 steps; at most 3 are allowed."),
+        ([{"bot": "ghost"}], "bot 'ghost' is not registered"),
+        ([{"bot": "coder", "model": "x"}], "The pipeline is a list of steps"),
+        ({"bot": "coder"}, "The pipeline is a list of steps"),
+    ]:
+        data = task_change_data(admin_client, task, pipeline=json.dumps(pipeline))
+        response = admin_client.post(url, data)
+        assert response.status_code == 200, pipeline
+        errors = response.context["adminform"].form.errors["pipeline"]
+        assert any(reason in error for error in errors), errors
+        task.refresh_from_db()
+        assert task.pipeline == stored
+    # Within the limit: stored as create_task stores it (the bot's executor filled in).
+    data = task_change_data(admin_client, task, pipeline=json.dumps([{"bot": "reviewer"}] * 3))
+    assert admin_client.post(url, data).status_code == 302
+    task.refresh_from_db()
+    assert (
+        task.pipeline
+        == [{"bot": "reviewer", "executor": "claude_code", "context_passing": None}] * 3
+    )
+    # A pipeline stored before the limit was lowered does not block other edits.
+    settings.BATON_MAX_PIPELINE_STEPS = 1
+    data = task_change_data(admin_client, task, title="Renamed")
+    assert admin_client.post(url, data).status_code == 302
+    task.refresh_from_db()
+    assert (task.title, len(task.pipeline)) == ("Renamed", 3)
 
 
 def test_bots_are_registered_and_edited_in_the_admin(client, staff_user, api):
