@@ -195,6 +195,38 @@ def test_invalid_values_are_refused_with_the_reason(admin_client, changes, field
     assert (row.version, row.max_messages, row.max_tokens) == (1, 20, None)
 
 
+@pytest.mark.parametrize(
+    "field",
+    [
+        "max_messages",
+        "max_chars",
+        "per_message_max_chars",
+        "max_tokens",
+        "previous_result_max_chars",
+        "current_message_max_chars",
+    ],
+)
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (2**31, "at most 2147483647"),
+        (2**63, "at most 2147483647"),
+        (-1, "greater than or equal to 0"),
+    ],
+)
+def test_a_cap_beyond_its_column_is_a_form_error(admin_client, field, value, reason):
+    row = HistoryPolicy.objects.get(task_type="code")
+    before = (row.version, row_values(row))
+    response = admin_client.post(
+        f"/admin/dispatch/historypolicy/{row.pk}/change/", change_data(row, **{field: value})
+    )
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    assert any(reason in error for error in form.errors[field]), form.errors
+    row.refresh_from_db()
+    assert (row.version, row_values(row)) == before
+
+
 def test_a_valid_save_bumps_the_version_and_records_the_admin(admin_client, superuser):
     row = HistoryPolicy.objects.get(task_type="code")
     url = f"/admin/dispatch/historypolicy/{row.pk}/change/"
