@@ -98,6 +98,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = BATON_MAX_REQUEST_BODY_BYTES
 BATON_SPILL_THRESHOLD_CHARS = BATON.spill_threshold_chars
 BATON_PREVIEW_HEAD_CHARS = BATON.preview_head_chars
 BATON_PREVIEW_TAIL_CHARS = BATON.preview_tail_chars
+# Steps a task's pipeline may have: each is one turn per message, created in one request.
+BATON_MAX_PIPELINE_STEPS = BATON.max_pipeline_steps
 
 # History policy defaults (used when no HistoryPolicy row applies) and the kill switch.
 EXECUTOR_HISTORY_ENABLED = BATON.history_enabled

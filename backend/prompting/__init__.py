@@ -40,7 +40,13 @@ from backend.prompting.inputs import (
     Role,
 )
 from backend.prompting.parse import PromptParseError, parse_prompt
-from backend.prompting.policy import MIN_MAX_TOKENS, ContextPassing, PromptPolicy
+from backend.prompting.policy import (
+    CAP_RANGE,
+    MAX_CAP,
+    MIN_MAX_TOKENS,
+    ContextPassing,
+    PromptPolicy,
+)
 from backend.prompting.render import (
     escape_content,
     omission_notice,
@@ -72,7 +78,9 @@ from backend.prompting.units import (
 __all__ = [
     "APPROX_BYTES_PER_TOKEN",
     "BUILDER_VERSION",
+    "CAP_RANGE",
     "DEFAULT_TOKEN_ENCODING",
+    "MAX_CAP",
     "MIN_MAX_TOKENS",
     "SEAM_SAFE_ENCODINGS",
     "ArtifactPointer",

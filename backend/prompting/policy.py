@@ -2,10 +2,10 @@
 
 A :class:`PromptPolicy` is plain, frozen data. The dispatch app stores one per task type and
 resolves it; the builder only reads it. Validation keeps the caps coherent so a build can never
-be asked the impossible: every cap is positive or ``None`` (no cap), ``per_message_max_chars``
-never exceeds ``max_chars``, a preview is shorter than the spill threshold, ``max_tokens`` leaves
-room for the prompt's own structure (headers, labels, markers, the omission notice), and the
-token encoding loads locally.
+be asked the impossible: every cap is a positive integer up to ``MAX_CAP`` or ``None`` (no
+cap), ``per_message_max_chars`` never exceeds ``max_chars``, a preview is shorter than the
+spill threshold, ``max_tokens`` leaves room for the prompt's own structure (headers, labels,
+markers, the omission notice), and the token encoding loads locally.
 
 Caps apply in this order (docs/architecture.md, "The prompt"): select newest-first up to
 ``max_messages`` → cap each message at ``per_message_max_chars`` → drop oldest until the history
@@ -35,6 +35,13 @@ from backend.prompting.units import DEFAULT_TOKEN_ENCODING, UnknownEncodingError
 
 MIN_MAX_TOKENS = 1024
 """Room the structure of a prompt may need: headers, two labels with 64-char names, markers."""
+
+MAX_CAP = 2**31 - 1
+"""The largest integer cap: what the 32-bit integer columns storing a policy hold. No text Baton
+accepts comes near it, so a larger cap could only be a mistake."""
+
+CAP_RANGE = f"must be a positive integer of at most {MAX_CAP}, or null (no cap)"
+"""Why an integer cap is refused (the admin and the API say the same)."""
 
 
 class ContextPassing(StrEnum):
@@ -101,9 +108,9 @@ class PromptPolicy(BaseModel):
 
     @field_validator(*_CAP_FIELDS)
     @classmethod
-    def _cap_is_positive(cls, value: int | None) -> int | None:
-        if value is not None and value <= 0:
-            raise ValueError("must be a positive integer or null (no cap)")
+    def _cap_is_in_range(cls, value: int | None) -> int | None:
+        if value is not None and not 0 < value <= MAX_CAP:
+            raise ValueError(CAP_RANGE)
         return value
 
     @field_validator("spill_threshold_chars", "preview_head_chars", "preview_tail_chars")

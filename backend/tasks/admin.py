@@ -8,16 +8,20 @@ prompt preview button), so tasks never imports dispatch.
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
 
 from backend.admin_mixins import ReadOnlyAdminMixin
 from backend.artifacts.admin_inlines import ArtifactInline
+from backend.errors import InvalidInput
 from backend.prompting.truncate import truncate_middle
 from backend.prompting.units import Unit
 from backend.tasks.models import Bot, Subtask, Task
 from backend.tasks.selectors import turn_result
+from backend.tasks.services import PipelineStep, resolve_pipeline
 
 # The admin shows bounded text: a task page lists every turn, and a turn may be megabytes.
 INLINE_TEXT_CHARS = 600
@@ -55,8 +59,47 @@ class SubtaskInline(ReadOnlyAdminMixin, admin.TabularInline[Subtask, Task]):
         return _bounded(subtask.history_text, INLINE_TEXT_CHARS)
 
 
+STEP_KEYS = frozenset({"bot", "executor", "context_passing"})
+
+
+class TaskAdminForm(forms.ModelForm[Task]):
+    """A task; a pipeline edited here is checked and stored as `create_task` stores one."""
+
+    class Meta:
+        model = Task
+        fields = [
+            "owner",
+            "title",
+            "task_type",
+            "is_group_chat",
+            "status",
+            "pipeline",
+            "transcript",
+        ]
+
+    def clean_pipeline(self) -> Any:
+        pipeline = self.cleaned_data["pipeline"]
+        if "pipeline" not in self.changed_data:
+            return pipeline
+        if not isinstance(pipeline, list) or not all(
+            isinstance(step, dict)
+            and set(step) <= STEP_KEYS
+            and all(value is None or isinstance(value, str) for value in step.values())
+            for step in pipeline
+        ):
+            raise forms.ValidationError(
+                "The pipeline is a list of steps, each an object with a bot, an executor or "
+                "both, and optionally context_passing."
+            )
+        try:
+            return resolve_pipeline([PipelineStep(**step) for step in pipeline])
+        except InvalidInput as error:
+            raise forms.ValidationError(error.message) from None
+
+
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin[Task]):
+    form = TaskAdminForm
     list_display = ["id", "title", "task_type", "status", "is_group_chat", "owner", "created_at"]
     list_filter = ["status", "task_type", "is_group_chat"]
     search_fields = ["title"]

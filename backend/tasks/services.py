@@ -82,13 +82,27 @@ def validate_message_text(*, text: str, field: str = "message") -> None:
     check_text_size(text=text, limit=settings.BATON_MAX_MESSAGE_BYTES, field=field)
 
 
+def check_pipeline_length(*, steps: int) -> None:
+    """InvalidInput naming `pipeline` when it has more steps than BATON_MAX_PIPELINE_STEPS.
+
+    Each step is one turn of every round, all created in one request, so the length is checked
+    before anything else is looked at.
+    """
+    limit = settings.BATON_MAX_PIPELINE_STEPS
+    if steps > limit:
+        raise InvalidInput(
+            f"pipeline has {steps} steps; at most {limit} are allowed.", field="pipeline"
+        )
+
+
 def resolve_pipeline(
     pipeline: Sequence[PipelineStep] | PipelineStep,
 ) -> list[dict[str, str | None]]:
     """The task's stored pipeline: each step's registered bot, its executor and context mode.
 
     A single step (not in a list) is a single-agent task, whose errors name `bot` or
-    `executor`; a pipeline's errors name `pipeline.N.<field>`. Two queries at most.
+    `executor`; a pipeline's errors name `pipeline.N.<field>`, or `pipeline` when it has no
+    steps or more than BATON_MAX_PIPELINE_STEPS. Two queries at most.
     """
     single = isinstance(pipeline, PipelineStep)
     requested = [pipeline] if isinstance(pipeline, PipelineStep) else pipeline
@@ -98,6 +112,7 @@ def resolve_pipeline(
 
     if not requested:
         raise InvalidInput("pipeline must have at least one step.", field="pipeline")
+    check_pipeline_length(steps=len(requested))
     for index, step in enumerate(requested):
         if step.executor is not None and step.executor not in ExecutorKind.values:
             raise InvalidInput(
@@ -259,7 +274,8 @@ def create_task(
 ) -> Task:
     """Create a task with its first USER message and the PENDING turns that answer it.
 
-    `pipeline` is a list of steps, or one step for a single-agent task.
+    `pipeline` is a list of steps (at most BATON_MAX_PIPELINE_STEPS), or one step for a
+    single-agent task. Every check runs before anything is stored.
     """
     if not title.strip():
         raise InvalidInput("title must not be empty.", field="title")

@@ -249,6 +249,60 @@ def test_create_rejects_a_message_over_the_hard_limit(api, settings):
     assert_nothing_stored()
 
 
+def steps(count: int) -> list[dict]:
+    return [{"bot": "coder", "executor": "codex"}] * count
+
+
+def test_a_pipeline_over_the_limit_is_400_naming_it_and_stores_nothing(
+    api, settings, artifact_storage_in_tmp
+):
+    """Refused before any step is read or any text stored: the message here would spill."""
+    assert settings.BATON_MAX_PIPELINE_STEPS == 16
+    message = "x" * (settings.BATON_SPILL_THRESHOLD_CHARS + 1)
+    response = api.post(
+        "/api/tasks/", {**PIPELINE, "message": message, "pipeline": steps(17)}, format="json"
+    )
+    assert response.status_code == 400, response.json()
+    body = response.json()
+    assert body["code"] == "invalid"
+    assert body["fields"] == {"pipeline": ["pipeline has 17 steps; at most 16 are allowed."]}
+    assert "pipeline has 17 steps; at most 16 are allowed." in body["detail"]
+    assert_nothing_stored()
+    assert [path for path in artifact_storage_in_tmp.rglob("*") if path.is_file()] == []
+
+
+def test_a_long_pipeline_is_refused_by_its_length_alone(api):
+    """33,000 steps (once a 500 after 25 s): the count is checked before any step is read."""
+    response = api.post(
+        "/api/tasks/", {**PIPELINE, "pipeline": ["not a step"] * 33_000}, format="json"
+    )
+    assert response.status_code == 400
+    assert response.json()["fields"] == {
+        "pipeline": ["pipeline has 33000 steps; at most 16 are allowed."]
+    }
+    assert_nothing_stored()
+
+
+def test_a_pipeline_at_the_limit_is_created(api):
+    body = create(api, {**PIPELINE, "pipeline": steps(16)})
+    assert len(body["pipeline"]) == 16
+    assert [turn["pipeline_step"] for turn in body["turns"]] == [None, *range(16)]
+
+
+def test_the_setting_sets_the_pipeline_limit(api, settings):
+    settings.BATON_MAX_PIPELINE_STEPS = 2
+    response = api.post("/api/tasks/", {**PIPELINE, "pipeline": steps(3)}, format="json")
+    assert response.status_code == 400
+    assert response.json()["fields"] == {
+        "pipeline": ["pipeline has 3 steps; at most 2 are allowed."]
+    }
+    assert_nothing_stored()
+    assert len(create(api, {**PIPELINE, "pipeline": steps(2)})["turns"]) == 3
+
+    settings.BATON_MAX_PIPELINE_STEPS = 20
+    assert len(create(api, {**PIPELINE, "pipeline": steps(20)})["turns"]) == 21
+
+
 def test_a_nested_value_that_is_not_an_object_names_its_field(api):
     """Only the body as a whole gets the "must be a JSON object" answer; a pipeline step that
     is not an object is an error about that step."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import re
 from typing import Any
 
@@ -192,6 +193,38 @@ def test_invalid_values_are_refused_with_the_reason(admin_client, changes, field
     assert reason in html.unescape(response.content.decode())
     row.refresh_from_db()
     assert (row.version, row.max_messages, row.max_tokens) == (1, 20, None)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "max_messages",
+        "max_chars",
+        "per_message_max_chars",
+        "max_tokens",
+        "previous_result_max_chars",
+        "current_message_max_chars",
+    ],
+)
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (2**31, "at most 2147483647"),
+        (2**63, "at most 2147483647"),
+        (-1, "greater than or equal to 0"),
+    ],
+)
+def test_a_cap_beyond_its_column_is_a_form_error(admin_client, field, value, reason):
+    row = HistoryPolicy.objects.get(task_type="code")
+    before = (row.version, row_values(row))
+    response = admin_client.post(
+        f"/admin/dispatch/historypolicy/{row.pk}/change/", change_data(row, **{field: value})
+    )
+    assert response.status_code == 200
+    form = response.context["adminform"].form
+    assert any(reason in error for error in form.errors[field]), form.errors
+    row.refresh_from_db()
+    assert (row.version, row_values(row)) == before
 
 
 def test_a_valid_save_bumps_the_version_and_records_the_admin(admin_client, superuser):
@@ -577,6 +610,63 @@ def test_turn_pages_show_bounded_text_and_the_result_as_sent(admin_client, user,
     detail = admin_client.get(f"/admin/tasks/subtask/{turn.pk}/change/").content.decode()
     assert value in detail  # the result as sent, not {"value": null}
     assert Subtask.objects.get(pk=turn.pk).result == {"value": None}
+
+
+def task_change_data(admin_client, task: Task, **changes: Any) -> dict[str, Any]:
+    """The task change form as a browser posts it: the page's hidden inline management fields,
+    the task's own fields, then `changes`."""
+    page = admin_client.get(f"/admin/tasks/task/{task.pk}/change/").content.decode()
+    hidden = {
+        html.unescape(name): html.unescape(value)
+        for name, value in re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', page)
+        if name != "csrfmiddlewaretoken"
+    }
+    return {
+        **hidden,
+        "owner": task.owner_id,
+        "title": task.title,
+        "task_type": task.task_type,
+        "status": task.status,
+        "pipeline": json.dumps(task.pipeline),
+        **({"is_group_chat": "on"} if task.is_group_chat else {}),
+        **changes,
+        "_save": "Save",
+    }
+
+
+def test_a_pipeline_edited_in_the_admin_is_bounded_and_checked(admin_client, user, settings):
+    settings.BATON_MAX_PIPELINE_STEPS = 3
+    task = answered_task(owner=user)
+    url = f"/admin/tasks/task/{task.pk}/change/"
+    stored = task.pipeline
+    step = {"bot": "coder", "executor": "codex", "context_passing": None}
+    for pipeline, reason in [
+        ([step] * 4, "pipeline has 4 steps; at most 3 are allowed."),
+        ([{"bot": "ghost"}], "bot 'ghost' is not registered"),
+        ([{"bot": "coder", "model": "x"}], "The pipeline is a list of steps"),
+        ({"bot": "coder"}, "The pipeline is a list of steps"),
+    ]:
+        data = task_change_data(admin_client, task, pipeline=json.dumps(pipeline))
+        response = admin_client.post(url, data)
+        assert response.status_code == 200, pipeline
+        errors = response.context["adminform"].form.errors["pipeline"]
+        assert any(reason in error for error in errors), errors
+        task.refresh_from_db()
+        assert task.pipeline == stored
+    # Within the limit: stored as create_task stores it (the bot's executor filled in).
+    data = task_change_data(admin_client, task, pipeline=json.dumps([{"bot": "reviewer"}] * 3))
+    assert admin_client.post(url, data).status_code == 302
+    task.refresh_from_db()
+    assert (
+        task.pipeline
+        == [{"bot": "reviewer", "executor": "claude_code", "context_passing": None}] * 3
+    )
+    # A pipeline stored before the limit was lowered does not block other edits.
+    settings.BATON_MAX_PIPELINE_STEPS = 1
+    data = task_change_data(admin_client, task, title="Renamed")
+    assert admin_client.post(url, data).status_code == 302
+    task.refresh_from_db()
+    assert (task.title, len(task.pipeline)) == ("Renamed", 3)
 
 
 def test_bots_are_registered_and_edited_in_the_admin(client, staff_user, api):

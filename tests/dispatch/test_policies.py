@@ -133,6 +133,18 @@ def test_the_inherited_policy_is_validated_as_a_whole(staff_user):
         )
 
 
+@pytest.mark.parametrize("value", [2**31, 2**63])
+def test_a_cap_beyond_its_column_is_refused_by_the_service(staff_user, value):
+    """Not only the API: any caller of save_policy gets InvalidInput naming the field."""
+    row = HistoryPolicy.objects.get(task_type="code")
+    with pytest.raises(InvalidInput) as error:
+        save_policy(row=row, changed_by=staff_user, values={"max_tokens": value})
+    assert error.value.field == "max_tokens"
+    assert "at most 2147483647" in error.value.message
+    row.refresh_from_db()
+    assert (row.version, row.max_tokens) == (1, None)
+
+
 def test_the_environment_records_which_history_settings_it_set():
     env = load_environment({"EXECUTOR_HISTORY_MAX_MESSAGES": "2", "EXECUTOR_HISTORY_ENABLED": "1"})
     assert env.history_fields_from_environment == {"max_messages"}

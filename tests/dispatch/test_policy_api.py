@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backend.dispatch.models import HistoryPolicy
+from backend.dispatch.policies import row_values
 
 pytestmark = pytest.mark.django_db
 
@@ -62,6 +63,43 @@ def test_invalid_values_are_refused_with_the_reason(staff_api, body, field, frag
     assert fragment in error["detail"] or fragment in " ".join(error["fields"].get(field, []))
     row = HistoryPolicy.objects.get(task_type="code")
     assert (row.version, row.max_messages) == (1, 20)
+
+
+INTEGER_CAPS = [
+    "max_messages",
+    "max_chars",
+    "per_message_max_chars",
+    "max_tokens",
+    "previous_result_max_chars",
+    "current_message_max_chars",
+]
+
+
+@pytest.mark.parametrize("name", ["code", "default"])
+@pytest.mark.parametrize("field", INTEGER_CAPS)
+@pytest.mark.parametrize("value", [2**31, 2**63, -1])
+def test_a_cap_outside_its_column_is_400_naming_the_field(staff_api, name, field, value):
+    """The caps are 32-bit integer columns: a larger value is refused, not a server error."""
+    row = HistoryPolicy.objects.get(task_type="" if name == "default" else name)
+    before = (row.version, row_values(row), list(row.overrides))
+    response = staff_api.patch(f"/api/policies/{name}/", {field: value}, format="json")
+    assert response.status_code == 400, response.content
+    error = response.json()
+    assert error["fields"] == {
+        field: ["Must be a positive integer of at most 2147483647, or null (no cap)."]
+    }
+    assert field in error["detail"]
+    row.refresh_from_db()
+    assert (row.version, row_values(row), list(row.overrides)) == before
+
+
+def test_a_cap_at_the_top_of_its_column_is_stored(staff_api):
+    response = staff_api.patch(
+        "/api/policies/code/", {"max_chars": 2**31 - 1, "max_tokens": 2**31 - 1}, format="json"
+    )
+    assert response.status_code == 200, response.json()
+    row = HistoryPolicy.objects.get(task_type="code")
+    assert (row.max_chars, row.max_tokens) == (2**31 - 1, 2**31 - 1)
 
 
 def test_only_staff(api, worker_api):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from backend.prompting import MIN_MAX_TOKENS, ContextPassing, PromptPolicy
+from backend.prompting import MAX_CAP, MIN_MAX_TOKENS, ContextPassing, PromptPolicy
 
 
 def test_defaults_match_the_design() -> None:
@@ -93,6 +93,25 @@ def test_caps_must_be_positive(field: str, value: int) -> None:
 )
 def test_every_cap_can_be_switched_off(field: str) -> None:
     assert getattr(PromptPolicy(**{field: None}), field) is None
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "max_messages",
+        "max_chars",
+        "per_message_max_chars",
+        "max_tokens",
+        "previous_result_max_chars",
+        "current_message_max_chars",
+    ],
+)
+def test_caps_fit_a_32_bit_integer_column(field: str) -> None:
+    with pytest.raises(ValidationError, match=f"at most {MAX_CAP}") as error:
+        PromptPolicy(**{"max_chars": None, field: MAX_CAP + 1})
+    assert error.value.errors()[0]["loc"] == (field,)
+    assert getattr(PromptPolicy(**{"max_chars": None, field: MAX_CAP}), field) == MAX_CAP
+    assert MAX_CAP == 2**31 - 1
 
 
 def test_per_message_cap_cannot_exceed_the_history_cap() -> None:

@@ -184,6 +184,25 @@ def test_unknown_executor_and_task_type_are_rejected(user):
     assert not Subtask.objects.exists()
 
 
+def test_a_pipeline_longer_than_the_setting_is_refused_before_anything_is_stored(
+    user, settings, artifact_storage_in_tmp
+):
+    settings.BATON_MAX_PIPELINE_STEPS = 3
+    # A message long enough to be stored as an artifact if the round were written.
+    message = "x" * (settings.BATON_SPILL_THRESHOLD_CHARS + 1)
+    with pytest.raises(InvalidInput) as error:
+        make_task(user, pipeline=[PipelineStep(executor="codex")] * 4, message=message)
+    assert (error.value.field, error.value.message) == (
+        "pipeline",
+        "pipeline has 4 steps; at most 3 are allowed.",
+    )
+    assert not Task.objects.exists()
+    assert not Subtask.objects.exists()
+    assert [path for path in artifact_storage_in_tmp.rglob("*") if path.is_file()] == []
+    task = make_task(user, pipeline=[PipelineStep(executor="codex")] * 3)
+    assert len(task.pipeline) == 3
+
+
 def test_allocate_message_ids_on_a_missing_task():
     with pytest.raises(NotFound):
         allocate_message_ids(task_id=999_999, count=1)
