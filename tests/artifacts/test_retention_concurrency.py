@@ -19,7 +19,13 @@ from backend.tasks.artifact_retention import prune_artifacts
 from backend.tasks.models import Subtask
 from tests.artifacts.conftest import spill, task_of
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.postgres_only]
+# A transactional test flushes every table, the shipped bots included: `shipped_bots` puts them
+# back, so the test does not depend on which tests ran before it.
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.postgres_only,
+    pytest.mark.usefixtures("shipped_bots"),
+]
 
 
 def test_a_reference_committed_after_pruning_is_refused(user) -> None:
