@@ -1,14 +1,17 @@
 """Every answer under /api/ is Baton's JSON error body, over real HTTP requests: bodies nested
-too deeply."""
+too deeply, URLs no endpoint matches, a Host header the server does not serve and unhandled
+exceptions; the admin keeps Django's HTML pages."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from backend.api import views
 from backend.api.parsers import MAX_JSON_DEPTH, nested_deeper_than
 from backend.tasks.models import Subtask, Task
 from backend.tasks.selectors import turn_result
@@ -180,3 +183,82 @@ def test_nested_deeper_than_does_not_recurse():
         value = [value]
     assert nested_deeper_than(value, 99_999)
     assert not nested_deeper_than(value, 100_001)
+
+
+# --- answers Django gives before or after a view ----------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/api/does-not-exist/", "/api/tasks/1/nope/", "/api"])
+def test_an_unmatched_api_url_is_404_json(api, path):
+    response = api.get(path)
+    assert response.status_code == 404
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {"detail": "No API endpoint matches this URL.", "code": "not_found"}
+
+
+def test_an_unmatched_api_url_is_404_json_without_credentials_too(client):
+    response = client.post("/api/does-not-exist/", "{}", content_type="application/json")
+    assert response.status_code == 404
+    assert response.json()["code"] == "not_found"
+
+
+def test_a_host_not_served_is_400_json_on_the_api(api, settings):
+    settings.ALLOWED_HOSTS = ["testserver"]
+    response = api.get("/api/tasks/", HTTP_HOST="elsewhere.example")
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {
+        "detail": "The request's Host header names a host this server does not serve.",
+        "code": "bad_request",
+    }
+
+
+def test_a_host_not_served_is_still_an_html_page_outside_the_api(client, settings):
+    settings.ALLOWED_HOSTS = ["testserver"]
+    response = client.get("/admin/", HTTP_HOST="elsewhere.example")
+    assert response.status_code == 400
+    assert response["Content-Type"].startswith("text/html")
+
+
+SECRET = "the launch code is 0000"
+
+
+def test_an_unhandled_exception_is_500_json_with_no_text_of_it(api, monkeypatch, caplog):
+    def fail(self, request):
+        raise RuntimeError(SECRET)
+
+    monkeypatch.setattr(views.TaskListCreateApi, "get", fail)
+    api.raise_request_exception = False
+    with caplog.at_level(logging.INFO):
+        response = api.get("/api/tasks/")
+
+    assert response.status_code == 500
+    assert response["Content-Type"] == "application/json"
+    assert response.json() == {
+        "detail": "The server failed to handle this request. The failure has been logged.",
+        "code": "server_error",
+    }
+    assert b"launch code" not in response.content
+    # Logged once, as an event with the exception's type: no text of it, no traceback.
+    assert "launch code" not in caplog.text
+    assert not [record for record in caplog.records if record.exc_info]
+    [event] = [
+        json.loads(record.getMessage())
+        for record in caplog.records
+        if record.name == "baton.events" and record.levelno == logging.ERROR
+    ]
+    assert event == {
+        "event": "request_failed",
+        "status": 500,
+        "method": "GET",
+        "view": "task-list",
+        "error_type": "RuntimeError",
+    }
+
+
+def test_the_admin_keeps_its_html_404(client, staff_user):
+    client.force_login(staff_user)
+    response = client.get("/admin/does-not-exist/")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")
+    assert client.get("/does-not-exist/")["Content-Type"].startswith("text/html")
