@@ -133,7 +133,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # DRF's JSONParser, refusing bodies nested more than 100 levels deep (400 parse_error).
+    "DEFAULT_PARSER_CLASSES": ["backend.api.parsers.BatonJSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
         "backend.api.renderers.BatonJSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",

@@ -8,19 +8,30 @@ Every error response looks like
 Views never build error bodies themselves: they raise domain errors (`backend.errors`, and the
 artifact errors of `backend.artifacts`) or let DRF raise its own, and `api_exception_handler`,
 the only builder of the shape above, maps each by its type.
+
+Errors that DRF does not answer get the same body under /api/: Django's error views
+(`handler400`, `handler404` and `handler500` in `backend/urls.py`) answer a Host header that is
+not in ALLOWED_HOSTS with 400 `bad_request`, a URL no endpoint matches with 404 `not_found` and
+an unhandled exception with 500 `server_error` there, and with Django's own HTML pages
+everywhere else (the admin). A 500 says nothing of the exception, and is logged as an event
+with the exception's type only: its text may quote a message or a result (principle 7).
 """
 
 from __future__ import annotations
 
+import logging
+import sys
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
-from django.http import Http404
+from django.core.exceptions import DisallowedHost, RequestDataTooBig
+from django.http import Http404, HttpRequest, HttpResponse
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
+from backend.api.renderers import BatonJSONRenderer
 from backend.artifacts.selectors import RangeNotSatisfiable
 from backend.artifacts.storage import ArtifactIntegrityError
 from backend.errors import (
@@ -31,6 +42,9 @@ from backend.errors import (
     NotSatisfiable,
     PayloadTooLarge,
 )
+from backend.events import log_event, opaque_id
+
+API_PATH_PREFIX = "/api/"
 
 DOMAIN_STATUS = {
     InvalidInput: status.HTTP_400_BAD_REQUEST,
@@ -144,4 +158,65 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
         detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         codes = exc.get_codes()
         response.data = error_body(detail=detail, code=codes if isinstance(codes, str) else "error")
+    return response
+
+
+# --- Django's error views (backend/urls.py) ---------------------------------------------------
+
+
+def is_api_request(request: HttpRequest) -> bool:
+    path = request.path_info
+    return path.startswith(API_PATH_PREFIX) or path == API_PATH_PREFIX.rstrip("/")
+
+
+def _json_error(http_status: int, *, detail: str, code: str) -> HttpResponse:
+    """Baton's error body outside DRF, rendered as DRF renders it."""
+    return HttpResponse(
+        BatonJSONRenderer().render(error_body(detail=detail, code=code)),
+        status=http_status,
+        content_type="application/json",
+    )
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if not is_api_request(request):
+        return defaults.bad_request(request, exception)
+    if isinstance(exception, DisallowedHost):
+        # Django logs the refused host on django.security.DisallowedHost.
+        detail = "The request's Host header names a host this server does not serve."
+    else:
+        detail = "The request is malformed."
+    return _json_error(status.HTTP_400_BAD_REQUEST, detail=detail, code="bad_request")
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if not is_api_request(request):
+        return defaults.page_not_found(request, exception)
+    return _json_error(
+        status.HTTP_404_NOT_FOUND, detail="No API endpoint matches this URL.", code="not_found"
+    )
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """An unhandled exception (Django calls this inside its `except` block)."""
+    if not is_api_request(request):
+        return defaults.server_error(request)
+    error = sys.exc_info()[1]
+    match = request.resolver_match
+    log_event(
+        "request_failed",
+        level=logging.ERROR,
+        status=status.HTTP_500_INTERNAL_SERVER_ERROR,
+        method=opaque_id(request.method or ""),
+        view=opaque_id(match.url_name or "") if match is not None else None,
+        error_type=opaque_id(type(error).__name__) if error is not None else None,
+    )
+    response = _json_error(
+        status.HTTP_500_INTERNAL_SERVER_ERROR,
+        detail="The server failed to handle this request. The failure has been logged.",
+        code="server_error",
+    )
+    # Logged above. Django would log the exception again on django.request with its text and
+    # traceback, which may quote content; a response marked as logged is not logged again.
+    response._has_been_logged = True  # type: ignore[attr-defined]
     return response
