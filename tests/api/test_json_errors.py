@@ -83,7 +83,7 @@ def test_a_body_nested_to_the_limit_gets_the_ordinary_answer(api):
     response = post_json(api, "/api/tasks/", task_body(MAX_JSON_DEPTH))
     assert response.status_code == 400
     assert response.json()["code"] == "invalid"
-    assert response.json()["fields"] == {"message": ["Not a valid string."]}
+    assert response.json()["fields"] == {"message": ["Must be a string."]}
 
 
 def test_brackets_inside_strings_are_text_not_nesting(api):
