@@ -294,10 +294,11 @@ class _Builder:
 
 
 def _distinct(whole_texts: list[WholeText | None]) -> tuple[WholeText, ...]:
-    seen: dict[str, WholeText] = {}
+    """Each (text, turn) once: the same text in two turns is one artifact linked to both."""
+    seen: dict[tuple[str, int], WholeText] = {}
     for whole in whole_texts:
         if whole is not None:
-            seen.setdefault(whole.pointer.artifact_id, whole)
+            seen.setdefault((whole.pointer.artifact_id, whole.message_id), whole)
     return tuple(seen.values())
 
 

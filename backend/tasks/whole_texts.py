@@ -23,17 +23,23 @@ from backend.tasks.models import Subtask
 
 def store_whole_texts(*, task_id: int, whole_texts: Iterable[WholeText]) -> None:
     """Store each text of `task_id`'s turns not stored yet, and link it to its turn."""
-    pending = {whole.pointer.artifact_id: whole for whole in whole_texts}
+    pending: dict[str, list[WholeText]] = {}
+    for whole in whole_texts:
+        pending.setdefault(whole.pointer.artifact_id, []).append(whole)
     if not pending:
         return
     stored = set(Artifact.objects.filter(pk__in=list(pending)).values_list("pk", flat=True))
-    for artifact_id, whole in pending.items():
+    for artifact_id, wholes in pending.items():
         with transaction.atomic():
             if artifact_id not in stored:
-                artifact = store_artifact(text=whole.text, kind=whole.pointer.kind, task_id=task_id)
+                first = wholes[0]
+                artifact = store_artifact(text=first.text, kind=first.pointer.kind, task_id=task_id)
                 if artifact.pk != artifact_id:  # the core and storage disagree on the address
                     raise RuntimeError("content address mismatch")
-            # A turn keeps the artifact it has (a spilled turn's is its own whole text).
+            # Every turn with this text points to it; a turn keeps the artifact it has (a
+            # spilled turn's is its own whole text).
             Subtask.objects.filter(
-                task_id=task_id, message_id=whole.message_id, artifact__isnull=True
+                task_id=task_id,
+                message_id__in=[whole.message_id for whole in wholes],
+                artifact__isnull=True,
             ).update(artifact_id=artifact_id)

@@ -143,3 +143,19 @@ def test_the_omission_notice_points_to_a_transcript_of_the_whole_conversation(ap
     # Retention keeps the task's current transcript; the earlier one can go.
     prunable = set(prunable_artifacts(older_than=timedelta(0)).values_list("pk", flat=True))
     assert entry["id"] in prunable and newer["id"] not in prunable
+
+
+def test_the_same_cut_text_in_two_turns_is_one_artifact_linked_to_both(api, worker_api, settings):
+    settings.BATON_SPILL_THRESHOLD_CHARS = 20_000
+    answer = "the same long answer line\n" * 200
+    task = create(api)
+    for question in ("again?", "and again?"):
+        [turn] = dispatch(worker_api)
+        report(worker_api, turn, result={"value": answer})
+        api.post(f"/api/tasks/{task['id']}/messages/", {"message": question}, format="json")
+    set_code_policy(per_message_max_chars=1_000)
+    [turn] = dispatch(worker_api)
+    [artifact_id] = set(pointers(turn["prompt"]))
+    linked = Subtask.objects.filter(task_id=task["id"], artifact_id=artifact_id)
+    assert sorted(linked.values_list("message_id", flat=True)) == [2, 4]
+    assert read(worker_api, artifact_id) == answer

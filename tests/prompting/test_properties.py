@@ -269,7 +269,7 @@ def test_every_cut_points_to_the_whole_text(
     except PromptBudgetError:
         return
     report = build.report
-    whole = {item.pointer.artifact_id: item for item in build.whole_texts}
+    whole = {(item.pointer.artifact_id, item.message_id): item for item in build.whole_texts}
     for item in build.whole_texts:
         assert content_pointer(item.text) == item.pointer
         assert item.pointer.artifact_id in report.artifacts
@@ -284,15 +284,15 @@ def test_every_cut_points_to_the_whole_text(
         if source.artifact is not None:
             assert message.artifact == source.artifact
         else:
-            assert whole[message.artifact.artifact_id].text == source.text
-            assert whole[message.artifact.artifact_id].message_id == source.message_id
+            assert whole[(message.artifact.artifact_id, source.message_id)].text == source.text
     current = build.document.section(Section.CURRENT)
     if report.current_truncated:
         assert current is not None
         [message] = current.messages
         assert message.artifact is not None
         if prompt_input.current.artifact is None:
-            assert whole[message.artifact.artifact_id].text == prompt_input.current.text
+            key = (message.artifact.artifact_id, prompt_input.current.message_id)
+            assert whole[key].text == prompt_input.current.text
     previous = build.document.section(Section.PREVIOUS_RESULT)
     if report.previous_result_truncated and (
         prompt_input.previous_result_artifact or prompt_input.previous_result_message_id
