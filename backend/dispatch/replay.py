@@ -33,10 +33,6 @@ class Replay:
     problem: str
     """Why the prompt could not be rebuilt, or could not be expected to match ("" if none)."""
 
-    @property
-    def same_builder(self) -> bool:
-        return self.report.builder_version == BUILDER_VERSION
-
 
 def replay_prompt(*, report: PromptReport) -> Replay:
     """Rebuild the prompt `report` describes and compare its sha256 with the recorded one."""
