@@ -104,7 +104,9 @@ def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
     subtasks = list(
         Subtask.objects.filter(pk__in=ids)
         .select_related("task")
-        .defer("result", "message", "history_text", "preview_head", "preview_tail")
+        .defer(
+            "result", "message", "history_text", "preview_head", "preview_tail", "preview_layout"
+        )
         .order_by("pending_since", "id")
     )
     bots = bots_for_turns(subtasks)

@@ -6,7 +6,8 @@ each:
 * ``units`` — sizes in chars, bytes, approximate and real tokens; the one token counter.
 * ``kinds`` — what an artifact's text is (JSON, command output, code, …), from a bounded sample.
 * ``addressing`` — content addresses: the artifact id, workspace path and pointer of a text.
-* ``truncate`` — head + tail cuts with Codex's exact markers; ingestion's previews.
+* ``truncate`` — head + tail cuts with Codex's exact markers; the previews ingestion stores.
+* ``previews`` — kind-aware previews: valid JSON skeletons, evidence lines, line-bounded cuts.
 * ``policy`` — :class:`PromptPolicy`, every cap, validated; :class:`ContextPassing`.
 * ``inputs`` — the history, current message and previous result as frozen models.
 * ``document`` — the structure of a prompt (sections, messages, omission notice).

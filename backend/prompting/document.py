@@ -49,9 +49,9 @@ class RenderedMessage:
     content: str
     failed: bool = False
     artifact: ArtifactPointer | None = None
-    marker: tuple[int, int] | None = field(default=None, compare=False)
-    """The span in ``content`` of the marker of a real cut: escaping leaves it alone, while any
-    text that only looks like a marker is escaped. (Not compared: a quoted half-marker right
+    markers: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+    """The spans in ``content`` of the markers of real cuts: escaping leaves them alone, while
+    any text that only looks like a marker is escaped. (Not compared: a quoted half-marker right
     before the real one can swallow its ellipsis, and the parser then finds no span to give.)"""
 
 

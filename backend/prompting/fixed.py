@@ -62,18 +62,18 @@ class FixedSection:
             if cap is not None and shown.kept_chars > cap:
                 shown = shown.recut(cap)
             self.shown = shown
-            content, marker, cut = shown.text, shown.marker_span, None
+            content, markers, cut = shown.text, shown.marker_spans, None
             tokens = self.original_tokens if shown is self.preview else None
             partial = shown.removed_chars > 0
         else:
             cut = cut_chars(self.original, cap)
             content = cut.text if cut is not None else self.original
-            marker = cut.marker_span if cut is not None else None
+            markers = cut.marker_spans if cut is not None else ()
             tokens = self.original_tokens if cut is None else None
             partial = cut is not None or self.removed_before > 0
         pointer, self.whole_text = self._pointer() if partial else (None, None)
         message = RenderedMessage(
-            role=self.role, name=self.name, content=content, artifact=pointer, marker=marker
+            role=self.role, name=self.name, content=content, artifact=pointer, markers=markers
         )
         self.piece = sized_piece(
             message, tokens, last=self.last, cut=cut, whole_text=self.whole_text

@@ -33,7 +33,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from backend.prompting.truncate import Preview, render_preview
+from backend.prompting.truncate import Elision, Preview
 from backend.prompting.units import DEFAULT_TOKEN_ENCODING
 
 NAME_MAX_CHARS = 64
@@ -108,6 +108,10 @@ class HistoryMessage(_Frozen):
     total_chars: int | None = Field(default=None, ge=0)
     preview_head: str | None = None
     preview_tail: str | None = None
+    preview_middle: tuple[str, ...] = ()
+    preview_elisions: tuple[Elision, ...] = ()
+    """A kind-aware preview's parts between head and tail, and its elisions (see
+    :class:`~backend.prompting.truncate.Preview`); empty for a head + tail preview."""
     artifact: ArtifactPointer | None = None
 
     @field_validator("sender", "bot")
@@ -122,13 +126,17 @@ class HistoryMessage(_Frozen):
         if (self.preview_head is None) != (self.preview_tail is None):
             raise ValueError("preview_head and preview_tail come together")
         if self.preview_head is not None and self.preview_tail is not None:
-            kept = len(self.preview_head) + len(self.preview_tail)
+            kept = (
+                len(self.preview_head) + len(self.preview_tail) + sum(map(len, self.preview_middle))
+            )
             if self.total_chars is None or self.total_chars < kept:
-                raise ValueError("a preview needs total_chars >= len(head) + len(tail)")
-            if self.text != render_preview(self.preview_head, self.preview_tail, self.total_chars):
+                raise ValueError("a preview needs total_chars >= the code points it keeps")
+            if self.text != self.preview.text:  # type: ignore[union-attr]
                 raise ValueError("text must be the rendered preview (see make_preview)")
             if self.artifact is None:
                 raise ValueError("a preview needs the artifact that holds the whole text")
+        elif self.preview_middle or self.preview_elisions:
+            raise ValueError("preview_middle and preview_elisions need preview_head and _tail")
         elif self.total_chars is not None and self.total_chars != len(self.text):
             raise ValueError("total_chars must equal len(text) for a message without preview")
         return self
@@ -137,7 +145,13 @@ class HistoryMessage(_Frozen):
     def preview(self) -> Preview | None:
         if self.preview_head is None or self.preview_tail is None or self.total_chars is None:
             return None
-        return Preview(head=self.preview_head, tail=self.preview_tail, total_chars=self.total_chars)
+        return Preview(
+            head=self.preview_head,
+            tail=self.preview_tail,
+            total_chars=self.total_chars,
+            middle=self.preview_middle,
+            elisions=self.preview_elisions,
+        )
 
     @property
     def shows_error(self) -> bool:
@@ -182,8 +196,10 @@ class PromptInput(_Frozen):
     """Characters of the whole result that ``previous_result`` (its stored preview) leaves out."""
     previous_result_preview_head: str | None = None
     previous_result_preview_tail: str | None = None
-    """When the previous result spilled: the head and tail its stored preview
-    (``previous_result``) keeps, so a further cut counts against the whole result."""
+    previous_result_preview_middle: tuple[str, ...] = ()
+    previous_result_preview_elisions: tuple[Elision, ...] = ()
+    """When the previous result spilled: the parts its stored preview (``previous_result``)
+    keeps, so a further cut counts against the whole result."""
     previous_result_message_id: int | None = None
     """The previous step's turn: a cut of its unstored result points to the content address."""
     is_group_chat: bool = False
@@ -214,9 +230,10 @@ class PromptInput(_Frozen):
         if (head is None) != (tail is None):
             raise ValueError("previous_result_preview_head and _tail come together")
         if head is not None and tail is not None:
-            total = len(head) + len(tail) + self.previous_result_removed_chars
-            if self.previous_result != render_preview(head, tail, total):
-                raise ValueError("previous_result must be the rendered preview of head and tail")
+            if self.previous_result != self.previous_result_preview.text:  # type: ignore[union-attr]
+                raise ValueError("previous_result must be the rendered preview of its parts")
+        elif self.previous_result_preview_middle or self.previous_result_preview_elisions:
+            raise ValueError("a preview's middle and elisions need its head and tail")
         return self
 
     @property
@@ -224,8 +241,15 @@ class PromptInput(_Frozen):
         head, tail = self.previous_result_preview_head, self.previous_result_preview_tail
         if head is None or tail is None:
             return None
-        total = len(head) + len(tail) + self.previous_result_removed_chars
-        return Preview(head=head, tail=tail, total_chars=total)
+        middle = self.previous_result_preview_middle
+        total = len(head) + len(tail) + sum(map(len, middle)) + self.previous_result_removed_chars
+        return Preview(
+            head=head,
+            tail=tail,
+            total_chars=total,
+            middle=middle,
+            elisions=self.previous_result_preview_elisions,
+        )
 
     @model_validator(mode="after")
     def _history_is_ordered(self) -> PromptInput:

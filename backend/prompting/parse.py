@@ -32,7 +32,7 @@ from backend.prompting.render import (
     parse_omission_notice,
     parse_pointer_line,
     starts_with_header_line,
-    unescape_with_marker,
+    unescape_with_markers,
 )
 
 _BOUNDARY = re.compile(
@@ -54,14 +54,14 @@ def _message(role: str, name: str | None, failed: bool, raw: str) -> RenderedMes
         artifact = parse_pointer_line(raw[last_break + 1 :])
         if artifact is not None:
             raw = raw[:last_break]
-    content, marker = unescape_with_marker(raw)
+    content, markers = unescape_with_markers(raw)
     return RenderedMessage(
         role=Role.USER if role == "User" else Role.ASSISTANT,
         name=name,
         content=content,
         failed=failed,
         artifact=artifact,
-        marker=marker,
+        markers=markers,
     )
 
 

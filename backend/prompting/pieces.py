@@ -66,7 +66,7 @@ def sized_piece(
     whole_text: WholeText | None = None,
 ) -> SizedPiece:
     """Render ``message`` as a piece; ``content_tokens`` is the cached count of its content."""
-    body = escape_content(message.content, keep=message.marker)
+    body = escape_content(message.content, keep=message.markers)
     if body is not message.content:
         content_tokens = None  # escaping changed the text the cached count was for
     prefix = message_prefix(message.role, message.name, failed=message.failed)

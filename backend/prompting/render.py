@@ -269,23 +269,24 @@ def _structural_line_starts(content: str) -> list[int]:
     return starts
 
 
-def typed_markers(content: str, keep: tuple[int, int] | None = None) -> list[re.Match[str]]:
-    """The truncation-marker look-alikes in ``content``, but the real marker at ``keep``."""
+def typed_markers(content: str, keep: tuple[tuple[int, int], ...] = ()) -> list[re.Match[str]]:
+    """The truncation-marker look-alikes in ``content``, but the real markers at ``keep``."""
     if "truncated" not in content.lower():
         return []
-    return [match for match in _MARKER_LIKE.finditer(content) if match.span() != keep]
+    return [match for match in _MARKER_LIKE.finditer(content) if match.span() not in keep]
 
 
 def needs_escape(content: str) -> bool:
     """Whether any line of ``content`` would read as structure to a model, or any part of it
     as a truncation marker."""
-    return bool(_structural_line_starts(content)) or bool(typed_markers(content, None))
+    return bool(_structural_line_starts(content)) or bool(typed_markers(content))
 
 
-def escape_content(content: str, *, keep: tuple[int, int] | None = None) -> str:
+def escape_content(content: str, *, keep: tuple[tuple[int, int], ...] = ()) -> str:
     """Prefix one backslash to every content line that would read as structure, and put one
-    after the opening ellipsis of every truncation-marker look-alike, except the real marker of
-    a cut at ``keep`` (its span in ``content``). Returns ``content`` itself when unchanged."""
+    after the opening ellipsis of every truncation-marker look-alike, except the real markers
+    of cuts at ``keep`` (their spans in ``content``). Returns ``content`` itself when
+    unchanged."""
     markers = typed_markers(content, keep)
     if markers:
         pieces: list[str] = []
@@ -311,12 +312,12 @@ def escape_content(content: str, *, keep: tuple[int, int] | None = None) -> str:
 
 def unescape_content(content: str) -> str:
     """Exact inverse of :func:`escape_content`."""
-    return unescape_with_marker(content)[0]
+    return unescape_with_markers(content)[0]
 
 
-def unescape_with_marker(content: str) -> tuple[str, tuple[int, int] | None]:
-    """The inverse of :func:`escape_content`, and the span of the real marker it kept (the one
-    marker-like text without a backslash after its ellipsis), if any."""
+def unescape_with_markers(content: str) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """The inverse of :func:`escape_content`, and the spans of the real markers it kept (the
+    marker-like texts without a backslash after their ellipsis)."""
     if "\\" in content:
         pieces: list[str] = []
         previous = 0
@@ -326,22 +327,22 @@ def unescape_with_marker(content: str) -> tuple[str, tuple[int, int] | None]:
                 previous = start + 1
         pieces.append(content[previous:])
         content = "".join(pieces)
-    markers = typed_markers(content, None)
+    markers = typed_markers(content)
     if not markers:
-        return content, None
+        return content, ()
     pieces = []
     previous = 0
     removed = 0
-    kept: tuple[int, int] | None = None
+    kept: list[tuple[int, int]] = []
     for match in markers:
         if match.group("escapes"):
             pieces.append(content[previous : match.start("escapes")])
             previous = match.start("escapes") + 1
             removed += 1
-        elif kept is None:
-            kept = (match.start() - removed, match.end() - removed)
+        else:
+            kept.append((match.start() - removed, match.end() - removed))
     pieces.append(content[previous:])
-    return "".join(pieces), kept
+    return "".join(pieces), tuple(kept)
 
 
 def role_label(role: Role, name: str | None) -> str:
@@ -430,7 +431,7 @@ def notice_piece(notice: OmissionNotice, *, last: bool = False) -> str:
 def message_piece(message: RenderedMessage, *, last: bool = False) -> str:
     return (
         message_prefix(message.role, message.name, failed=message.failed)
-        + escape_content(message.content, keep=message.marker)
+        + escape_content(message.content, keep=message.markers)
         + message_suffix(message.artifact, last=last)
     )
 

@@ -180,7 +180,8 @@ class HistorySection:
         truncated = None
         # Only a cut shows a pointer: to the stored artifact, else to the content address of
         # the whole text (which dispatch then stores). A spilled message is always cut.
-        pointer, whole, marker = None, None, None
+        pointer, whole = None, None
+        markers: tuple[tuple[int, int], ...] = ()
         if preview is not None:
             if cap is not None and preview.kept_chars > cap:
                 preview = preview.recut(cap)
@@ -188,7 +189,7 @@ class HistorySection:
             else:
                 content = message.text
             if preview.removed_chars > 0:
-                pointer, marker = message.artifact, preview.marker_span
+                pointer, markers = message.artifact, preview.marker_spans
                 truncated = TruncatedMessage(
                     message_id=message.message_id,
                     original_chars=preview.total_chars,
@@ -203,7 +204,7 @@ class HistorySection:
             cut = cut_chars(source, cap)
             content = source
             if cut is not None:
-                content, cached, marker = cut.text, None, cut.marker_span
+                content, cached, markers = cut.text, None, cut.marker_spans
                 # A failed turn's error is not the turn's stored text: it has no artifact.
                 pointer, whole = pointer_to_whole(
                     source,
@@ -222,7 +223,7 @@ class HistorySection:
             content=content,
             failed=message.failed,
             artifact=pointer,
-            marker=marker,
+            markers=markers,
         )
         return sized_piece(rendered, cached, truncated=truncated, whole_text=whole)
 

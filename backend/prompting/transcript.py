@@ -43,7 +43,7 @@ def render_transcript(
     for message in history:
         content = (message.error or "") if message.shows_error else message.text
         preview = None if message.shows_error else message.preview
-        body = escape_content(content, keep=preview.marker_span if preview else None)
+        body = escape_content(content, keep=preview.marker_spans if preview else ())
         escaped = escaped or body is not content
         pieces.append(
             message_prefix(

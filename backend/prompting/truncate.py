@@ -26,6 +26,8 @@ the original text, so re-cutting a preview later keeps N exact (:meth:`Preview.r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
 
 from backend.prompting.units import (
     APPROX_BYTES_PER_TOKEN,
@@ -63,11 +65,11 @@ class Truncation:
         return len(self.head) + len(self.tail)
 
     @property
-    def marker_span(self) -> tuple[int, int] | None:
-        """Where the marker sits in ``text`` (None when nothing was cut)."""
+    def marker_spans(self) -> tuple[tuple[int, int], ...]:
+        """Where the marker sits in ``text`` (empty when nothing was cut)."""
         if not self.truncated:
-            return None
-        return len(self.head), len(self.text) - len(self.tail)
+            return ()
+        return ((len(self.head), len(self.text) - len(self.tail)),)
 
 
 def _unchanged(text: str) -> Truncation:
@@ -207,45 +209,231 @@ def render_preview(head: str, tail: str, total_chars: int) -> str:
     return head + truncation_marker(removed) + tail
 
 
+class ElisionStyle(StrEnum):
+    """How an elision's marker is written, so the kept text keeps its syntax."""
+
+    PLAIN = "plain"
+    """The bare marker: ``…N chars truncated…``."""
+    JSON_VALUE = "json_value"
+    """The marker as a JSON string, where a value (or array elements) was left out."""
+    JSON_MEMBERS = "json_members"
+    """The marker as a JSON object member, ``"…N chars truncated…": null``, where members were
+    left out."""
+
+
+@dataclass(frozen=True, slots=True)
+class Elision:
+    """``removed`` code points of the original left out at one place of a preview."""
+
+    removed: int
+    style: ElisionStyle = ElisionStyle.PLAIN
+
+    def render(self) -> tuple[str, int]:
+        """The text that stands for the elision, and where its marker starts in it."""
+        marker = truncation_marker(self.removed)
+        match self.style:
+            case ElisionStyle.PLAIN:
+                return marker, 0
+            case ElisionStyle.JSON_VALUE:
+                return f'"{marker}"', 1
+            case ElisionStyle.JSON_MEMBERS:
+                return f'"{marker}": null', 1
+
+
 @dataclass(frozen=True, slots=True)
 class Preview:
-    """The bounded head + tail that ingestion keeps for a long text (its full size included)."""
+    """The bounded part of a long text that ingestion keeps (its full size included).
+
+    The kept parts are verbatim slices of the original, in order: ``head``, then each of
+    ``middle``, then ``tail``. Between two parts sits one elision. A plain head + tail preview
+    has no ``middle`` and no ``elisions``: its one elision (if anything was removed) is plain
+    and removes ``total_chars - kept``. A kind-aware preview (:mod:`backend.prompting.previews`)
+    lists its ``elisions``, one more than its ``middle`` parts, each removing at least one code
+    point, together exactly what the kept parts leave out.
+    """
 
     head: str
     tail: str
     total_chars: int
+    middle: tuple[str, ...] = ()
+    elisions: tuple[Elision, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.elisions:
+            if self.middle:
+                raise ValueError("a preview with middle parts lists its elisions")
+            return
+        if len(self.elisions) != len(self.middle) + 1:
+            raise ValueError("a preview has one elision between each two kept parts")
+        if any(elision.removed <= 0 for elision in self.elisions):
+            raise ValueError("every elision removes at least one code point")
+        if sum(elision.removed for elision in self.elisions) != self.removed_chars:
+            raise ValueError("the elisions must remove exactly what the kept parts leave out")
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return (self.head, *self.middle, self.tail)
 
     @property
     def removed_chars(self) -> int:
-        return self.total_chars - len(self.head) - len(self.tail)
+        return self.total_chars - self.kept_chars
 
     @property
     def kept_chars(self) -> int:
-        return len(self.head) + len(self.tail)
+        return len(self.head) + sum(len(part) for part in self.middle) + len(self.tail)
+
+    def _elisions(self) -> tuple[Elision, ...]:
+        if self.elisions:
+            return self.elisions
+        return (Elision(self.removed_chars),) if self.removed_chars > 0 else ()
+
+    def _rendered(self) -> tuple[str, tuple[tuple[int, int], ...]]:
+        elisions = self._elisions()
+        if not elisions:
+            return self.head + self.tail, ()
+        pieces = [self.head]
+        spans = []
+        offset = len(self.head)
+        for elision, part in zip(elisions, (*self.middle, self.tail), strict=True):
+            text, start = elision.render()
+            marker_length = len(truncation_marker(elision.removed))
+            spans.append((offset + start, offset + start + marker_length))
+            pieces += (text, part)
+            offset += len(text) + len(part)
+        return "".join(pieces), tuple(spans)
 
     @property
     def text(self) -> str:
-        return render_preview(self.head, self.tail, self.total_chars)
+        return self._rendered()[0]
 
     @property
-    def marker_span(self) -> tuple[int, int] | None:
-        """Where the marker sits in ``text`` (None when the preview is the whole text)."""
-        if self.removed_chars <= 0:
-            return None
-        return len(self.head), len(self.head) + len(truncation_marker(self.removed_chars))
+    def marker_spans(self) -> tuple[tuple[int, int], ...]:
+        """Where each marker sits in ``text`` (empty when the preview is the whole text)."""
+        return self._rendered()[1]
+
+    def layout(self) -> dict[str, list[Any]]:
+        """What a stored turn keeps besides its head and tail: ``{}`` for a head + tail preview,
+        else ``{"middle": [part, ...], "elisions": [[removed, style], ...]}``."""
+        if not self.elisions:
+            return {}
+        return {
+            "middle": list(self.middle),
+            "elisions": [[elision.removed, elision.style.value] for elision in self.elisions],
+        }
+
+    @classmethod
+    def stored(cls, head: str, tail: str, total_chars: int, layout: dict[str, Any]) -> Preview:
+        """The preview a turn stored as its head, tail, size and :meth:`layout`."""
+        return cls(
+            head=head,
+            tail=tail,
+            total_chars=total_chars,
+            **layout_fields(layout),
+        )
+
+    def slices(self) -> list[tuple[int, str]]:
+        """The kept parts as ``(offset in the original, text)``, empty ones left out."""
+        elisions = self._elisions()
+        slices = []
+        offset = 0
+        for index, part in enumerate(self.parts):
+            if part:
+                slices.append((offset, part))
+            offset += len(part)
+            if index < len(elisions):
+                offset += elisions[index].removed
+        return slices
+
+    def _styles(self) -> dict[tuple[int, int], ElisionStyle]:
+        """Each explicit elision's style, keyed by the range of the original it removes."""
+        styles = {}
+        offset = 0
+        for part, elision in zip(self.parts, self.elisions, strict=False):
+            offset += len(part)
+            styles[(offset, offset + elision.removed)] = elision.style
+            offset += elision.removed
+        return styles
 
     def recut(self, limit: int) -> Preview:
-        """Keep at most ``limit`` code points, half from the head and half from the tail.
+        """Keep at most ``limit`` code points, half from the start and half from the end.
 
-        Matches ``truncate_middle(original, limit, "chars")`` whenever the stored head and tail
-        are at least half the limit each; the marker's N stays relative to the original text.
+        For a head + tail preview this matches ``truncate_middle(original, limit, "chars")``
+        whenever the stored head and tail are at least half the limit each; the marker's N stays
+        relative to the original text. A kind-aware preview spends each half on its parts in
+        order from its own end, and what lies between becomes one plain elision (an elision
+        kept whole between two kept parts keeps its style).
         """
         if self.kept_chars <= limit:
             return self
         left, right = _split_budget(limit)
-        head = self.head[:left]
-        tail = self.tail[max(len(self.tail) - right, 0) :] if right else ""
-        return Preview(head=head, tail=tail, total_chars=self.total_chars)
+        if not self.elisions:
+            head = self.head[:left]
+            tail = self.tail[max(len(self.tail) - right, 0) :] if right else ""
+            return Preview(head=head, tail=tail, total_chars=self.total_chars)
+        slices = self.slices()
+        front: list[tuple[int, str]] = []
+        budget = left
+        for offset, text in slices:
+            if budget <= 0:
+                break
+            front.append((offset, text[:budget]))
+            budget -= len(front[-1][1])
+        back: list[tuple[int, str]] = []
+        budget = right
+        for offset, text in reversed(slices):
+            if budget <= 0:
+                break
+            kept = text[max(len(text) - budget, 0) :]
+            back.append((offset + len(text) - len(kept), kept))
+            budget -= len(kept)
+        return preview_from_slices(front + back[::-1], self.total_chars, self._styles())
+
+
+def layout_fields(layout: dict[str, Any]) -> dict[str, Any]:
+    """A stored :meth:`Preview.layout` as the ``middle`` and ``elisions`` of a Preview."""
+    return {
+        "middle": tuple(layout.get("middle", ())),
+        "elisions": tuple(
+            Elision(removed, ElisionStyle(style)) for removed, style in layout.get("elisions", ())
+        ),
+    }
+
+
+def preview_from_slices(
+    slices: list[tuple[int, str]],
+    total_chars: int,
+    styles: dict[tuple[int, int], ElisionStyle] | None = None,
+) -> Preview:
+    """The preview that keeps ``slices`` (``(offset, text)`` of the original, in order, not
+    overlapping) of a text of ``total_chars`` code points; each elision is plain unless
+    ``styles`` names the range it removes. Touching slices merge."""
+    styles = styles or {}
+    merged: list[tuple[int, str]] = []
+    for offset, text in slices:
+        if not text:
+            continue
+        if merged and merged[-1][0] + len(merged[-1][1]) == offset:
+            merged[-1] = (merged[-1][0], merged[-1][1] + text)
+        else:
+            merged.append((offset, text))
+    if not merged or merged[0][0] > 0:
+        merged.insert(0, (0, ""))
+    if len(merged) == 1 or merged[-1][0] + len(merged[-1][1]) < total_chars:
+        merged.append((total_chars, ""))
+    elisions = []
+    for (offset, text), (next_offset, _) in zip(merged, merged[1:], strict=False):
+        end = offset + len(text)
+        style = styles.get((end, next_offset), ElisionStyle.PLAIN)
+        elisions.append(Elision(next_offset - end, style))
+    if len(merged) == 2 and elisions[0].style is ElisionStyle.PLAIN:
+        return Preview(head=merged[0][1], tail=merged[1][1], total_chars=total_chars)
+    return Preview(
+        head=merged[0][1],
+        tail=merged[-1][1],
+        total_chars=total_chars,
+        middle=tuple(text for _, text in merged[1:-1]),
+        elisions=tuple(elisions),
+    )
 
 
 def make_preview(text: str, *, head_chars: int, tail_chars: int) -> Preview:

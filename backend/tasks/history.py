@@ -30,6 +30,7 @@ from backend.prompting.inputs import (
     PromptInput,
 )
 from backend.prompting.policy import PromptPolicy
+from backend.prompting.truncate import layout_fields
 from backend.prompting.units import DEFAULT_TOKEN_ENCODING
 from backend.tasks.models import Subtask, SubtaskStatus, Task
 
@@ -50,6 +51,7 @@ HISTORY_FIELDS = (
     "history_chars",
     "preview_head",
     "preview_tail",
+    "preview_layout",
     "artifact__id",
     "artifact__kind",
     "artifact__size_chars",
@@ -82,7 +84,16 @@ def _preview_removed_chars(turn: Subtask) -> int:
     """Characters a spilled turn's stored preview leaves out of its whole text (else 0)."""
     if not turn.history_is_preview or turn.history_chars is None:
         return 0
-    return max(turn.history_chars - len(turn.preview_head) - len(turn.preview_tail), 0)
+    kept = len(turn.preview_head) + len(turn.preview_tail)
+    kept += sum(map(len, turn.preview_layout.get("middle", ())))
+    return max(turn.history_chars - kept, 0)
+
+
+def _preview_parts(turn: Subtask | None) -> dict[str, Any]:
+    """A spilled turn's kind-aware preview parts (its middle and elisions), else nothing."""
+    if turn is None or not turn.history_is_preview:
+        return {}
+    return layout_fields(turn.preview_layout)
 
 
 def history_message(turn: Subtask) -> HistoryMessage:
@@ -100,6 +111,7 @@ def history_message(turn: Subtask) -> HistoryMessage:
         total_chars=turn.history_chars,
         preview_head=turn.preview_head if spilled else None,
         preview_tail=turn.preview_tail if spilled else None,
+        **{f"preview_{name}": value for name, value in _preview_parts(turn).items()},
         artifact=_pointer(turn.artifact),
     )
 
@@ -247,6 +259,10 @@ def _prompt_input(
             if previous_turn is not None and previous_turn.history_is_preview
             else None
         ),
+        **{
+            f"previous_result_preview_{name}": value
+            for name, value in _preview_parts(previous_turn).items()
+        },
         previous_result_message_id=previous_turn.message_id if previous_turn else None,
         **fields,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from django.conf import settings
 
@@ -20,7 +21,7 @@ from backend.artifacts.models import Artifact
 from backend.artifacts.services import store_artifact
 from backend.prompting.addressing import count_lines
 from backend.prompting.kinds import classify_text
-from backend.prompting.truncate import make_preview
+from backend.prompting.previews import make_kind_preview
 from backend.prompting.units import count_tokens
 from backend.tasks.models import Task
 
@@ -36,6 +37,7 @@ class IngestedText:
     history_text_tokens: int
     preview_head: str
     preview_tail: str
+    preview_layout: dict[str, Any]
     chars: int
     bytes: int
     lines: int
@@ -73,6 +75,7 @@ def ingest_text(*, text: str, task: Task | None, serialized_json: bool = False) 
             history_text_tokens=tokens,
             preview_head="",
             preview_tail="",
+            preview_layout={},
             chars=chars,
             bytes=len(text.encode("utf-8")),
             lines=lines,
@@ -82,18 +85,16 @@ def ingest_text(*, text: str, task: Task | None, serialized_json: bool = False) 
             artifact=None,
         )
 
-    preview = make_preview(
+    kind = classify_text(text, serialized_json=serialized_json)
+    preview = make_kind_preview(
         text,
+        kind,
         head_chars=settings.BATON_PREVIEW_HEAD_CHARS,
         tail_chars=settings.BATON_PREVIEW_TAIL_CHARS,
     )
-    artifact = store_artifact(
-        text=text,
-        kind=classify_text(text, serialized_json=serialized_json),
-        task_id=None if task is None else task.pk,
-    )
-    kept_tokens = count_tokens(preview.head) + count_tokens(preview.tail)
-    kept_bytes = len(preview.head.encode("utf-8")) + len(preview.tail.encode("utf-8"))
+    artifact = store_artifact(text=text, kind=kind, task_id=None if task is None else task.pk)
+    kept_tokens = sum(count_tokens(part) for part in preview.parts)
+    kept_bytes = sum(len(part.encode("utf-8")) for part in preview.parts)
     middle_bytes = artifact.size_bytes - kept_bytes
     # Estimate the spilled middle at the preview's own bytes-per-token rate (Codex's 4 bytes
     # per token when the preview is empty), instead of tokenizing megabytes.
@@ -106,6 +107,7 @@ def ingest_text(*, text: str, task: Task | None, serialized_json: bool = False) 
         history_text_tokens=count_tokens(history_text),
         preview_head=preview.head,
         preview_tail=preview.tail,
+        preview_layout=preview.layout(),
         chars=chars,
         bytes=artifact.size_bytes,
         lines=lines,

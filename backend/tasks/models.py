@@ -257,6 +257,9 @@ class Subtask(models.Model):
     # For spilled text: the kept head and tail of the original.
     preview_head = models.TextField(blank=True)
     preview_tail = models.TextField(blank=True)
+    # For a kind-aware preview, the parts kept between them and the elisions
+    # (backend.prompting.truncate.Preview.layout); {} for a head + tail preview.
+    preview_layout = models.JSONField(default=dict, blank=True)
     # Size of the whole text.
     history_chars = models.BigIntegerField(null=True, blank=True)
     history_bytes = models.BigIntegerField(null=True, blank=True)

@@ -45,7 +45,7 @@ def task_turns(*, task: Task) -> QuerySet[Subtask]:
     return (
         Subtask.objects.filter(task_id=task.pk)
         .select_related("artifact")
-        .defer("history_text", "preview_head", "preview_tail")
+        .defer("history_text", "preview_head", "preview_tail", "preview_layout")
         .order_by("message_id")
     )
 

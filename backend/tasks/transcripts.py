@@ -21,6 +21,7 @@ from backend.artifacts.storage import store_text
 from backend.prompting.addressing import artifact_id_for, workspace_path
 from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
 from backend.prompting.transcript import render_transcript, transcript_pointer
+from backend.prompting.truncate import layout_fields
 from backend.tasks.history import HISTORY_STATUSES, any_of
 from backend.tasks.models import Subtask, SubtaskStatus, Task
 
@@ -91,6 +92,7 @@ _COLUMNS = (
     "history_is_preview",
     "preview_head",
     "preview_tail",
+    "preview_layout",
     "history_chars",
     "artifact_id",
     "artifact__kind",
@@ -105,10 +107,9 @@ def _messages(turns: QuerySet[Subtask]) -> Iterator[tuple[int, HistoryMessage]]:
     recorded and each prompt that includes them validates them again; here they are only
     rendered, so they are constructed without a second validation."""
     for row in turns.values_list(*_COLUMNS):
-        (task_id, message_id, role, status, sender, bot, text, spilled, head, tail, chars) = row[
-            :11
-        ]
-        artifact_id, kind, size_chars, size_lines = row[11:]
+        (task_id, message_id, role, status, sender, bot, text, spilled, head, tail) = row[:10]
+        layout, chars, artifact_id, kind, size_chars, size_lines = row[10:]
+        parts = layout_fields(layout) if spilled else {}
         pointer = (
             ArtifactPointer.model_construct(
                 artifact_id=artifact_id,
@@ -134,6 +135,7 @@ def _messages(turns: QuerySet[Subtask]) -> Iterator[tuple[int, HistoryMessage]]:
                 total_chars=chars,
                 preview_head=head if spilled else None,
                 preview_tail=tail if spilled else None,
+                **{f"preview_{name}": value for name, value in parts.items()},
                 artifact=pointer,
             ),
         )

@@ -528,4 +528,7 @@ def test_every_cut_section_points_to_its_whole_text_in_the_manifest(api, worker_
     assert (row.task_id, row.truncated_count) == (task["id"], 2)
     assert (row.current_truncated, row.previous_result_truncated) == (True, True)
     assert row.current_removed_chars == len(message) - 32_000
-    assert row.previous_result_removed_chars == len(answer) - 4_000
+    coder_turn = Subtask.objects.get(pk=coder["subtask_id"])
+    kept = len(coder_turn.preview_head) + len(coder_turn.preview_tail)
+    assert coder_turn.preview_head.endswith("\n")  # cut on a line boundary
+    assert row.previous_result_removed_chars == len(answer) - kept > len(answer) - 4_000

@@ -9,6 +9,7 @@ the transcript, every earlier turn).
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -91,3 +92,23 @@ def test_a_60_turn_conversation(api, worker_api):
     cuts = check_every_cut_leads_back(worker_api, turn, originals)
     assert cuts == len(turn["prompt_report"]["truncated"]) > 0
     assert any(entry["kind"] == "transcript" for entry in turn["artifacts"])
+
+
+def test_a_spilled_json_answer_reaches_the_next_step_as_valid_json(api, worker_api):
+    """The reviewer sees the coder's 60,000-char JSON answer as a JSON skeleton it can parse
+    (first items, every top-level key, markers as JSON strings), and the pointer to the whole."""
+    create(api, PIPELINE)
+    [coder] = dispatch(worker_api)
+    items = [{"file": f"src/module_{n}.py", "status": "changed", "lines": n} for n in range(900)]
+    answer = {"summary": "Added retries to every client.", "files": items, "ok": True}
+    report(worker_api, coder, result={"value": answer})
+    [reviewer] = dispatch(worker_api, kinds=("claude_code",))
+    whole = read(worker_api, reviewer["artifacts"][0]["download_url"])
+    assert json.loads(whole) == answer
+    assert check_every_cut_leads_back(worker_api, reviewer, {whole, PIPELINE["message"]}) == 1
+    previous = parse_prompt(reviewer["prompt"]).section(Section.PREVIOUS_RESULT)
+    assert previous is not None
+    skeleton = json.loads(previous.messages[0].content)
+    assert skeleton["summary"] == answer["summary"] and skeleton["ok"] is True
+    assert skeleton["files"][0] == items[0]
+    assert MARKER.fullmatch(skeleton["files"][-1])

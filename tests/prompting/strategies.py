@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import strategies as st
 
 from backend.prompting import (
@@ -13,8 +15,9 @@ from backend.prompting import (
     PromptPolicy,
     Role,
     count_tokens,
-    make_preview,
 )
+from backend.prompting.kinds import ArtifactKind
+from backend.prompting.previews import make_kind_preview
 
 # Pieces of text that look like the prompt's own structure, or like its escapes and markers.
 STRUCTURE_LOOKALIKES = (
@@ -68,6 +71,21 @@ adversarial_text = st.lists(
 long_text = st.builds(lambda text, times: text * times, adversarial_text, st.integers(1, 120))
 
 some_text = st.one_of(adversarial_text, long_text)
+
+# JSON documents (with adversarial strings), compact or indented, for JSON previews.
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | adversarial_text | long_text,
+    lambda children: (
+        st.lists(children, max_size=6) | st.dictionaries(adversarial_text, children, max_size=6)
+    ),
+    max_leaves=30,
+)
+json_text = st.builds(
+    lambda value, indent, ascii_only: json.dumps(value, indent=indent, ensure_ascii=ascii_only),
+    json_values,
+    st.none() | st.integers(0, 2),
+    st.booleans(),
+)
 names = st.sampled_from(["alice", "bob", "coder", "reviewer", "a b", "Ünïcødé"])
 artifacts = st.builds(
     ArtifactPointer,
@@ -95,9 +113,11 @@ def history_messages(draw: st.DrawFn, message_id: int) -> HistoryMessage:
     }
     text = draw(some_text)
     if spilled:
-        original = text + draw(long_text)
-        preview = make_preview(
+        original = draw(st.builds(str.__add__, st.just(text), long_text) | json_text)
+        # Head + tail previews, and the kind-aware ones (several parts, JSON-style markers).
+        preview = make_kind_preview(
             original,
+            draw(st.sampled_from(list(ArtifactKind))),
             head_chars=draw(st.integers(0, 200)),
             tail_chars=draw(st.integers(0, 200)),
         )
@@ -105,6 +125,8 @@ def history_messages(draw: st.DrawFn, message_id: int) -> HistoryMessage:
             "text": preview.text,
             "preview_head": preview.head,
             "preview_tail": preview.tail,
+            "preview_middle": preview.middle,
+            "preview_elisions": preview.elisions,
             "total_chars": preview.total_chars,
             "artifact": draw(artifacts),
         }

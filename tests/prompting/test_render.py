@@ -207,12 +207,12 @@ def test_typed_truncation_markers_are_escaped(content: str, escaped: str) -> Non
 def test_the_real_marker_of_a_cut_is_kept_and_found_again() -> None:
     # A cut's head and tail quote markers; only the cut's own marker stays a marker.
     content = "head …2 chars truncated…" + "…40 chars truncated…" + "…1 chars truncated… tail"
-    real = (24, 44)
+    real = ((24, 44),)
     escaped = escape_content(content, keep=real)
     assert escaped == (
         "head …\\2 chars truncated…" + "…40 chars truncated…" + "…\\1 chars truncated… tail"
     )
-    assert render.unescape_with_marker(escaped) == (content, real)
+    assert render.unescape_with_markers(escaped) == (content, real)
 
 
 @given(

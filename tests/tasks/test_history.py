@@ -251,7 +251,9 @@ def test_a_spilled_previous_result_points_to_its_whole_text(user, settings):
     )
     assert build.report.artifacts == (artifact.id,)
     assert build.report.previous_result_truncated
-    assert build.report.previous_result_removed_chars == len(answer) - 40
+    # A diff's preview is cut on line boundaries: the head ends after the diff header's line.
+    assert "\nAssistant[coder]:\ndiff --git a/x b/x\n…" in build.text
+    assert build.report.previous_result_removed_chars == len(answer) - 39
 
 
 def test_a_cut_current_message_points_to_its_whole_text(user, settings):

@@ -52,7 +52,7 @@ def test_long_result_is_spilled_to_an_artifact_with_a_bounded_preview(user, sett
     settings.BATON_PREVIEW_HEAD_CHARS = 100
     settings.BATON_PREVIEW_TAIL_CHARS = 50
     task = new_task(user)
-    log = "".join(f"$ step {i}: ok\n" for i in range(500))
+    log = "".join(f"step {i}: ok\n" for i in range(500))
     turn = record_result(
         subtask=pending_turn(task), status=SubtaskStatus.COMPLETED, result={"value": log}
     )
@@ -61,10 +61,14 @@ def test_long_result_is_spilled_to_an_artifact_with_a_bounded_preview(user, sett
     assert turn.result == {"value": None}
     assert turn.result_value_in_artifact
     assert turn_result(subtask=turn) == {"value": log}
-    assert turn.preview_head == log[:100]
-    assert turn.preview_tail == log[-50:]
-    removed = len(log) - 150
-    assert turn.history_text == log[:100] + f"…{removed} chars truncated…" + log[-50:]
+    # A log is cut on line boundaries: the head ends after the last line break within its
+    # budget, the tail starts at the first one within its own, so the marker has its own line.
+    head = log[: log.rindex("\n", 0, 100) + 1]
+    tail = log[log.index("\n", len(log) - 50) :]
+    assert (turn.preview_head, turn.preview_tail) == (head, tail)
+    assert head.endswith("step 8: ok\n") and tail.startswith("\nstep 497: ok\n")
+    removed = len(log) - len(head) - len(tail)
+    assert turn.history_text == head + f"…{removed} chars truncated…" + tail
     assert turn.history_text_tokens == count_tokens(turn.history_text)
     assert (turn.history_chars, turn.history_bytes, turn.history_lines) == (
         len(log),
@@ -76,7 +80,7 @@ def test_long_result_is_spilled_to_an_artifact_with_a_bounded_preview(user, sett
     assert abs(turn.history_tokens - exact) / exact < 0.15
 
     artifact = turn.artifact
-    assert artifact.kind == ArtifactKind.COMMAND_OUTPUT
+    assert artifact.kind == ArtifactKind.TEXT
     assert (artifact.size_chars, artifact.size_bytes, artifact.size_lines) == (
         len(log),
         len(log.encode()),
