@@ -6,13 +6,14 @@ selection's rows and stored files, and knows nothing of tasks.
 
 A stored file is owned by the artifact row of its sha256, and is removed only while no row owns
 it, under the same hold on its content address that writers take (`remove_unowned_file`; see
-`backend.artifacts.services`).
+`backend.artifacts.services`). Files no row owns are left by rolled-back writes and crashes;
+`remove_orphan_files` sweeps them once they are older than BATON_ARTIFACT_ORPHAN_GRACE_SECONDS.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -22,7 +23,7 @@ from django.db.models.deletion import ProtectedError
 from django.utils import timezone
 
 from backend.artifacts.models import Artifact
-from backend.artifacts.storage import artifact_storage
+from backend.artifacts.storage import StoredFile, artifact_storage, stored_files
 from backend.events import log_event
 from backend.prompting.addressing import artifact_id_for
 from backend.prompting.kinds import ArtifactKind
@@ -36,6 +37,14 @@ class PrunedArtifact:
 
     id: str
     kind: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class OrphanFile:
+    """A stored file no artifact row owns that was removed (or, in a dry run, would be)."""
+
+    storage_key: str
     size_bytes: int
 
 
@@ -62,7 +71,7 @@ def remove_artifacts(
     selection since (gained a reference, or a read) is kept; a protecting foreign key backs
     this up on commit. The stored file is removed only after the row's deletion has committed,
     and only if no row owns it by then (`remove_unowned_file`): identical content recorded again
-    meanwhile keeps its file, and a crash in between leaves an orphan file, never
+    meanwhile keeps its file, and a crash in between leaves an orphan file for the sweep, never
     a row without its file.
     """
     candidates = list(selection().values_list("id", "kind", "size_bytes"))
@@ -134,3 +143,65 @@ def remove_unowned_file(*, sha256: str, storage_key: str) -> bool:
         finally:
             transaction.set_rollback(True)  # the stand-in only held the address
     return True
+
+
+def remove_orphan_files(*, older_than: timedelta, dry_run: bool) -> list[OrphanFile]:
+    """Remove stored files no artifact row owns, last modified more than `older_than` ago.
+
+    Files of rolled-back writes, of writes that failed halfway, of crashes between a row's
+    removal and its file's, and other names a storage backend chose for a save. The age keeps
+    a file that a write in progress is still filling; each file that has a content address is
+    removed under the hold writers take (`remove_unowned_file`), so one that text recorded
+    meanwhile needs is kept. Lists the storage with `listdir` and asks the database once per
+    shard directory.
+    """
+    storage = artifact_storage()
+    cutoff = timezone.now() - older_than
+    orphans: list[OrphanFile] = []
+    for shard in _by_shard(stored_files()):
+        owned = set(
+            Artifact.objects.filter(
+                sha256__in=[file.sha256 for file in shard if file.sha256 is not None]
+            ).values_list("sha256", flat=True)
+        )
+        for file in shard:
+            if file.sha256 in owned:
+                continue
+            try:
+                if storage.get_modified_time(file.storage_key) >= cutoff:
+                    continue
+                size = storage.size(file.storage_key)
+                if not dry_run and not _remove_orphan(file):
+                    continue
+            except FileNotFoundError:
+                continue  # removed meanwhile
+            except Exception:  # noqa: BLE001 - one file must not stop the sweep
+                logger.exception("could not remove the orphan file %s", file.storage_key)
+                continue
+            orphans.append(OrphanFile(storage_key=file.storage_key, size_bytes=size))
+    log_event(
+        "orphan_files_removed",
+        files=len(orphans),
+        size_bytes=sum(orphan.size_bytes for orphan in orphans),
+        dry_run=dry_run,
+    )
+    return orphans
+
+
+def _by_shard(files: Iterator[StoredFile]) -> Iterator[list[StoredFile]]:
+    shard: list[StoredFile] = []
+    for file in files:
+        if shard and shard[0].storage_key[:2] != file.storage_key[:2]:
+            yield shard
+            shard = []
+        shard.append(file)
+    if shard:
+        yield shard
+
+
+def _remove_orphan(file: StoredFile) -> bool:
+    if file.sha256 is None:
+        # No writer ever reads or writes another name again once its save has returned.
+        artifact_storage().delete(file.storage_key)
+        return True
+    return remove_unowned_file(sha256=file.sha256, storage_key=file.storage_key)

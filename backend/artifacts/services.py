@@ -8,7 +8,8 @@ one) before it checks or writes the file, and holds it until its transaction end
 of the file holds the same address (`retention.remove_unowned_file`). So no file is removed
 while a row that needs it is being committed, and two writers of one text never write the same
 key at once. A transaction that rolls back after writing a file removes it again when it was
-opened with `atomic_storing_artifacts()`.
+opened with `atomic_storing_artifacts()`; anything a crash leaves behind, the orphan sweep
+removes (`retention.remove_orphan_files`).
 """
 
 from __future__ import annotations

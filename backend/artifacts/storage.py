@@ -5,7 +5,7 @@ hashed in chunks (`content_address`) and, when it must be written, encoded in ch
 spooled temporary file, so a 50 MB result never exists as several in-memory copies, and the
 storage backend receives an ordinary file (any backend works, filesystem or S3-compatible).
 
-Only the storage API is used here (exists, open, save, delete),
+Only the storage API is used here (exists, open, save, delete, listdir, size, modified time),
 never a local path. This module knows nothing of rows: which writer may write a key, and when
 a file may be removed, is decided by whoever holds the key's artifact row
 (`backend.artifacts.services`, `backend.artifacts.retention`).
@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import logging
+import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +32,12 @@ logger = logging.getLogger(__name__)
 ENCODE_CHUNK_CHARS = 1 << 20
 READ_CHUNK_BYTES = 1 << 20
 SPOOL_MAX_BYTES = 4 << 20
+
+# The layout `ensure_stored` writes: a two-hex-digit directory per sha256 prefix, and in it the
+# canonical `<sha256>.txt` or, when a storage backend chose another free name for a save,
+# `<sha256>_<suffix>.txt`. Nothing else in the storage is ever listed or removed.
+_SHARD = re.compile(r"[0-9a-f]{2}")
+_STORED_NAME = re.compile(r"(?P<sha256>[0-9a-f]{64})(?P<suffix>_[A-Za-z0-9]+)?\.txt")
 
 
 class ArtifactIntegrityError(RuntimeError):
@@ -59,6 +66,15 @@ class ContentAddress:
     sha256: str
     storage_key: str
     size_bytes: int
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file in the artifact layout: its key, and the sha256 it is the canonical key of (None
+    for another name a backend chose for a save, which no artifact row ever names)."""
+
+    storage_key: str
+    sha256: str | None
 
 
 def artifact_storage() -> Storage:
@@ -154,6 +170,30 @@ def _write_failed(storage: Storage, *, address: ContentAddress, error: Exception
         storage.delete(address.storage_key)
     except Exception:  # noqa: BLE001 - the orphan sweep removes what is left
         logger.exception("artifact %s: could not remove a partial write", address.sha256[:16])
+
+
+def stored_files() -> Iterator[StoredFile]:
+    """Every file in the artifact layout, shard by shard, in key order.
+
+    Lists with `listdir` only (one call per shard directory on an object store).
+    """
+    storage = artifact_storage()
+    try:
+        shards, _ = storage.listdir("")
+    except FileNotFoundError:
+        return  # nothing was ever stored
+    for shard in sorted(shards):
+        if not _SHARD.fullmatch(shard):
+            continue
+        _, names = storage.listdir(shard)
+        for name in sorted(names):
+            match = _STORED_NAME.fullmatch(name)
+            if match is None or not match["sha256"].startswith(shard):
+                continue
+            yield StoredFile(
+                storage_key=f"{shard}/{name}",
+                sha256=None if match["suffix"] else match["sha256"],
+            )
 
 
 def verified_chunks(*, storage_key: str, sha256: str, artifact_id: str) -> Iterator[bytes]:
