@@ -98,6 +98,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = BATON_MAX_REQUEST_BODY_BYTES
 BATON_SPILL_THRESHOLD_CHARS = BATON.spill_threshold_chars
 BATON_PREVIEW_HEAD_CHARS = BATON.preview_head_chars
 BATON_PREVIEW_TAIL_CHARS = BATON.preview_tail_chars
+# prune_artifacts removes stored files no artifact row owns once they are this old; younger
+# ones may belong to a write whose row is not committed yet.
+BATON_ARTIFACT_ORPHAN_GRACE_SECONDS = BATON.artifact_orphan_grace_seconds
 # Steps a task's pipeline may have: each is one turn per message, created in one request.
 BATON_MAX_PIPELINE_STEPS = BATON.max_pipeline_steps
 

@@ -70,6 +70,9 @@ class BatonEnvironment(BaseModel):
     artifact_storage_options: dict[str, object] | None = Field(
         None, alias="BATON_ARTIFACT_STORAGE_OPTIONS"
     )
+    artifact_orphan_grace_seconds: int = Field(
+        3600, alias="BATON_ARTIFACT_ORPHAN_GRACE_SECONDS", gt=0
+    )
     log_level: str = Field("INFO", alias="BATON_LOG_LEVEL")
     # History policy used when the database has no HistoryPolicy row for a task type and no
     # default row. EXECUTOR_HISTORY_ENABLED=false is also the global kill switch: it turns

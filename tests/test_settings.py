@@ -62,6 +62,15 @@ def test_bad_values_give_a_readable_error(environ, fragment):
         load_environment(environ).database()
 
 
+def test_the_orphan_grace_period_is_positive_and_an_hour_by_default():
+    assert load_environment({}).artifact_orphan_grace_seconds == 3600
+    environ = {"BATON_ARTIFACT_ORPHAN_GRACE_SECONDS": "600"}
+    assert load_environment(environ).artifact_orphan_grace_seconds == 600
+    for value in ("0", "-1", "soon"):
+        with pytest.raises(ConfigurationError, match="BATON_ARTIFACT_ORPHAN_GRACE_SECONDS"):
+            load_environment({"BATON_ARTIFACT_ORPHAN_GRACE_SECONDS": value})
+
+
 def test_pipeline_length_has_a_bounded_setting():
     assert load_environment({}).max_pipeline_steps == 16
     assert load_environment({"BATON_MAX_PIPELINE_STEPS": "3"}).max_pipeline_steps == 3

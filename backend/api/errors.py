@@ -33,7 +33,7 @@ from rest_framework.views import exception_handler
 
 from backend.api.renderers import BatonJSONRenderer
 from backend.artifacts.selectors import RangeNotSatisfiable
-from backend.artifacts.storage import ArtifactIntegrityError
+from backend.artifacts.storage import ArtifactIntegrityError, ArtifactStorageError
 from backend.errors import (
     BatonError,
     Conflict,
@@ -136,6 +136,11 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     if isinstance(exc, ArtifactIntegrityError):
         # Logged with the artifact id where it was found; no byte of content is sent.
         return error_response(status.HTTP_500_INTERNAL_SERVER_ERROR, detail=str(exc), code=exc.code)
+
+    if isinstance(exc, ArtifactStorageError):
+        # Nothing was recorded and nothing is left of the write: the same request can be
+        # retried (workers retry a 503 on their own). Logged as `artifact_write_failed`.
+        return error_response(status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(exc), code=exc.code)
 
     if isinstance(exc, exceptions.ValidationError):
         fields = _flatten(exc.detail)

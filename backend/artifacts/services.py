@@ -2,46 +2,154 @@
 
 This is storage only. Whether a text is long enough to spill, and what a turn keeps of it
 instead, is ingestion's decision (`backend.tasks.ingestion`); this module never looks at turns.
+
+The row is the lock on its content address. A writer inserts the row (or locks the existing
+one) before it checks or writes the file, and holds it until its transaction ends; a removal
+of the file holds the same address (`retention.remove_unowned_file`). So no file is removed
+while a row that needs it is being committed, and two writers of one text never write the same
+key at once. A transaction that rolls back after writing a file removes it again when it was
+opened with `atomic_storing_artifacts()`; anything a crash leaves behind, the orphan sweep
+removes (`retention.remove_orphan_files`).
 """
 
 from __future__ import annotations
 
-from django.db import IntegrityError, transaction
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from django.db import transaction
 
 from backend.artifacts.models import Artifact
-from backend.artifacts.storage import ArtifactIntegrityError, store_text
+from backend.artifacts.retention import remove_unowned_file
+from backend.artifacts.storage import (
+    ArtifactIntegrityError,
+    ContentAddress,
+    content_address,
+    ensure_stored,
+)
 from backend.prompting.addressing import artifact_id_for, count_lines
+
+logger = logging.getLogger(__name__)
+
+# The files written inside the innermost `atomic_storing_artifacts()` block (None outside one).
+_files_written: ContextVar[list[ContentAddress] | None] = ContextVar(
+    "artifact_files_written", default=None
+)
+
+
+@dataclass(frozen=True)
+class ArtifactText:
+    """A text to store, its kind, and the task that produced it."""
+
+    text: str
+    kind: str
+    task_id: int | None
+
+
+@contextmanager
+def atomic_storing_artifacts() -> Iterator[None]:
+    """`transaction.atomic()` whose rollback also removes the artifact files written inside it.
+
+    Django has no rollback hook, so the files are removed when an exception leaves the block
+    (a failure inside it, or a failed commit), each only if no row owns it then: identical text
+    committed by another writer meanwhile keeps its file. A block nested in another hands its
+    files to the outer one when it succeeds, since the outer one may still roll back. A
+    rollback asked for with `transaction.set_rollback` leaves its files to the orphan sweep.
+    """
+    outer = _files_written.get()
+    written: list[ContentAddress] = []
+    token = _files_written.set(written)
+    try:
+        with transaction.atomic():
+            yield
+    except BaseException:
+        _files_written.reset(token)
+        _remove_written(written)
+        raise
+    _files_written.reset(token)
+    if outer is not None:
+        outer.extend(written)
+
+
+def _remove_written(written: list[ContentAddress]) -> None:
+    for address in written:
+        try:
+            remove_unowned_file(sha256=address.sha256, storage_key=address.storage_key)
+        except Exception:  # noqa: BLE001 - the original failure is what the caller must see
+            logger.exception(
+                "artifact %s: could not remove a rolled-back write", artifact_id_for(address.sha256)
+            )
 
 
 def store_artifact(*, text: str, kind: str, task_id: int | None) -> Artifact:
     """Store `text` under its content address and return its artifact, created on first sight.
 
-    The text must be valid Unicode (see `storage.store_text`). The task `task_id` is recorded as
-    the producer only when the artifact is new: identical text stored later shares the first row.
-    Concurrency-safe; must run inside the caller's transaction.
+    See `store_artifacts`.
     """
-    stored = store_text(text)
-    artifact_id = artifact_id_for(stored.sha256)
-    # Locking the row makes a concurrent prune wait for this transaction, after which it sees
-    # the caller's new reference and keeps the artifact.
-    existing = Artifact.objects.select_for_update().filter(pk=artifact_id).first()
-    if existing is None:
-        try:
-            with transaction.atomic():
-                return Artifact.objects.create(
-                    id=artifact_id,
-                    sha256=stored.sha256,
-                    storage_key=stored.storage_key,
-                    size_chars=len(text),
-                    size_bytes=stored.size_bytes,
-                    size_lines=count_lines(text),
-                    kind=kind,
-                    task_id=task_id,
-                )
-        except IntegrityError:
-            existing = Artifact.objects.get(pk=artifact_id)  # a concurrent writer won
-    if existing.sha256 != stored.sha256:
-        raise ArtifactIntegrityError(
-            f"artifact id {artifact_id} already names different content (sha256 prefix clash)"
-        )
-    return existing
+    [artifact] = store_artifacts([ArtifactText(text=text, kind=kind, task_id=task_id)])
+    return artifact
+
+
+def store_artifacts(texts: Sequence[ArtifactText]) -> list[Artifact]:
+    """Store each text under its content address; return their artifacts, in order.
+
+    Texts must be valid Unicode (see `storage.content_address`). The task is recorded as the
+    producer only when the artifact is new: identical text stored later shares the first row.
+    Must run inside the caller's transaction (`atomic_storing_artifacts()`): every row stays
+    locked until it ends, so a concurrent prune waits for it and then sees the caller's new
+    references. Two queries for the batch, plus the file writes.
+    """
+    addresses = [content_address(item.text) for item in texts]
+    wanted: dict[str, tuple[ArtifactText, ContentAddress]] = {}
+    for item, address in zip(texts, addresses, strict=True):
+        wanted.setdefault(artifact_id_for(address.sha256), (item, address))
+    artifacts = _insert_and_lock(
+        [_new_row(item, address) for _, (item, address) in sorted(wanted.items())]
+    )
+    for artifact_id, (item, address) in wanted.items():
+        if artifacts[artifact_id].sha256 != address.sha256:
+            raise ArtifactIntegrityError(
+                f"artifact id {artifact_id} already names different content (sha256 prefix clash)"
+            )
+        if ensure_stored(text=item.text, address=address):
+            written = _files_written.get()
+            if written is not None:
+                written.append(address)
+    return [artifacts[artifact_id_for(address.sha256)] for address in addresses]
+
+
+def _new_row(item: ArtifactText, address: ContentAddress) -> Artifact:
+    return Artifact(
+        id=artifact_id_for(address.sha256),
+        sha256=address.sha256,
+        storage_key=address.storage_key,
+        size_chars=len(item.text),
+        size_bytes=address.size_bytes,
+        size_lines=count_lines(item.text),
+        kind=item.kind,
+        task_id=item.task_id,
+    )
+
+
+def _insert_and_lock(rows: list[Artifact]) -> dict[str, Artifact]:
+    """Insert the rows that do not exist yet, then lock every row, in id order; by id.
+
+    An insert that meets a concurrent writer's uncommitted row waits for it. A row that existed
+    when inserting but is gone when locking was pruned in between: it is inserted again.
+    """
+    locked: dict[str, Artifact] = {}
+    missing = rows
+    while missing:
+        Artifact.objects.bulk_create(missing, ignore_conflicts=True)
+        found = {
+            artifact.pk: artifact
+            for artifact in Artifact.objects.select_for_update()
+            .filter(pk__in=[row.pk for row in missing])
+            .order_by("pk")
+        }
+        locked.update(found)
+        missing = [row for row in missing if row.pk not in found]
+    return locked

@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from backend.artifacts.services import atomic_storing_artifacts
 from backend.dispatch.leases import (
     LeaseState,
     attempts_used,
@@ -194,7 +195,7 @@ def report_result(
         raise InvalidInput("error is required when status is RETRY.", field="error")
     if status == RELEASE:
         error_code = error_code or "shutdown"
-    with transaction.atomic():
+    with atomic_storing_artifacts():
         subtask = claimed_turn(worker=worker, subtask_id=subtask_id)
         same_claim = subtask.lease_owner == worker_id and subtask.attempts == attempt
         if same_claim and _is_repeat(

@@ -1,7 +1,9 @@
 """Services that write tasks and turns.
 
 Each service runs in one transaction: either every turn of a request is stored or none is, so a
-rejected follow-up never leaves a half-written round behind.
+rejected follow-up never leaves a half-written round behind. The services that may spill text to
+an artifact open it with `atomic_storing_artifacts()`, so a rollback leaves no stored file
+behind either.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from backend.artifacts.services import atomic_storing_artifacts
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from backend.prompting import ContextPassing, Role
 from backend.prompting.inputs import validate_name
@@ -286,7 +289,7 @@ def create_task(
     validate_message_text(text=message)
     steps = resolve_pipeline(pipeline)
     _validate_sender(is_group_chat=is_group_chat, sender=sender)
-    with transaction.atomic():
+    with atomic_storing_artifacts():
         task = Task.objects.create(
             owner=owner,
             title=title.strip(),
@@ -307,7 +310,7 @@ def append_message(*, task: Task, message: str, sender: str = "") -> list[Subtas
     """
     validate_message_text(text=message)
     _validate_sender(is_group_chat=task.is_group_chat, sender=sender)
-    with transaction.atomic():
+    with atomic_storing_artifacts():
         task = lock_task(task_id=task.pk)
         if task.status == TaskStatus.CANCELLED:
             raise Conflict(f"Task {task.pk} is cancelled; it takes no more messages.")
@@ -479,7 +482,7 @@ def record_result(
     _validate_result_payload(status=status, result=result, error=error, usage=usage)
     text, serialized_json = history_text_for_result(status=status, result=result, error=error)
     check_text_size(text=text, limit=settings.BATON_MAX_RESULT_BYTES, field="result")
-    with transaction.atomic():
+    with atomic_storing_artifacts():
         task = lock_task(task_id=subtask.task_id)
         subtask.refresh_from_db()
         if subtask.status not in ACTIVE_SUBTASK_STATUSES:

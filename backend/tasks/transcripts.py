@@ -16,9 +16,8 @@ from dataclasses import dataclass
 
 from django.db.models import Case, Q, QuerySet, Value, When
 
-from backend.artifacts.models import Artifact
-from backend.artifacts.storage import store_text
-from backend.prompting.addressing import artifact_id_for, workspace_path
+from backend.artifacts.services import ArtifactText, atomic_storing_artifacts, store_artifacts
+from backend.prompting.addressing import workspace_path
 from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
 from backend.prompting.transcript import render_transcript, transcript_pointer
 from backend.prompting.truncate import layout_fields
@@ -151,41 +150,26 @@ def _transcript(task_id: int, rows: list[HistoryMessage], request: TranscriptReq
 
 
 def store_transcripts(transcripts: Mapping[int, Transcript]) -> None:
-    """Store each task's transcript (once per content) as its current one: three queries for the
-    whole batch, whatever its size. Must run in the caller's transaction: the existing rows are
-    locked so a concurrent prune waits and then sees the new references."""
+    """Store each task's transcript (once per content) as its current one, in one transaction:
+    three queries for the whole batch, whatever its size. The transcripts' rows stay locked
+    until the tasks point to them, so a concurrent prune waits and then sees the references."""
     if not transcripts:
         return
-    stored = {task_id: store_text(transcript.text) for task_id, transcript in transcripts.items()}
-    for task_id, content in stored.items():
-        if artifact_id_for(content.sha256) != transcripts[task_id].pointer.artifact_id:
-            raise RuntimeError("content address mismatch")
-    ids = [transcript.pointer.artifact_id for transcript in transcripts.values()]
-    existing = set(
-        Artifact.objects.select_for_update().filter(pk__in=ids).values_list("pk", flat=True)
-    )
-    Artifact.objects.bulk_create(
-        [
-            Artifact(
-                id=transcript.pointer.artifact_id,
-                sha256=stored[task_id].sha256,
-                storage_key=stored[task_id].storage_key,
-                size_chars=transcript.pointer.total_chars,
-                size_bytes=stored[task_id].size_bytes,
-                size_lines=transcript.pointer.total_lines,
-                kind=transcript.pointer.kind,
-                task_id=task_id,
-            )
-            for task_id, transcript in transcripts.items()
-            if transcript.pointer.artifact_id not in existing
-        ],
-        ignore_conflicts=True,  # a concurrent dispatch stored the same text
-    )
-    Task.objects.filter(pk__in=list(transcripts)).update(
-        transcript_id=Case(
-            *[
-                When(pk=task_id, then=Value(transcript.pointer.artifact_id))
+    with atomic_storing_artifacts():
+        artifacts = store_artifacts(
+            [
+                ArtifactText(text=transcript.text, kind=transcript.pointer.kind, task_id=task_id)
                 for task_id, transcript in transcripts.items()
             ]
         )
-    )
+        for artifact, transcript in zip(artifacts, transcripts.values(), strict=True):
+            if artifact.pk != transcript.pointer.artifact_id:
+                raise RuntimeError("content address mismatch")
+        Task.objects.filter(pk__in=list(transcripts)).update(
+            transcript_id=Case(
+                *[
+                    When(pk=task_id, then=Value(transcript.pointer.artifact_id))
+                    for task_id, transcript in transcripts.items()
+                ]
+            )
+        )

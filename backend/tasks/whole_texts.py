@@ -13,25 +13,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from django.db import transaction
-
 from backend.artifacts.models import Artifact
-from backend.artifacts.services import store_artifact
+from backend.artifacts.services import atomic_storing_artifacts, store_artifact
 from backend.prompting.addressing import WholeText
 from backend.tasks.models import Subtask
 
 
 def store_whole_texts(*, task_id: int, whole_texts: Iterable[WholeText]) -> None:
-    """Store each text of `task_id`'s turns not stored yet, and link it to its turn."""
+    """Store each text of `task_id`'s turns not stored yet, and link it to its turn.
+
+    An artifact already stored is locked before its turns point to it, so a concurrent prune
+    waits and then sees the references; one pruned meanwhile is stored again.
+    """
     pending: dict[str, list[WholeText]] = {}
     for whole in whole_texts:
         pending.setdefault(whole.pointer.artifact_id, []).append(whole)
-    if not pending:
-        return
-    stored = set(Artifact.objects.filter(pk__in=list(pending)).values_list("pk", flat=True))
     for artifact_id, wholes in pending.items():
-        with transaction.atomic():
-            if artifact_id not in stored:
+        with atomic_storing_artifacts():
+            if not Artifact.objects.select_for_update().filter(pk=artifact_id).exists():
                 first = wholes[0]
                 artifact = store_artifact(text=first.text, kind=first.pointer.kind, task_id=task_id)
                 if artifact.pk != artifact_id:  # the core and storage disagree on the address

@@ -143,6 +143,7 @@ def test_command_prints_what_it_removed(old_orphan, old_referenced) -> None:
     assert lines == [
         f"removed {old_orphan.id} {old_orphan.kind} {old_orphan.size_bytes} bytes",
         f"Removed 1 artifacts, {old_orphan.size_bytes} bytes",
+        "Removed 0 orphan files, 0 bytes",
     ]
     assert not Artifact.objects.filter(pk=old_orphan.pk).exists()
     assert Artifact.objects.filter(pk=old_referenced.pk).exists()
@@ -154,6 +155,7 @@ def test_command_dry_run(old_orphan) -> None:
     assert out.getvalue().splitlines() == [
         f"would remove {old_orphan.id} {old_orphan.kind} {old_orphan.size_bytes} bytes",
         f"Would remove 1 artifacts, {old_orphan.size_bytes} bytes (dry run: nothing was removed)",
+        "Would remove 0 orphan files, 0 bytes (dry run: nothing was removed)",
     ]
     assert Artifact.objects.filter(pk=old_orphan.pk).exists()
     assert stored(old_orphan)
@@ -162,7 +164,10 @@ def test_command_dry_run(old_orphan) -> None:
 def test_command_with_nothing_to_remove(recent_orphan) -> None:
     out = StringIO()
     call_command("prune_artifacts", "--older-than", "30", stdout=out)
-    assert out.getvalue().splitlines() == ["Removed 0 artifacts, 0 bytes"]
+    assert out.getvalue().splitlines() == [
+        "Removed 0 artifacts, 0 bytes",
+        "Removed 0 orphan files, 0 bytes",
+    ]
 
 
 def test_command_refuses_negative_days() -> None:

@@ -36,10 +36,11 @@ POLICIES = {
 # the task status update, the claimed turns, bots, policy rows, the history (anchors, window
 # ids, window rows), native sessions and the reports' insert.
 FIXED_QUERIES = 12
-# When a prompt leaves history out: the transcripts' turns, locking the existing transcript
-# artifacts, inserting the new ones, pointing the tasks to them, and reading the manifest (which
-# a batch without pointer lines skips).
-TRANSCRIPT_QUERIES = 5
+# When a prompt leaves history out: the transcripts' turns; in their own transaction (here a
+# savepoint and its release) inserting the new transcript artifacts, locking them all and
+# pointing the tasks to them; and reading the manifest (which a batch without pointer lines
+# skips).
+TRANSCRIPT_QUERIES = 7
 
 
 def claim_queries(claimed: int) -> int:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from backend.artifacts.models import Artifact
-from backend.artifacts.storage import artifact_storage
+from backend.artifacts.storage import ArtifactStorageError, artifact_storage, content_address
 from backend.errors import InvalidInput, PayloadTooLarge
 from backend.prompting import Role
 from backend.prompting.addressing import count_lines
@@ -212,16 +212,17 @@ def test_storage_failure_mid_write_leaves_the_turn_unrecorded_and_retry_works(
         raise OSError("No space left on device")
 
     monkeypatch.setattr(type(storage), "_save", failing_save)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(ArtifactStorageError, match="nothing was recorded"):
         record_result(subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": text})
     turn.refresh_from_db()
     assert (turn.status, turn.recorded_at, turn.artifact_id) == (SubtaskStatus.PENDING, None, None)
     assert not Artifact.objects.exists()
+    assert not storage.exists(content_address(text).storage_key)  # the half file is gone
 
     monkeypatch.setattr(type(storage), "_save", original_save)
     turn = record_result(subtask=turn, status=SubtaskStatus.COMPLETED, result={"value": text})
     with storage.open(turn.artifact.storage_key, "rb") as stored:
-        assert stored.read() == text.encode()  # the half file was replaced, not trusted
+        assert stored.read() == text.encode()
 
 
 @pytest.mark.parametrize(
