@@ -46,7 +46,7 @@ def claim_turns(
     ids = _claim_ids(worker=worker, worker_id=worker_id, kinds=kinds, limit=limit)
     if not ids:
         return []
-    return build_claimed_turns(ids=ids, worker_id=worker_id)
+    return build_claimed_turns(ids=ids, worker=worker, worker_id=worker_id)
 
 
 def next_ready_in_seconds(*, kinds: Sequence[str], worker_id: str) -> float | None:

@@ -2,16 +2,33 @@
 
 A claim is named by (worker account, worker_id, attempt); `attempts` goes up by one on every
 claim, so it is the fencing token. Invariant: only the claim that holds a turn's current
-attempt while it is RUNNING may change it — `check_claim` refuses everything else with 409
-(`lease_lost`, or `turn_cancelled`), so a worker whose lease expired and was handed to another
-worker cannot touch the turn any more. A requeue keeps the ending claim's names (owner,
-attempts) so its late reports are recognised and fenced off, and keeps the turn's place in
-line. Writers lock the task row first, then the turn: the one order every writer of a task's
-turns uses, so concurrent writers queue instead of deadlocking.
+attempt while it is RUNNING, with its lease not yet run out, may change it. Everything else
+is refused by `fenced_turn` with 409: `cancelled` when the product cancelled the turn, and
+otherwise one answer whatever the path — `lease_lost`, with a message naming the reason:
+
+- the lease expired and Baton requeued the turn (no claim holds it yet), or failed it
+  because it was the last attempt;
+- another claim (attempt N, of this or another worker account) holds the turn now, or the
+  turn was requeued after it, or finished or cancelled;
+- this claim already gave the turn back (RETRY, RELEASE) or reported it (a heartbeat or
+  progress after the result).
+
+A lease whose `lease_expires_at` has passed is lost whatever the reclaim timing: a heartbeat
+never extends it, and a heartbeat, progress or result from its claim is refused and reclaims
+the turn at once (requeued, or failed after BATON_MAX_ATTEMPTS), so the answer and the stored
+turn agree. The repeat of a report this claim did record is still answered as before
+(`changed: false`, see `reports`). A requeue keeps the ending claim's names (claimed_by,
+lease_owner, attempts) so its late reports are recognised, and keeps the turn's place in
+line; once another account claims the turn, its dispatch's PromptReport still names the
+earlier claims, so their late reports get `lease_lost` while an account that never held the
+turn gets 404 and learns nothing. Writers lock the task row first, then the turn: the one
+order every writer of a task's turns uses, so concurrent writers queue instead of
+deadlocking.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -21,7 +38,8 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from backend.errors import LeaseLost, NotFound, TurnCancelled
+from backend.dispatch.models import PromptReport
+from backend.errors import Conflict, LeaseLost, NotFound, TurnCancelled
 from backend.events import log_event
 from backend.prompting import Role
 from backend.tasks.ingestion import replace_unstorable_chars
@@ -29,6 +47,10 @@ from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.services import lock_task, record_result, refresh_task_status
 
 RECLAIM_BATCH = 200
+# The error code of a turn whose lease ran out; Baton's own, no worker may report it.
+LEASE_EXPIRED = "lease_expired"
+# A claim's states as a heartbeat reports them.
+RUNNING, CANCELLED, LEASE_LOST, FINISHED = "running", "cancelled", "lease_lost", "finished"
 
 
 @dataclass(frozen=True)
@@ -38,7 +60,8 @@ class LeaseState:
     subtask_id: int
     attempt: int
     # "running" (keep going), "cancelled" (stop the executor; nothing to report),
-    # "lease_lost" (another claim owns the turn now) or "finished" (already reported).
+    # "lease_lost" (the claim no longer holds the turn: its lease ran out, or another claim
+    # holds or finished it) or "finished" (this claim reported the turn's result).
     state: str
     lease_expires_at: datetime | None
 
@@ -63,17 +86,22 @@ def attempts_used(*, subtask: Subtask) -> int:
     return subtask.attempts - subtask.releases
 
 
-def reclaim_expired_leases(*, now: datetime | None = None) -> ReclaimSummary:
+def reclaim_expired_leases(
+    *, now: datetime | None = None, subtask_ids: Collection[int] | None = None
+) -> ReclaimSummary:
     """Turns whose lease ran out go back to PENDING; after BATON_MAX_ATTEMPTS claims they fail.
 
     Runs at the start of every dispatch call (and from `manage.py reclaim_leases`), so no
-    separate scheduler is needed. A requeued turn keeps its place in line (its pending_since).
+    separate scheduler is needed; a fenced report that finds its own lease run out reclaims
+    its turn at once (`subtask_ids`). A requeued turn keeps its place in line (its
+    pending_since).
     """
     now = now or timezone.now()
+    expired = Subtask.objects.filter(status=SubtaskStatus.RUNNING, lease_expires_at__lt=now)
+    if subtask_ids is not None:
+        expired = expired.filter(pk__in=list(subtask_ids))
     expired_ids = list(
-        Subtask.objects.filter(status=SubtaskStatus.RUNNING, lease_expires_at__lt=now)
-        .order_by("lease_expires_at")
-        .values_list("id", flat=True)[:RECLAIM_BATCH]
+        expired.order_by("lease_expires_at").values_list("id", flat=True)[:RECLAIM_BATCH]
     )
     requeued = failed = 0
     for subtask_id in expired_ids:
@@ -97,11 +125,11 @@ def reclaim_expired_leases(*, now: datetime | None = None) -> ReclaimSummary:
                     subtask=subtask,
                     status=SubtaskStatus.FAILED,
                     error=f"{error}; Baton gave up on this turn.",
-                    error_code="lease_expired",
+                    error_code=LEASE_EXPIRED,
                 )
                 failed += 1
             else:
-                requeue(subtask=subtask, error=f"{error}.", error_code="lease_expired")
+                requeue(subtask=subtask, error=f"{error}.", error_code=LEASE_EXPIRED)
                 requeued += 1
     if requeued or failed:
         log_event("leases_reclaimed", requeued=requeued, failed=failed)
@@ -136,62 +164,145 @@ def requeue(
     refresh_task_status(task=Task.objects.get(pk=subtask.task_id))
 
 
-def claimed_turn(*, worker: User, subtask_id: int) -> Subtask:
-    """The turn, locked, if this worker account holds or last held its claim; else NotFound.
+def claimed_turn(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
+    """The turn, locked, if this worker account holds or last held its claim, or once held the
+    claim (worker_id, attempt) it names; else NotFound, so an account learns nothing of turns
+    it never held.
 
-    Locks the task row first, then the turn: the order every writer of a task's turns uses
-    (follow-ups, cancel, results), so concurrent writers queue instead of deadlocking.
+    A claim another account has since taken over is known by its dispatch's PromptReport
+    (attempt, worker_id, claimed_by). Locks the task row first, then the turn: the order every
+    writer of a task's turns uses (follow-ups, cancel, results), so concurrent writers queue
+    instead of deadlocking.
     """
-    task_id = (
-        Subtask.objects.filter(pk=subtask_id, claimed_by=worker, role=Role.ASSISTANT)
-        .values_list("task_id", flat=True)
-        .first()
-    )
+    turns = Subtask.objects.filter(pk=subtask_id, role=Role.ASSISTANT)
+    task_id = turns.filter(claimed_by=worker).values_list("task_id", flat=True).first()
+    if task_id is None and _held_before(
+        worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
+    ):
+        task_id = turns.values_list("task_id", flat=True).first()
     if task_id is not None:
         lock_task(task_id=task_id)
-        subtask = (
-            Subtask.objects.select_for_update().filter(pk=subtask_id, claimed_by=worker).first()
-        )
+        subtask = Subtask.objects.select_for_update().filter(pk=subtask_id).first()
         if subtask is not None:
             return subtask
     raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
 
 
-def held_claim(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
-    """The turn this claim holds, locked. NotFound if the worker never claimed it; TurnCancelled
-    or LeaseLost (both 409, told apart by their code) if the claim may not go on."""
-    subtask = claimed_turn(worker=worker, subtask_id=subtask_id)
-    check_claim(subtask=subtask, worker_id=worker_id, attempt=attempt)
-    return subtask
+def _held_before(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> bool:
+    return PromptReport.objects.filter(
+        subtask_id=subtask_id, attempt=attempt, worker_id=worker_id, claimed_by=worker
+    ).exists()
 
 
-def lease_state(*, subtask: Subtask, worker_id: str, attempt: int) -> str:
+def fenced_turn(
+    *, worker: User, worker_id: str, attempt: int, subtask_id: int, now: datetime
+) -> tuple[Subtask, Conflict | None]:
+    """The turn, locked, and `fence`'s answer for the claim. NotFound if the account never
+    held the claim. The caller raises a refusal after its transaction commits (see `fence`)."""
+    subtask = claimed_turn(
+        worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
+    )
+    return subtask, fence(
+        subtask=subtask, worker=worker, worker_id=worker_id, attempt=attempt, now=now
+    )
+
+
+def fence(
+    *, subtask: Subtask, worker: User, worker_id: str, attempt: int, now: datetime
+) -> Conflict | None:
+    """The 409 that refuses the claim on the locked `subtask` — None when the claim holds the
+    RUNNING turn and its lease has not run out.
+
+    A claim whose lease ran out before `now` is lost whatever the reclaim timing: its turn is
+    reclaimed here (and `subtask` refreshed), in the caller's transaction, so the answer and
+    the stored turn agree. The caller therefore raises the refusal after its transaction
+    commits, not inside it.
+    """
+    if lease_ran_out(subtask=subtask, worker_id=worker_id, attempt=attempt, now=now):
+        reclaim_expired_leases(now=now, subtask_ids=[subtask.pk])
+        subtask.refresh_from_db()
+    return claim_refusal(
+        subtask=subtask, worker=worker, worker_id=worker_id, attempt=attempt, now=now
+    )
+
+
+def lease_ran_out(*, subtask: Subtask, worker_id: str, attempt: int, now: datetime) -> bool:
+    """Whether the claim still holds the RUNNING turn on paper but its lease expired before
+    `now` (no reclaim has run yet): the lease is lost all the same."""
+    return is_claim(subtask, worker_id=worker_id, attempt=attempt) and _expired(subtask, now=now)
+
+
+def failed_for_lease_expiry(*, subtask: Subtask) -> bool:
+    """Whether Baton itself failed the turn because the last claim's lease ran out (no worker
+    may report that code, so no claim recorded this result)."""
+    return subtask.status == SubtaskStatus.FAILED and subtask.error_code == LEASE_EXPIRED
+
+
+def lease_state(*, subtask: Subtask, worker_id: str, attempt: int, now: datetime) -> str:
     """The claim's state as a heartbeat reports it (see `LeaseState.state`)."""
-    same_claim = subtask.lease_owner == worker_id and subtask.attempts == attempt
-    if not same_claim:
-        return "lease_lost"
+    if not is_claim(subtask, worker_id=worker_id, attempt=attempt):
+        return LEASE_LOST
     if subtask.status == SubtaskStatus.RUNNING:
-        return "running"
+        return LEASE_LOST if _expired(subtask, now=now) else RUNNING
     if subtask.status == SubtaskStatus.CANCELLED:
-        return "cancelled"
-    if subtask.status in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED):
-        return "finished"
-    return "lease_lost"  # requeued: expired, retried or released
+        return CANCELLED
+    if subtask.status == SubtaskStatus.COMPLETED or (
+        subtask.status == SubtaskStatus.FAILED and not failed_for_lease_expiry(subtask=subtask)
+    ):
+        return FINISHED
+    return LEASE_LOST  # requeued (expired, retried or released), or failed for lease expiry
 
 
-def check_claim(*, subtask: Subtask, worker_id: str, attempt: int) -> None:
-    """Nothing if the claim (worker_id, attempt) holds the RUNNING turn; else the 409 saying why."""
-    state = lease_state(subtask=subtask, worker_id=worker_id, attempt=attempt)
-    if state == "running":
-        return
-    if state == "cancelled":
-        raise TurnCancelled(
+def claim_refusal(
+    *, subtask: Subtask, worker: User, worker_id: str, attempt: int, now: datetime
+) -> Conflict | None:
+    """None if the claim (worker_id, attempt) holds the RUNNING turn; else the 409 saying why:
+    TurnCancelled, or LeaseLost naming the reason."""
+    state = lease_state(subtask=subtask, worker_id=worker_id, attempt=attempt, now=now)
+    if state == RUNNING:
+        return None
+    if state == CANCELLED:
+        return TurnCancelled(
             f"Turn {subtask.pk} was cancelled; stop the executor (nothing more to report)."
         )
-    if state == "finished":
-        raise LeaseLost(f"Turn {subtask.pk} is already {subtask.status}.")
-    if subtask.lease_owner == worker_id and subtask.attempts == attempt:
-        raise LeaseLost(f"Turn {subtask.pk} is {subtask.status}; the lease is gone.")
-    raise LeaseLost(
-        f"The lease on turn {subtask.pk} was lost: it is now held by attempt {subtask.attempts}."
+    reason = _lost_reason(subtask=subtask, worker=worker, worker_id=worker_id, attempt=attempt)
+    return LeaseLost(f"Lease lost on turn {subtask.pk} (attempt {attempt}): {reason}.")
+
+
+def _lost_reason(*, subtask: Subtask, worker: User, worker_id: str, attempt: int) -> str:
+    if not is_claim(subtask, worker_id=worker_id, attempt=attempt):
+        holder = f"attempt {subtask.attempts}" + (
+            f" (worker {subtask.lease_owner!r})"
+            if subtask.claimed_by_id == worker.pk
+            else " of another worker account"
+        )
+        if subtask.status == SubtaskStatus.RUNNING:
+            return f"{holder} holds the turn now"
+        if subtask.status == SubtaskStatus.PENDING:
+            return f"the turn was requeued after {holder}; it waits for a new claim"
+        return f"the turn is {subtask.status}; {holder} held it last"
+    if subtask.status == SubtaskStatus.RUNNING:
+        return "the lease expired; Baton has not reclaimed the turn yet"
+    if subtask.error_code == LEASE_EXPIRED:
+        if subtask.status == SubtaskStatus.FAILED:
+            return "the lease expired; Baton failed the turn (it was the last attempt)"
+        return "the lease expired; Baton requeued the turn and no claim holds it yet"
+    if subtask.status == SubtaskStatus.PENDING:
+        return (
+            f"this claim gave the turn back ({subtask.error_code or 'requeued'}); "
+            "it waits for a new claim"
+        )
+    return f"this claim already reported the turn {subtask.status}"
+
+
+def is_claim(subtask: Subtask, *, worker_id: str, attempt: int) -> bool:
+    """Whether (worker_id, attempt) is the turn's current, or last, claim."""
+    return subtask.lease_owner == worker_id and subtask.attempts == attempt
+
+
+def _expired(subtask: Subtask, *, now: datetime) -> bool:
+    return (
+        subtask.status == SubtaskStatus.RUNNING
+        and subtask.lease_expires_at is not None
+        and subtask.lease_expires_at < now
     )

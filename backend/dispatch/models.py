@@ -148,6 +148,16 @@ class PromptReport(models.Model):
     task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="prompt_reports")
     attempt = models.PositiveIntegerField()
     worker_id = models.CharField(max_length=200)
+    # The worker account the claim went to: with (attempt, worker_id) it names the claim, so a
+    # late report of a claim that another account has since taken over is told its lease is
+    # lost, while an account that never held the turn learns nothing (backend/dispatch/leases.py).
+    claimed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
     policy = models.ForeignKey(
         HistoryPolicy, on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
     )

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from backend.artifacts.models import Artifact
@@ -96,8 +97,8 @@ class ClaimedTurn:
     resume_reason: str
 
 
-def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
-    """The payloads of the turns `worker_id` just claimed (`ids`), oldest first.
+def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list[ClaimedTurn]:
+    """The payloads of the turns the claim (`worker`, `worker_id`) just took (`ids`), oldest first.
 
     A turn whose payload cannot be built is released (see `_build_failed`) and left out.
     """
@@ -218,6 +219,7 @@ def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
                 prompt=prompt,
                 report=_report_row(
                     subtask=subtask,
+                    worker=worker,
                     worker_id=worker_id,
                     prompt=prompt,
                     kind="full",
@@ -232,6 +234,7 @@ def build_claimed_turns(*, ids: list[int], worker_id: str) -> list[ClaimedTurn]:
                 resume_report=(
                     _report_row(
                         subtask=subtask,
+                        worker=worker,
                         worker_id=worker_id,
                         prompt=resume,
                         kind=RESUME,
@@ -301,13 +304,20 @@ def _files_of(prompt: TurnPrompt, resume: TurnPrompt | None) -> list[tuple[str, 
 
 
 def _report_row(
-    *, subtask: Subtask, worker_id: str, prompt: TurnPrompt, kind: str, resume_reason: str
+    *,
+    subtask: Subtask,
+    worker: User,
+    worker_id: str,
+    prompt: TurnPrompt,
+    kind: str,
+    resume_reason: str,
 ) -> PromptReport:
     return PromptReport(
         subtask=subtask,
         task_id=subtask.task_id,
         attempt=subtask.attempts,
         worker_id=worker_id,
+        claimed_by=worker,
         kind=kind,
         resume_reason=resume_reason,
         **_build_columns(prompt),

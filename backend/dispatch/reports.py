@@ -1,16 +1,18 @@
 """Reports from a worker about a claim it holds: heartbeats, progress and the result.
 
 Every report names its claim (worker account, worker_id, attempt) and is fenced by it (see
-`leases`): a claim that lost its lease or whose turn was cancelled is told so (409) and
-changes nothing. Invariant: reports are idempotent — the same result from the same claim a
-second time changes nothing and says so (changed=False), so a worker may retry a report whose
-response it never received; a different result for a finished turn is a Conflict.
+`leases`): a claim that lost its lease — its lease ran out, reclaimed or not yet — or whose
+turn was cancelled is told so (409 `lease_lost` with the reason, or `cancelled`) and changes
+nothing but the reclaim of a lease it finds run out. Invariant: reports are idempotent — the
+same result from the same claim a second time changes nothing and says so (changed=False),
+so a worker may retry a report whose response it never received; a different result for a
+turn the claim finished is a Conflict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -21,14 +23,21 @@ from django.utils import timezone
 
 from backend.artifacts.services import atomic_storing_artifacts
 from backend.dispatch.leases import (
+    LEASE_EXPIRED,
+    LEASE_LOST,
+    RUNNING,
     LeaseState,
     attempts_used,
-    check_claim,
     claimed_turn,
+    failed_for_lease_expiry,
+    fence,
+    fenced_turn,
     heartbeat_interval_seconds,
-    held_claim,
+    is_claim,
+    lease_ran_out,
     lease_state,
     lease_until,
+    reclaim_expired_leases,
     requeue,
 )
 from backend.dispatch.sessions import record_session
@@ -57,13 +66,17 @@ def retry_backoff_seconds(*, attempt: int) -> float:
 
 
 def heartbeat(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
-    """Extend the lease on a turn the worker holds."""
+    """Extend the lease on a turn the worker holds; a lease already run out stays lost."""
+    now = timezone.now()
     with transaction.atomic():
-        subtask = held_claim(
-            worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
+        subtask, refusal = fenced_turn(
+            worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id, now=now
         )
-        subtask.lease_expires_at = lease_until(now=timezone.now())
-        subtask.save(update_fields=["lease_expires_at", "updated_at"])
+        if refusal is None:
+            subtask.lease_expires_at = lease_until(now=now)
+            subtask.save(update_fields=["lease_expires_at", "updated_at"])
+    if refusal is not None:
+        raise refusal  # after the commit: a lease found run out was reclaimed
     return subtask
 
 
@@ -75,8 +88,9 @@ def heartbeat_claims(
     `claims` are (subtask_id, attempt) pairs. Workers call this about once a second so that a
     cancel reaches the executor quickly, so it costs one read, and a write only for leases
     last extended more than a heartbeat interval ago. The extension is a compare-and-set on
-    the claim (owner, attempt, RUNNING), so it needs no task lock and cannot revive a turn
-    that was cancelled or reclaimed meanwhile.
+    the claim (owner, attempt, RUNNING, lease not yet run out), so it needs no task lock and
+    cannot revive a lease that ran out, or a turn that was cancelled or reclaimed meanwhile.
+    A claim whose lease ran out is `lease_lost`, and its turn is reclaimed at once.
     """
     if not claims:
         return []
@@ -85,7 +99,7 @@ def heartbeat_claims(
         subtask.pk: subtask
         for subtask in Subtask.objects.filter(
             pk__in=list(wanted), claimed_by=worker, role=Role.ASSISTANT
-        ).only("id", "status", "lease_owner", "attempts", "lease_expires_at")
+        ).only("id", "status", "error_code", "lease_owner", "attempts", "lease_expires_at")
     }
     now = timezone.now()
     renew_before = lease_until(now=now) - timedelta(seconds=heartbeat_interval_seconds())
@@ -93,8 +107,8 @@ def heartbeat_claims(
     to_renew = [
         subtask
         for subtask_id, subtask in rows.items()
-        if lease_state(subtask=subtask, worker_id=worker_id, attempt=wanted[subtask_id])
-        == "running"
+        if lease_state(subtask=subtask, worker_id=worker_id, attempt=wanted[subtask_id], now=now)
+        == RUNNING
         and (subtask.lease_expires_at is None or subtask.lease_expires_at <= renew_before)
     ]
     renewed: set[int] = set()
@@ -104,24 +118,33 @@ def heartbeat_claims(
             ids = list(
                 Subtask.objects.filter(
                     condition, status=SubtaskStatus.RUNNING, lease_owner=worker_id
-                ).values_list("id", flat=True)
+                )
+                .exclude(lease_expires_at__lt=now)
+                .values_list("id", flat=True)
             )
-            Subtask.objects.filter(pk__in=ids, status=SubtaskStatus.RUNNING).update(
-                lease_expires_at=renewed_until, updated_at=now
-            )
+            Subtask.objects.filter(pk__in=ids, status=SubtaskStatus.RUNNING).exclude(
+                lease_expires_at__lt=now
+            ).update(lease_expires_at=renewed_until, updated_at=now)
         renewed = set(ids)
     lost_meanwhile = {subtask.pk for subtask in to_renew} - renewed
     states = []
     for subtask_id, attempt in claims:
         subtask = rows.get(subtask_id)
         if subtask is None:
-            states.append(LeaseState(subtask_id, attempt, "lease_lost", None))
+            states.append(LeaseState(subtask_id, attempt, LEASE_LOST, None))
             continue
-        state = lease_state(subtask=subtask, worker_id=worker_id, attempt=attempt)
+        state = lease_state(subtask=subtask, worker_id=worker_id, attempt=attempt, now=now)
         if subtask.pk in lost_meanwhile:
-            state = "lease_lost"  # cancelled or reclaimed between the read and the renewal
+            state = LEASE_LOST  # cancelled, reclaimed or run out between the read and the renewal
         expires = renewed_until if subtask.pk in renewed else subtask.lease_expires_at
         states.append(LeaseState(subtask_id, attempt, state, expires))
+    run_out = [
+        subtask.pk
+        for subtask_id, subtask in rows.items()
+        if lease_ran_out(subtask=subtask, worker_id=worker_id, attempt=wanted[subtask_id], now=now)
+    ]
+    if run_out:
+        reclaim_expired_leases(now=now, subtask_ids=run_out)
     return states
 
 
@@ -140,28 +163,37 @@ def record_progress(
         check_text_size(
             text=partial_text, limit=settings.BATON_MAX_MESSAGE_BYTES, field="partial_text"
         )
+    now = timezone.now()
     with transaction.atomic():
-        subtask = held_claim(
-            worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
+        subtask, refusal = fenced_turn(
+            worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id, now=now
         )
-        now = timezone.now()
-        subtask.progress_events = ((subtask.progress_events or []) + list(events))[
-            -MAX_PROGRESS_EVENTS:
-        ]
-        if partial_text is not None:
-            subtask.partial_text = replace_unstorable_chars(partial_text)[0]
-        subtask.progress_updated_at = now
-        subtask.lease_expires_at = lease_until(now=now)
-        subtask.save(
-            update_fields=[
-                "progress_events",
-                "partial_text",
-                "progress_updated_at",
-                "lease_expires_at",
-                "updated_at",
-            ]
-        )
+        if refusal is None:
+            _append_progress(subtask, events=events, partial_text=partial_text, now=now)
+    if refusal is not None:
+        raise refusal  # after the commit: a lease found run out was reclaimed
     return subtask
+
+
+def _append_progress(
+    subtask: Subtask, *, events: list[dict[str, Any]], partial_text: str | None, now: datetime
+) -> None:
+    subtask.progress_events = ((subtask.progress_events or []) + list(events))[
+        -MAX_PROGRESS_EVENTS:
+    ]
+    if partial_text is not None:
+        subtask.partial_text = replace_unstorable_chars(partial_text)[0]
+    subtask.progress_updated_at = now
+    subtask.lease_expires_at = lease_until(now=now)
+    subtask.save(
+        update_fields=[
+            "progress_events",
+            "partial_text",
+            "progress_updated_at",
+            "lease_expires_at",
+            "updated_at",
+        ]
+    )
 
 
 def report_result(
@@ -186,18 +218,28 @@ def report_result(
     worker is shutting down) and does not use up an attempt.
 
     Idempotent: the same report from the same claim a second time changes nothing and returns
-    changed=False. A different report for an already finished turn, or any report from a claim
-    that was lost or cancelled, is a Conflict.
+    changed=False, even after the lease time passed. A different report for a turn this claim
+    already finished is a Conflict; any report from a claim that no longer holds the turn is
+    refused with 409 `lease_lost` (or `cancelled`) — a claim whose lease ran out included,
+    whose turn is reclaimed then (see `leases`). `lease_expired` is Baton's own error code.
     """
     if status not in REPORT_STATUSES:
         raise InvalidInput(f"status must be one of {', '.join(REPORT_STATUSES)}.", field="status")
     if status == RETRY and not error.strip():
         raise InvalidInput("error is required when status is RETRY.", field="error")
+    if error_code == LEASE_EXPIRED:
+        raise InvalidInput(
+            f"error_code {LEASE_EXPIRED!r} is set by Baton only, when a lease runs out.",
+            field="error_code",
+        )
     if status == RELEASE:
         error_code = error_code or "shutdown"
+    now = timezone.now()
     with atomic_storing_artifacts():
-        subtask = claimed_turn(worker=worker, subtask_id=subtask_id)
-        same_claim = subtask.lease_owner == worker_id and subtask.attempts == attempt
+        subtask = claimed_turn(
+            worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
+        )
+        same_claim = is_claim(subtask, worker_id=worker_id, attempt=attempt)
         if same_claim and _is_repeat(
             subtask,
             status=status,
@@ -208,43 +250,26 @@ def report_result(
             native_session_id=native_session_id,
         ):
             return subtask, False
-        if subtask.status in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED) and same_claim:
+        finished = subtask.status in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED)
+        if same_claim and finished and not failed_for_lease_expiry(subtask=subtask):
             raise Conflict(f"Turn {subtask_id} already has a different result recorded.")
-        check_claim(subtask=subtask, worker_id=worker_id, attempt=attempt)
-        if status == RELEASE:
-            requeue(subtask=subtask, error=error, error_code=error_code, released=True)
-        elif status == RETRY and attempts_used(subtask=subtask) < settings.BATON_MAX_ATTEMPTS:
-            requeue(
-                subtask=subtask,
-                error=error,
-                error_code=error_code,
-                delay_seconds=retry_backoff_seconds(attempt=attempts_used(subtask=subtask)),
-            )
-        else:
-            if status == RETRY:
-                status = SubtaskStatus.FAILED
-                error = (
-                    f"{error}\n(attempt {attempts_used(subtask=subtask)} of "
-                    f"{settings.BATON_MAX_ATTEMPTS}; Baton gave up on this turn)"
-                )
-            record_result(
-                subtask=subtask,
+        refusal = fence(
+            subtask=subtask, worker=worker, worker_id=worker_id, attempt=attempt, now=now
+        )
+        if refusal is None:
+            _apply_report(
+                subtask,
+                worker_id=worker_id,
                 status=status,
                 result=result,
                 error=error,
                 error_code=error_code,
                 usage=usage,
                 native_session_id=native_session_id,
+                session_resumed=session_resumed,
             )
-            subtask.refresh_from_db()
-            record_session(
-                subtask=subtask,
-                worker_id=worker_id,
-                session_id=native_session_id,
-                resumed=session_resumed,
-                usage=usage,
-            )
-        subtask.refresh_from_db()
+    if refusal is not None:
+        raise refusal  # after the commit: a lease found run out was reclaimed
     log_event(
         "result",
         task=subtask.task_id,
@@ -257,6 +282,55 @@ def report_result(
         spilled=subtask.history_is_preview,
     )
     return subtask, True
+
+
+def _apply_report(
+    subtask: Subtask,
+    *,
+    worker_id: str,
+    status: str,
+    result: dict[str, Any] | None,
+    error: str,
+    error_code: str,
+    usage: dict[str, Any] | None,
+    native_session_id: str,
+    session_resumed: bool,
+) -> None:
+    """Requeue or finish the turn as the report says (see `report_result`)."""
+    if status == RELEASE:
+        requeue(subtask=subtask, error=error, error_code=error_code, released=True)
+    elif status == RETRY and attempts_used(subtask=subtask) < settings.BATON_MAX_ATTEMPTS:
+        requeue(
+            subtask=subtask,
+            error=error,
+            error_code=error_code,
+            delay_seconds=retry_backoff_seconds(attempt=attempts_used(subtask=subtask)),
+        )
+    else:
+        if status == RETRY:
+            status = SubtaskStatus.FAILED
+            error = (
+                f"{error}\n(attempt {attempts_used(subtask=subtask)} of "
+                f"{settings.BATON_MAX_ATTEMPTS}; Baton gave up on this turn)"
+            )
+        record_result(
+            subtask=subtask,
+            status=status,
+            result=result,
+            error=error,
+            error_code=error_code,
+            usage=usage,
+            native_session_id=native_session_id,
+        )
+        subtask.refresh_from_db()
+        record_session(
+            subtask=subtask,
+            worker_id=worker_id,
+            session_id=native_session_id,
+            resumed=session_resumed,
+            usage=usage,
+        )
+    subtask.refresh_from_db()
 
 
 def _is_repeat(

@@ -124,14 +124,14 @@ def test_lost_lease_is_refused_and_changes_nothing(api, worker_api, settings):
     assert again["subtask_id"] == turn["subtask_id"]
     assert again["attempt"] == 2
     late = report(worker_api, turn, worker_id="slow", result={"value": "late"})
-    assert late.status_code == 409
-    assert "lease" in late.json()["detail"]
+    assert (late.status_code, late.json()["code"]) == (409, "lease_lost")
+    assert "attempt 2 (worker 'fast') holds the turn now" in late.json()["detail"]
     heartbeat = worker_api.post(
         f"/api/executor/subtasks/{turn['subtask_id']}/heartbeat/",
         {"worker_id": "slow", "attempt": 1},
         format="json",
     )
-    assert heartbeat.status_code == 409
+    assert (heartbeat.status_code, heartbeat.json()["code"]) == (409, "lease_lost")
     stored = Subtask.objects.get(pk=turn["subtask_id"])
     assert (stored.status, stored.lease_owner, stored.result) == ("RUNNING", "fast", None)
     assert report(worker_api, again, worker_id="fast", result={"value": "ok"}).status_code == 200

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,17 +13,21 @@ from pathlib import Path
 
 import pytest
 
+from executors.adapters.agno import AgnoAdapter
+from executors.adapters.base import ModelEndpoint
 from executors.client import (
     ArtifactEntry,
     BackendClient,
     BackendError,
     BackendUnavailable,
+    DispatchedTurn,
     LeaseLost,
     TurnCancelled,
 )
 from executors.config import ConfigurationError, StandinMode, load_settings
 from executors.events import MessageCompleted, MessageDelta, ToolStarted
 from executors.progress import MAX_EVENTS_PER_POST, MAX_PARTIAL_TEXT_BYTES, ProgressBuffer
+from executors.runner import TurnRun
 from executors.workspace import (
     ArtifactRefused,
     artifact_destination,
@@ -243,6 +248,53 @@ def test_cancelled_and_lost_claims_are_told_apart(backend):
     backend.script = [(409, {"detail": "x", "code": "lease_lost"})]
     with pytest.raises(LeaseLost):
         client.report(subtask_id=1, attempt=1, status="COMPLETED", result={"value": "x"})
+    assert len(backend.seen) == 2  # a final answer: not retried
+
+
+def test_a_report_refused_as_lease_lost_is_sent_once_and_logged_without_content(
+    backend, tmp_path, caplog
+):
+    answer = "the answer nobody may log"
+    detail = "Lease lost on turn 7 (attempt 1): the lease expired; Baton requeued the turn."
+    backend.script = [(409, {"detail": detail, "code": "lease_lost"})]
+    turn = DispatchedTurn.model_validate(
+        {
+            "task_id": 3,
+            "subtask_id": 7,
+            "message_id": 2,
+            "attempt": 1,
+            "task_type": "chat",
+            "executor": "agno",
+            "bot": "agno",
+            "bot_config": {"bot": "agno", "executor": "agno"},
+            "prompt": "the prompt nobody may log",
+        }
+    )
+    run = TurnRun(
+        turn=turn,
+        adapter=AgnoAdapter(),
+        client=_client(backend),
+        endpoint=ModelEndpoint(),
+        workspace_root=tmp_path / "workspaces",
+        state_root=tmp_path / "state",
+        passthrough_env={},
+        on_done=lambda run: None,
+    )
+    with caplog.at_level(logging.INFO, logger="baton.worker"):
+        run._report(status="COMPLETED", result={"value": answer})
+    assert len(backend.seen) == 1
+    assert run.reported is None
+    [line] = [
+        json.loads(record.getMessage())
+        for record in caplog.records
+        if record.name == "baton.worker"
+    ]
+    assert (line["event"], line["code"], line["subtask"]) == (
+        "turn_report_refused",
+        "lease_lost",
+        7,
+    )
+    assert "nobody may log" not in caplog.text
 
 
 def test_an_unreachable_backend_gives_up_after_the_budget():
