@@ -28,6 +28,8 @@ class LiveBaton:
     url: str
     product: httpx.Client
     worker_token: str
+    product_token: str
+    server_pid: int  # gunicorn's master process
 
 
 def _free_port() -> int:
@@ -37,9 +39,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def live_baton() -> Iterator[LiveBaton]:
-    """Baton under gunicorn on the database `bench_database` configured, with a product
-    account and a worker account."""
+def live_baton(*, workers: int = 4) -> Iterator[LiveBaton]:
+    """Baton under gunicorn (`workers` sync workers) on the database `bench_database`
+    configured, with a product account and a worker account."""
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
@@ -52,7 +54,7 @@ def live_baton() -> Iterator[LiveBaton]:
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "ALLOWED_HOSTS": "127.0.0.1", "BATON_LOG_LEVEL": "WARNING"}
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "backend.wsgi", "--workers", "4"]
+        [sys.executable, "-m", "gunicorn", "backend.wsgi", "--workers", str(workers)]
         + ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"],
         cwd=REPO_ROOT,
         env=env,
@@ -70,7 +72,13 @@ def live_baton() -> Iterator[LiveBaton]:
         with httpx.Client(
             base_url=url, headers={"Authorization": f"Token {product_token}"}, timeout=30
         ) as product:
-            yield LiveBaton(url=url, product=product, worker_token=worker_token)
+            yield LiveBaton(
+                url=url,
+                product=product,
+                worker_token=worker_token,
+                product_token=product_token,
+                server_pid=server.pid,
+            )
     finally:
         server.terminate()
         server.wait(timeout=30)

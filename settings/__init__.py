@@ -38,6 +38,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so that its check runs before any other middleware's view hook could read a body.
+    "backend.api.body_limits.RequestBodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -90,10 +92,10 @@ STORAGES = {
 # Baton's own limits.
 BATON_MAX_MESSAGE_BYTES = BATON.max_message_bytes
 BATON_MAX_RESULT_BYTES = BATON.max_result_bytes
-# Request bodies are JSON: a result at the limit, with room for escapes and the other fields.
-# Larger bodies are refused with 413 before they are read.
-BATON_MAX_REQUEST_BODY_BYTES = 2 * BATON_MAX_RESULT_BYTES + 1024 * 1024
-DATA_UPLOAD_MAX_MEMORY_SIZE = BATON_MAX_REQUEST_BODY_BYTES
+# Each endpoint has its own request body limit, derived from the limits above and checked
+# before the body is read (backend.api.body_limits); Django's one limit for every request is
+# left to it.
+DATA_UPLOAD_MAX_MEMORY_SIZE = None
 # Ingestion: text longer than this is stored whole as an artifact; the turn keeps a preview.
 BATON_SPILL_THRESHOLD_CHARS = BATON.spill_threshold_chars
 BATON_PREVIEW_HEAD_CHARS = BATON.preview_head_chars

@@ -14,7 +14,9 @@ Errors that DRF does not answer get the same body under /api/: Django's error vi
 not in ALLOWED_HOSTS with 400 `bad_request`, a URL no endpoint matches with 404 `not_found` and
 an unhandled exception with 500 `server_error` there, and with Django's own HTML pages
 everywhere else (the admin). A 500 says nothing of the exception, and is logged as an event
-with the exception's type only: its text may quote a message or a result (principle 7).
+with the exception's type only: its text may quote a message or a result (principle 7). A
+request body over its endpoint's limit is refused before any view runs, with 413 `too_large`
+naming the limit (`backend.api.body_limits`, through `json_error`).
 """
 
 from __future__ import annotations
@@ -23,8 +25,7 @@ import logging
 import sys
 from typing import Any
 
-from django.conf import settings
-from django.core.exceptions import DisallowedHost, RequestDataTooBig
+from django.core.exceptions import DisallowedHost
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views import defaults
 from rest_framework import exceptions, status
@@ -148,14 +149,6 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
             status.HTTP_400_BAD_REQUEST, detail=_summary(fields), code="invalid", fields=fields
         )
 
-    if isinstance(exc, RequestDataTooBig):
-        return error_response(
-            status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-            detail="The request body is larger than this server accepts "
-            f"({settings.BATON_MAX_REQUEST_BODY_BYTES} bytes).",
-            code="too_large",
-        )
-
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     response = exception_handler(exc, context)
@@ -174,10 +167,12 @@ def is_api_request(request: HttpRequest) -> bool:
     return path.startswith(API_PATH_PREFIX) or path == API_PATH_PREFIX.rstrip("/")
 
 
-def _json_error(http_status: int, *, detail: str, code: str) -> HttpResponse:
+def json_error(
+    http_status: int, *, detail: str, code: str, fields: dict[str, list[str]] | None = None
+) -> HttpResponse:
     """Baton's error body outside DRF, rendered as DRF renders it."""
     return HttpResponse(
-        BatonJSONRenderer().render(error_body(detail=detail, code=code)),
+        BatonJSONRenderer().render(error_body(detail=detail, code=code, fields=fields)),
         status=http_status,
         content_type="application/json",
     )
@@ -191,13 +186,13 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
         detail = "The request's Host header names a host this server does not serve."
     else:
         detail = "The request is malformed."
-    return _json_error(status.HTTP_400_BAD_REQUEST, detail=detail, code="bad_request")
+    return json_error(status.HTTP_400_BAD_REQUEST, detail=detail, code="bad_request")
 
 
 def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if not is_api_request(request):
         return defaults.page_not_found(request, exception)
-    return _json_error(
+    return json_error(
         status.HTTP_404_NOT_FOUND, detail="No API endpoint matches this URL.", code="not_found"
     )
 
@@ -216,7 +211,7 @@ def server_error(request: HttpRequest) -> HttpResponse:
         view=opaque_id(match.url_name or "") if match is not None else None,
         error_type=opaque_id(type(error).__name__) if error is not None else None,
     )
-    response = _json_error(
+    response = json_error(
         status.HTTP_500_INTERNAL_SERVER_ERROR,
         detail="The server failed to handle this request. The failure has been logged.",
         code="server_error",

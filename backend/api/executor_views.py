@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from backend.api import body_limits
 from backend.api.executor_serializers import (
     ClaimInput,
     DispatchInput,
@@ -24,7 +24,6 @@ from backend.api.executor_serializers import (
 from backend.api.permissions import IsExecutorWorker, authenticated_user
 from backend.dispatch import claims, leases, reports
 from backend.dispatch.payload import ClaimedTurn
-from backend.errors import PayloadTooLarge
 from backend.tasks.models import Subtask
 
 
@@ -154,6 +153,8 @@ class HeartbeatApi(ExecutorApi):
 
 
 class ProgressApi(ExecutorApi):
+    body_limit = body_limits.PROGRESS
+
     @extend_schema(operation_id="executor_progress", request=ProgressInput, responses=LeaseOutput)
     def post(self, request: Request, subtask_id: int) -> Response:
         payload = ProgressInput(data=request.data)
@@ -171,16 +172,10 @@ class ProgressApi(ExecutorApi):
 
 
 class ResultApi(ExecutorApi):
+    body_limit = body_limits.RESULT
+
     @extend_schema(operation_id="executor_result", request=ResultInput, responses=ResultOutput)
     def post(self, request: Request, subtask_id: int) -> Response:
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        if declared > settings.BATON_MAX_REQUEST_BODY_BYTES:
-            # Refuse before reading the body at all.
-            raise PayloadTooLarge(
-                f"result is larger than the limit of {settings.BATON_MAX_RESULT_BYTES} bytes "
-                "of UTF-8.",
-                field="result",
-            )
         payload = ResultInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data

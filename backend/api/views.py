@@ -11,6 +11,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from backend.api import body_limits
 from backend.api.pagination import TaskPagination, TurnPagination
 from backend.api.permissions import IsProductClient, authenticated_user
 from backend.api.serializers import (
@@ -35,6 +36,7 @@ def _with_turns(task: Task, turns: Iterable[Subtask]) -> dict[str, Any]:
 
 class TaskListCreateApi(APIView):
     permission_classes = [IsProductClient]
+    body_limit = body_limits.NEW_TASK
 
     @extend_schema(
         operation_id="tasks_list",
@@ -95,6 +97,7 @@ class TaskDetailApi(APIView):
 
 class TaskMessagesApi(APIView):
     permission_classes = [IsProductClient]
+    body_limit = body_limits.FOLLOW_UP
 
     @extend_schema(
         operation_id="tasks_messages_create",

@@ -418,20 +418,6 @@ def test_a_50_mb_result_is_accepted_and_reads_back_whole(api, worker_api):
     assert body["results"][1]["result"] == {"value": value, "exit_code": 0}
 
 
-def test_body_over_the_request_limit_is_413_json(api, worker_api, settings):
-    settings.BATON_MAX_REQUEST_BODY_BYTES = 2_000
-    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 2_000
-    create(api)
-    [turn] = dispatch(worker_api)
-    response = report(worker_api, turn, result={"value": "x" * 3_000})
-    assert response.status_code == 413
-    assert response.json()["code"] == "too_large"
-    response = api.post("/api/tasks/", {**SINGLE, "message": "y" * 3_000}, format="json")
-    assert response.status_code == 413
-    assert response.json()["code"] == "too_large"
-    assert Subtask.objects.get(pk=turn["subtask_id"]).status == "RUNNING"
-
-
 def test_turns_report_what_ingestion_measured(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
