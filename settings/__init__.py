@@ -98,6 +98,9 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = BATON_MAX_REQUEST_BODY_BYTES
 BATON_SPILL_THRESHOLD_CHARS = BATON.spill_threshold_chars
 BATON_PREVIEW_HEAD_CHARS = BATON.preview_head_chars
 BATON_PREVIEW_TAIL_CHARS = BATON.preview_tail_chars
+# A page of a task's turns stops before its turns' JSON would pass this many bytes (it always
+# holds at least one turn); `next` continues after the last turn it holds.
+BATON_API_PAGE_MAX_BYTES = BATON.api_page_max_bytes
 # Steps a task's pipeline may have: each is one turn per message, created in one request.
 BATON_MAX_PIPELINE_STEPS = BATON.max_pipeline_steps
 
