@@ -39,6 +39,8 @@ class StoredContent:
     sha256: str
     storage_key: str
     size_bytes: int
+    # False when an intact copy was already stored at the key and this call only checked it.
+    written: bool = True
 
 
 def artifact_storage() -> Storage:
@@ -75,7 +77,7 @@ def store_text(text: str) -> StoredContent:
         storage = artifact_storage()
         if storage.exists(key):
             if _hash_stored(storage, key) == sha256:
-                return StoredContent(sha256=sha256, storage_key=key, size_bytes=size)
+                return StoredContent(sha256=sha256, storage_key=key, size_bytes=size, written=False)
             logger.warning("artifact content at %s is damaged; rewriting it", key)
             storage.delete(key)
         spool.seek(0)

@@ -12,6 +12,7 @@ from backend.artifacts.models import Artifact
 from backend.artifacts.storage import verified_chunks
 from backend.errors import NotFound
 from backend.prompting import Role
+from backend.prompting.addressing import content_sha256
 from backend.tasks.fields import LosslessJSONField
 from backend.tasks.models import Bot, Subtask, SubtaskStatus, Task
 
@@ -146,6 +147,25 @@ def turn_result(*, subtask: Subtask) -> dict[str, Any] | None:
         )
     ).decode("utf-8")
     return {key: value if key == "value" else item for key, item in result.items()}
+
+
+def is_recorded_result(*, subtask: Subtask, result: dict[str, Any] | None) -> bool:
+    """Whether `result` equals the result recorded on the turn, without reading its artifact.
+
+    A value kept in the artifact is compared by its size and sha256 with the artifact's, so a
+    repeated report is recognised whatever state the stored copy is in (missing, damaged).
+    """
+    recorded: dict[str, Any] | None = subtask.result
+    if not subtask.result_value_in_artifact or recorded is None or result is None:
+        return recorded == result
+    value = result.get("value")
+    if not isinstance(value, str):
+        return False
+    if {key: None if key == "value" else item for key, item in result.items()} != recorded:
+        return False
+    artifact = subtask.artifact
+    assert artifact is not None  # the value lives in the turn's artifact, which the turn protects
+    return len(value) == artifact.size_chars and content_sha256(value) == artifact.sha256
 
 
 def bot_list() -> QuerySet[Bot]:

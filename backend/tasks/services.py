@@ -7,6 +7,7 @@ rejected follow-up never leaves a half-written round behind.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,8 +19,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from backend.artifacts.storage import store_text
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from backend.events import log_event
 from backend.prompting import ContextPassing, Role
+from backend.prompting.addressing import content_sha256
 from backend.prompting.inputs import validate_name
 from backend.tasks.fields import LONE_SURROGATE
 from backend.tasks.ingestion import IngestedText, ingest_text, replace_unstorable_chars
@@ -535,6 +539,36 @@ def record_result(
             )
         refresh_task_status(task=task)
     return subtask
+
+
+def restore_spilled_text(
+    *, subtask: Subtask, status: str, result: dict[str, Any] | None, error: str
+) -> bool:
+    """Store the turn's spilled text again from a report that repeats the recorded one.
+
+    The artifact's stored copy is checked against its sha256 and written anew only when it is
+    missing or damaged (`storage.store_text`); an intact copy is left as it is. Only the
+    artifact's own content is ever written: a text with another sha256 (which a true repeat
+    never has) is left alone. Returns whether the copy was written.
+    """
+    artifact = subtask.artifact
+    if not subtask.history_is_preview or artifact is None:
+        return False
+    text = replace_unstorable_chars(
+        history_text_for_result(status=status, result=result, error=error)[0]
+    )[0]
+    if content_sha256(text) != artifact.sha256:
+        return False
+    written = store_text(text).written
+    if written:
+        log_event(
+            "artifact_restored",
+            level=logging.WARNING,
+            task=subtask.task_id,
+            subtask=subtask.pk,
+            artifact=artifact.pk,
+        )
+    return written
 
 
 def refresh_task_status(*, task: Task) -> str:

@@ -281,3 +281,34 @@ def test_a_damaged_artifact_hides_no_turn(api, worker_api, artifact_storage_in_t
     assert broken["Content-Type"].startswith("application/json")
     assert broken.json()["code"] == "artifact_integrity"
     assert whole(api.get(turns[3]["result"]["value"]["url"])).decode() == "Fixed it.\n" + LOG
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_repeated_report_after_damage_stays_idempotent_and_restores_the_text(
+    api, worker_api, artifact_storage_in_tmp, damage
+):
+    result = {"value": LOG, "exit_code": 0}
+    turn = answered(api, worker_api, result=result)
+    path = stored_file(artifact_storage_in_tmp, turn["subtask_id"])
+    DAMAGES[damage](path)
+
+    repeat = report(worker_api, turn, result=result)
+    assert repeat.status_code == 200, repeat.json()
+    assert (repeat.json()["changed"], repeat.json()["status"]) == (False, "COMPLETED")
+    assert path.read_bytes() == LOG.encode()  # the repeat brought the text: stored again
+    url = f"/api/tasks/{turn['task_id']}/subtasks/{turn['subtask_id']}/text/"
+    assert whole(api.get(url)).decode() == LOG
+
+
+def test_a_different_report_after_damage_is_a_conflict_and_writes_nothing(
+    api, worker_api, artifact_storage_in_tmp
+):
+    turn = answered(api, worker_api, result={"value": LOG})
+    path = stored_file(artifact_storage_in_tmp, turn["subtask_id"])
+    path.unlink()
+    files_before = sorted(artifact_storage_in_tmp.rglob("*.txt"))
+
+    different = report(worker_api, turn, result={"value": LOG + "changed"})
+    assert different.status_code == 409
+    assert different.json()["code"] == "conflict"
+    assert sorted(artifact_storage_in_tmp.rglob("*.txt")) == files_before
