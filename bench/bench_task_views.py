@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -63,6 +62,15 @@ def setup(*, results: int, size: int) -> dict[str, object]:
     return {"task": task.pk, "subtask": turn.pk, "token": token.key}
 
 
+def _memory_kib(field: str) -> int:
+    """VmRSS (now) or VmHWM (peak) of this process, in KiB (Linux). Not `ru_maxrss`: Linux
+    carries that across exec from the parent, which built the big results."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
 def measure(path: str, token: str) -> None:
     """In a fresh process: one GET of `path`; print its status, body bytes and peak RSS."""
     import django
@@ -72,7 +80,7 @@ def measure(path: str, token: str) -> None:
 
     client = Client(HTTP_AUTHORIZATION=f"Token {token}")
     client.get("/api/bots/")  # warm up: imports, URL resolver, first query
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = _memory_kib("VmRSS")
     started = time.perf_counter()
     response = client.get(path)
     if response.streaming:
@@ -80,7 +88,7 @@ def measure(path: str, token: str) -> None:
     else:
         size = len(response.content)
     elapsed = time.perf_counter() - started
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    peak = _memory_kib("VmHWM")
     print(
         json.dumps(
             {
