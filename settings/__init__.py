@@ -103,6 +103,9 @@ BATON_PREVIEW_TAIL_CHARS = BATON.preview_tail_chars
 # prune_artifacts removes stored files no artifact row owns once they are this old; younger
 # ones may belong to a write whose row is not committed yet.
 BATON_ARTIFACT_ORPHAN_GRACE_SECONDS = BATON.artifact_orphan_grace_seconds
+# A page of a task's turns stops before its turns' JSON would pass this many bytes (it always
+# holds at least one turn); `next` continues after the last turn it holds.
+BATON_API_PAGE_MAX_BYTES = BATON.api_page_max_bytes
 # Steps a task's pipeline may have: each is one turn per message, created in one request.
 BATON_MAX_PIPELINE_STEPS = BATON.max_pipeline_steps
 

@@ -61,6 +61,7 @@ class BatonEnvironment(BaseModel):
     spill_threshold_chars: int = Field(16_000, alias="BATON_SPILL_THRESHOLD_CHARS", gt=0)
     preview_head_chars: int = Field(2_000, alias="BATON_PREVIEW_HEAD_CHARS", ge=0)
     preview_tail_chars: int = Field(2_000, alias="BATON_PREVIEW_TAIL_CHARS", ge=0)
+    api_page_max_bytes: int = Field(1024 * 1024, alias="BATON_API_PAGE_MAX_BYTES", gt=0)
     max_pipeline_steps: int = Field(
         16, alias="BATON_MAX_PIPELINE_STEPS", ge=1, le=PIPELINE_STEPS_CEILING
     )

@@ -10,22 +10,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from django.urls import reverse
 from rest_framework import serializers
-from rest_framework.request import Request
 
+from backend.api.links import artifact_download_url
 from backend.api.serializers import StrictQuery
 from backend.artifacts.models import ARTIFACT_KIND_CHOICES, Artifact
 from backend.artifacts.selectors import LineRange
 
 LINES_PATTERN = re.compile(r"^(\d+)-(\d*)$")
-
-
-def artifact_download_url(*, request: Request, artifact_id: str) -> str:
-    """Where the artifact's content is served, as an absolute URL for this request's host."""
-    return request.build_absolute_uri(
-        reverse("artifact-content", kwargs={"artifact_id": artifact_id})
-    )
 
 
 class ArtifactManifestEntryOutput(serializers.Serializer[Artifact]):

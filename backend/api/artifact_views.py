@@ -16,6 +16,9 @@
   check: a server-side fault that retrying will not fix, so not 503. It is logged with the id and
   no byte of content is sent.
 Errors are Baton's JSON error body whatever the request's Accept header says.
+
+A turn's spilled text, `GET /api/tasks/{id}/subtasks/{subtask_id}/text/`, is its artifact's
+content served by the same code (`serve_artifact_content`), so it answers exactly as above.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ from backend.api.artifact_serializers import ArtifactContentQuery, ArtifactOutpu
 from backend.api.permissions import authenticated_user
 from backend.api.renderers import BatonJSONRenderer
 from backend.artifacts import selectors
+from backend.artifacts.models import Artifact
 from backend.artifacts.retention import record_artifact_read
-from backend.artifacts.selectors import ByteRange, RangeNotSatisfiable
+from backend.artifacts.selectors import ByteRange, LineRange, RangeNotSatisfiable
 from backend.errors import InvalidInput
 from backend.tasks.artifact_access import artifact_as_seen_by, visible_artifact
 
@@ -97,7 +101,7 @@ def _etag_matches(header: str | None, *, etag: str) -> bool:
     return "*" in tags or etag in (tag.removeprefix("W/") for tag in tags)
 
 
-class _JSONErrorsNegotiation(BaseContentNegotiation):
+class JSONErrorsNegotiation(BaseContentNegotiation):
     """Always pick the JSON renderer: content bypasses rendering, and errors are always JSON.
 
     Without this, a client sending `Accept: text/plain` would get 406 before the view runs.
@@ -132,7 +136,7 @@ _TEXT = OpenApiTypes.STR
 
 class ArtifactContentApi(APIView):
     renderer_classes = [BatonJSONRenderer]
-    content_negotiation_class = _JSONErrorsNegotiation
+    content_negotiation_class = JSONErrorsNegotiation
 
     @extend_schema(
         operation_id="artifacts_content",
@@ -177,54 +181,65 @@ class ArtifactContentApi(APIView):
     def get(self, request: Request, artifact_id: str) -> HttpResponseBase:
         query = ArtifactContentQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        line_range = query.validated_data.get("lines")
         artifact = visible_artifact(user=authenticated_user(request), artifact_id=artifact_id)
-        etag = f'"{artifact.sha256}"'
-
-        if _etag_matches(request.headers.get("If-None-Match"), etag=etag):
-            # The client still uses its copy: that counts as a read for retention.
-            record_artifact_read(artifact_id=artifact.id)
-            not_modified = HttpResponseNotModified()
-            not_modified["ETag"] = etag
-            return not_modified
-
-        requested = _requested_range(request, etag=etag)
-        if requested is not None and line_range is not None:
-            raise InvalidInput("Give either a Range header or ?lines=, not both.", field="lines")
-        byte_range = None
-        if requested is not None:
-            byte_range = requested.resolve(size=artifact.size_bytes)
-            if byte_range is None:
-                raise RangeNotSatisfiable(
-                    f"Range {request.headers['Range']!r} cannot be satisfied: artifact "
-                    f"{artifact.id} has {artifact.size_bytes} bytes.",
-                    size_bytes=artifact.size_bytes,
-                )
-
-        # Raises ArtifactIntegrityError (500) or LinesNotSatisfiable (416), mapped by
-        # backend.api.errors like every other error.
-        content = selectors.artifact_content(
-            artifact=artifact, byte_range=byte_range, line_range=line_range
+        return serve_artifact_content(
+            request, artifact=artifact, line_range=query.validated_data.get("lines")
         )
+
+
+def serve_artifact_content(
+    request: Request, *, artifact: Artifact, line_range: LineRange | None
+) -> HttpResponseBase:
+    """The answer to a GET of the artifact's content, as the module docstring describes it.
+
+    The caller has validated the query and decided that this caller may read the artifact;
+    every endpoint that serves stored text whole (this one, a turn's text) answers through
+    here, so they share caching, ranges, line slices and the integrity check.
+    """
+    etag = f'"{artifact.sha256}"'
+
+    if _etag_matches(request.headers.get("If-None-Match"), etag=etag):
+        # The client still uses its copy: that counts as a read for retention.
         record_artifact_read(artifact_id=artifact.id)
+        not_modified = HttpResponseNotModified()
+        not_modified["ETag"] = etag
+        return not_modified
 
-        # Closing the response closes `content` and its stored file, whether or not the body
-        # was ever iterated (a client may drop the connection before the first byte).
-        response = StreamingHttpResponse(
-            content,
-            status=status.HTTP_206_PARTIAL_CONTENT if byte_range else status.HTTP_200_OK,
-            content_type=CONTENT_TYPE,
+    requested = _requested_range(request, etag=etag)
+    if requested is not None and line_range is not None:
+        raise InvalidInput("Give either a Range header or ?lines=, not both.", field="lines")
+    byte_range = None
+    if requested is not None:
+        byte_range = requested.resolve(size=artifact.size_bytes)
+        if byte_range is None:
+            raise RangeNotSatisfiable(
+                f"Range {request.headers['Range']!r} cannot be satisfied: artifact "
+                f"{artifact.id} has {artifact.size_bytes} bytes.",
+                size_bytes=artifact.size_bytes,
+            )
+
+    # Raises ArtifactIntegrityError (500) or LinesNotSatisfiable (416), mapped by
+    # backend.api.errors like every other error.
+    content = selectors.artifact_content(
+        artifact=artifact, byte_range=byte_range, line_range=line_range
+    )
+    record_artifact_read(artifact_id=artifact.id)
+
+    # Closing the response closes `content` and its stored file, whether or not the body
+    # was ever iterated (a client may drop the connection before the first byte).
+    response = StreamingHttpResponse(
+        content,
+        status=status.HTTP_206_PARTIAL_CONTENT if byte_range else status.HTTP_200_OK,
+        content_type=CONTENT_TYPE,
+    )
+    response["Content-Length"] = str(content.length)
+    response["ETag"] = etag
+    response["Accept-Ranges"] = "bytes"
+    response["Cache-Control"] = "private"
+    if byte_range is not None:
+        response["Content-Range"] = f"bytes {content.start}-{content.end - 1}/{content.size_bytes}"
+    if content.lines is not None:
+        response["X-Baton-Lines"] = (
+            f"{content.lines.start}-{content.lines.end}/{content.total_lines}"
         )
-        response["Content-Length"] = str(content.length)
-        response["ETag"] = etag
-        response["Accept-Ranges"] = "bytes"
-        response["Cache-Control"] = "private"
-        if byte_range is not None:
-            response["Content-Range"] = (
-                f"bytes {content.start}-{content.end - 1}/{content.size_bytes}"
-            )
-        if content.lines is not None:
-            response["X-Baton-Lines"] = (
-                f"{content.lines.start}-{content.lines.end}/{content.total_lines}"
-            )
-        return response
+    return response

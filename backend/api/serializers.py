@@ -9,13 +9,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.fields import empty
 from rest_framework.settings import api_settings
 
 from backend.api.errors import RequestBodyNotAnObject
-from backend.api.pagination import TaskPagination, TurnPagination
+from backend.api.links import artifact_download_url, turn_text_url
+from backend.api.pagination import TaskPagination, TurnPageQuery, TurnPagination
+from backend.artifacts.models import Artifact
 from backend.errors import InvalidInput
 from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
@@ -27,7 +30,13 @@ from backend.tasks.models import (
     Task,
     TaskStatus,
 )
-from backend.tasks.selectors import turn_result
+from backend.tasks.selectors import (
+    SPILLED_ERROR,
+    SPILLED_MESSAGE,
+    SPILLED_RESULT,
+    SPILLED_VALUE,
+    spilled_place,
+)
 from backend.tasks.services import check_pipeline_length
 
 
@@ -184,13 +193,30 @@ class MessageInput(StrictInput):
 
 
 class TurnListQuery(StrictQuery):
-    """A page of a task's turns: the same rules as every list (a bad page or page size is a 400
-    naming it; a page past the end is a 404)."""
+    """A page of a task's turns (`pagination.TurnPagination`): the same rules as every list (a
+    bad page or page size is a 400 naming it; a numbered page past the end is a 404), and
+    `after`, where the `next` links continue."""
 
     page = serializers.IntegerField(min_value=1, required=False)
     page_size = serializers.IntegerField(
-        min_value=1, max_value=TurnPagination.max_page_size, required=False
+        min_value=1,
+        max_value=TurnPagination.max_page_size,
+        required=False,
+        default=TurnPagination.page_size,
     )
+    after = serializers.IntegerField(
+        min_value=0,
+        required=False,
+        help_text="Start just after the turn with this message_id (the `next` links use it).",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if "page" in attrs and "after" in attrs:
+            raise serializers.ValidationError({"after": ["Give either page or after, not both."]})
+        return attrs
+
+    def page_query(self) -> TurnPageQuery:
+        return TurnPageQuery(**self.validated_data)
 
 
 class TaskListFilters(StrictQuery):
@@ -269,9 +295,91 @@ class UsageFields(StrictInput):
     )
 
 
+class SpilledArtifactOutput(serializers.Serializer[Artifact]):
+    id = serializers.CharField()
+    sha256 = serializers.CharField()
+    kind = serializers.CharField()
+    download_url = serializers.SerializerMethodField(help_text="GET it for the whole text.")
+
+    def get_download_url(self, artifact: Artifact) -> str:
+        return artifact_download_url(request=self.context["request"], artifact_id=artifact.id)
+
+
+class SpilledTextOutput(serializers.Serializer[Subtask]):
+    """A turn's text that spilled to an artifact, shown in the text's place (see `spilled`).
+
+    Read from the turn's row alone, never from the artifact: the preview ingestion stored,
+    the whole text's sizes, and where to fetch it whole.
+    """
+
+    preview = serializers.CharField(
+        source="shown_preview",
+        help_text=(
+            "The preview ingestion kept (what matters for the text's kind), each cut marked "
+            "`…N chars truncated…`."
+        ),
+    )
+    truncated = serializers.SerializerMethodField(help_text="Always true: this is a preview.")
+    chars = serializers.IntegerField(source="history_chars", help_text="The whole text's size.")
+    bytes = serializers.IntegerField(source="history_bytes", help_text="Of UTF-8.")
+    lines = serializers.IntegerField(source="history_lines")
+    artifact = SpilledArtifactOutput()
+    url = serializers.SerializerMethodField(
+        help_text="GET it for the whole text, streamed (sha256-checked, Range and ?lines=)."
+    )
+
+    @extend_schema_field(OpenApiTypes.BOOL)
+    def get_truncated(self, subtask: Subtask) -> bool:
+        return True
+
+    def get_url(self, subtask: Subtask) -> str:
+        return turn_text_url(
+            request=self.context["request"], task_id=subtask.task_id, subtask_id=subtask.pk
+        )
+
+
+# The OpenAPI shape of a SpilledTextOutput (drf-spectacular cannot put a serializer beside a
+# plain string in a oneOf, so the fields are listed here).
+SPILLED_TEXT_SCHEMA = {
+    "type": "object",
+    "description": "A text that spilled to an artifact: its preview, sizes and links.",
+    "properties": {
+        "preview": {
+            "type": "string",
+            "description": "The kept parts, each cut marked `…N chars truncated…`.",
+        },
+        "truncated": {"type": "boolean", "description": "Always true: this is a preview."},
+        "chars": {"type": "integer"},
+        "bytes": {"type": "integer"},
+        "lines": {"type": "integer"},
+        "artifact": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "sha256": {"type": "string"},
+                "kind": {"type": "string"},
+                "download_url": {"type": "string", "format": "uri"},
+            },
+        },
+        "url": {"type": "string", "format": "uri", "description": "The whole text, streamed."},
+    },
+}
+TEXT_OR_SPILLED_SCHEMA = {"oneOf": [{"type": "string"}, SPILLED_TEXT_SCHEMA]}
+
+
 class SubtaskOutput(serializers.ModelSerializer[Subtask]):
-    message = serializers.CharField()
+    """One turn. Read from `selectors.task_turns` rows (their `shown_*` columns).
+
+    A text that spilled is shown as a `SpilledTextOutput` where the text stood, and `spilled`
+    names that place (`selectors.spilled_place`): `message`, `error`, `result.value` (the
+    result as sent, its `value` the preview object) or `result` (the preview object for the
+    whole result). Texts that did not spill are inline as sent.
+    """
+
+    message = serializers.SerializerMethodField()
     result = serializers.SerializerMethodField()
+    error = serializers.SerializerMethodField()
+    spilled = serializers.SerializerMethodField()
     history = serializers.SerializerMethodField()
     progress_events = serializers.JSONField(allow_null=True)
     usage = serializers.SerializerMethodField()
@@ -287,9 +395,52 @@ class SubtaskOutput(serializers.ModelSerializer[Subtask]):
             return None
         return HistoryMeasureOutput(subtask).data
 
-    @extend_schema_field({**RESULT_SCHEMA, "nullable": True})
+    def _spilled_text(self, subtask: Subtask) -> dict[str, Any]:
+        return SpilledTextOutput(subtask, context=self.context).data
+
+    @extend_schema_field(
+        {
+            "type": "string",
+            "nullable": True,
+            "enum": [SPILLED_MESSAGE, SPILLED_ERROR, SPILLED_VALUE, SPILLED_RESULT, None],
+            "description": "Where a preview object stands for a text that spilled; null: "
+            "every text of the turn is inline.",
+        }
+    )
+    def get_spilled(self, subtask: Subtask) -> str | None:
+        return spilled_place(subtask)
+
+    @extend_schema_field(TEXT_OR_SPILLED_SCHEMA)
+    def get_message(self, subtask: Subtask) -> Any:
+        if spilled_place(subtask) == SPILLED_MESSAGE:
+            return self._spilled_text(subtask)
+        return subtask.shown_message
+
+    @extend_schema_field(TEXT_OR_SPILLED_SCHEMA)
+    def get_error(self, subtask: Subtask) -> Any:
+        if spilled_place(subtask) == SPILLED_ERROR:
+            return self._spilled_text(subtask)
+        return subtask.shown_error
+
+    @extend_schema_field(
+        {
+            **RESULT_SCHEMA,
+            "nullable": True,
+            "description": f"{RESULT_SCHEMA['description']} When its text spilled, a preview "
+            "object stands for the value or the whole result (see `spilled`).",
+        }
+    )
     def get_result(self, subtask: Subtask) -> dict[str, Any] | None:
-        return turn_result(subtask=subtask)
+        place = spilled_place(subtask)
+        if place == SPILLED_RESULT:
+            return self._spilled_text(subtask)
+        result: dict[str, Any] | None = subtask.shown_result
+        if place == SPILLED_VALUE and result is not None:
+            return {
+                key: self._spilled_text(subtask) if key == "value" else item
+                for key, item in result.items()
+            }
+        return result
 
     class Meta:
         model = Subtask
@@ -306,6 +457,7 @@ class SubtaskOutput(serializers.ModelSerializer[Subtask]):
             "message",
             "result",
             "error",
+            "spilled",
             "error_code",
             "usage",
             "native_session_id",
@@ -321,6 +473,19 @@ class SubtaskOutput(serializers.ModelSerializer[Subtask]):
             "finished_at",
         ]
         read_only_fields = fields
+
+
+class TurnPageOutput(serializers.Serializer[dict[str, Any]]):
+    """A page of a task's turns (`pagination.TurnPagination`)."""
+
+    count = serializers.IntegerField(help_text="The task's turns, all pages together.")
+    next = serializers.URLField(
+        allow_null=True, help_text="The page after this one (`?after=<message_id>`), if any."
+    )
+    previous = serializers.URLField(
+        allow_null=True, help_text="The numbered page before a numbered page, if any."
+    )
+    results = SubtaskOutput(many=True)
 
 
 class BotOutput(serializers.ModelSerializer[Bot]):

@@ -17,6 +17,11 @@ urlpatterns = [
         name="artifact-content",
     ),
     path(
+        "tasks/<int:task_id>/subtasks/<int:subtask_id>/text/",
+        views.TurnTextApi.as_view(),
+        name="turn-text",
+    ),
+    path(
         "tasks/<int:task_id>/subtasks/<int:subtask_id>/cancel/",
         views.TurnCancelApi.as_view(),
         name="turn-cancel",

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from django.http import HttpResponseBase
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.api import body_limits
+from backend.api.artifact_serializers import ArtifactContentQuery, ErrorOutput
+from backend.api.artifact_views import JSONErrorsNegotiation, serve_artifact_content
 from backend.api.pagination import TaskPagination, TurnPagination
 from backend.api.permissions import IsProductClient, authenticated_user
+from backend.api.renderers import BatonJSONRenderer
 from backend.api.serializers import (
     BotOutput,
     MessageInput,
@@ -23,15 +28,22 @@ from backend.api.serializers import (
     TaskOutput,
     TaskWithTurnsOutput,
     TurnListQuery,
+    TurnPageOutput,
 )
 from backend.tasks import selectors, services
 from backend.tasks.models import Subtask, Task
 from backend.tasks.services import PipelineStep
 
 
-def _with_turns(task: Task, turns: Iterable[Subtask]) -> dict[str, Any]:
-    task.turns_for_output = list(turns)
-    return TaskWithTurnsOutput(task).data
+def _with_turns(request: Request, task: Task) -> dict[str, Any]:
+    task.turns_for_output = list(selectors.task_turns(task=task))
+    return TaskWithTurnsOutput(task, context={"request": request}).data
+
+
+def _turns(request: Request, task: Task, turns: Sequence[Subtask]) -> Any:
+    """`turns` as the task views show them, read again through `selectors.task_turns`."""
+    shown = selectors.task_turns(task=task).filter(pk__in=[turn.pk for turn in turns])
+    return SubtaskOutput(shown, many=True, context={"request": request}).data
 
 
 class TaskListCreateApi(APIView):
@@ -81,9 +93,7 @@ class TaskListCreateApi(APIView):
             sender=data["sender"],
             is_group_chat=data["is_group_chat"],
         )
-        return Response(
-            _with_turns(task, selectors.task_turns(task=task)), status=status.HTTP_201_CREATED
-        )
+        return Response(_with_turns(request, task), status=status.HTTP_201_CREATED)
 
 
 class TaskDetailApi(APIView):
@@ -92,7 +102,7 @@ class TaskDetailApi(APIView):
     @extend_schema(operation_id="tasks_retrieve", responses=TaskWithTurnsOutput)
     def get(self, request: Request, task_id: int) -> Response:
         task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
-        return Response(_with_turns(task, selectors.task_turns(task=task)))
+        return Response(_with_turns(request, task))
 
 
 class TaskMessagesApi(APIView):
@@ -114,7 +124,7 @@ class TaskMessagesApi(APIView):
             message=payload.validated_data["message"],
             sender=payload.validated_data["sender"],
         )
-        return Response(SubtaskOutput(turns, many=True).data, status=status.HTTP_201_CREATED)
+        return Response(_turns(request, task, turns), status=status.HTTP_201_CREATED)
 
 
 class TaskSubtasksApi(APIView):
@@ -123,16 +133,57 @@ class TaskSubtasksApi(APIView):
     @extend_schema(
         operation_id="tasks_subtasks_list",
         parameters=[TurnListQuery],
-        responses=SubtaskOutput(many=True),
-        summary="The task's turns in message_id order",
+        responses=TurnPageOutput,
+        summary="The task's turns in message_id order, a page bounded in turns and in bytes",
     )
     def get(self, request: Request, task_id: int) -> Response:
         query = TurnListQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
-        paginator = TurnPagination()
-        page = paginator.paginate_queryset(selectors.task_turns(task=task), request, view=self)
-        return paginator.get_paginated_response(SubtaskOutput(page, many=True).data)
+        context = {"request": request}
+        page = TurnPagination().paginate(
+            selectors.task_turns(task=task),
+            request,
+            query=query.page_query(),
+            serialize=lambda turn: SubtaskOutput(turn, context=context).data,
+        )
+        return Response(page)
+
+
+class TurnTextApi(APIView):
+    """A turn's spilled text, whole: its artifact's content, served as the artifact API serves
+    it (sha256-checked before the first byte, Range, ?lines=, ETag), to whoever may see the
+    task."""
+
+    permission_classes = [IsProductClient]
+    renderer_classes = [BatonJSONRenderer]
+    content_negotiation_class = JSONErrorsNegotiation
+
+    @extend_schema(
+        operation_id="tasks_subtasks_text",
+        parameters=[ArtifactContentQuery],
+        responses={
+            (200, "text/plain"): OpenApiResponse(
+                OpenApiTypes.STR, description="The whole text, or the requested lines."
+            ),
+            (206, "text/plain"): OpenApiResponse(
+                OpenApiTypes.STR, description="The requested byte range."
+            ),
+            (404, "application/json"): ErrorOutput,
+            (500, "application/json"): OpenApiResponse(
+                ErrorOutput, description="Stored content missing or failing its sha256 check."
+            ),
+        },
+        summary="The whole text of a turn whose text spilled (its preview object's url)",
+    )
+    def get(self, request: Request, task_id: int, subtask_id: int) -> HttpResponseBase:
+        query = ArtifactContentQuery(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
+        artifact = selectors.spilled_text_artifact(task=task, subtask_id=subtask_id)
+        return serve_artifact_content(
+            request, artifact=artifact, line_range=query.validated_data.get("lines")
+        )
 
 
 class TaskCancelApi(APIView):
@@ -157,7 +208,7 @@ class TurnCancelApi(APIView):
     def post(self, request: Request, task_id: int, subtask_id: int) -> Response:
         task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
         turns = services.cancel_turn(task=task, subtask_id=subtask_id)
-        return Response(SubtaskOutput(turns, many=True).data)
+        return Response(_turns(request, task, turns))
 
 
 class BotListApi(APIView):

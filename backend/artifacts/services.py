@@ -121,6 +121,19 @@ def store_artifacts(texts: Sequence[ArtifactText]) -> list[Artifact]:
     return [artifacts[artifact_id_for(address.sha256)] for address in addresses]
 
 
+def restore_artifact_file(*, artifact: Artifact, text: str) -> bool:
+    """Write `artifact`'s file again from `text` when it is missing or damaged; True when it
+    was written. Text whose sha256 is not the artifact's is never written (False). Must run
+    inside the caller's transaction: the row is locked first, as every writer of a file does.
+    """
+    address = content_address(text)
+    if address.sha256 != artifact.sha256:
+        return False
+    if not Artifact.objects.select_for_update().filter(pk=artifact.pk).exists():
+        return False
+    return ensure_stored(text=text, address=address)
+
+
 def _new_row(item: ArtifactText, address: ContentAddress) -> Artifact:
     return Artifact(
         id=artifact_id_for(address.sha256),

@@ -66,6 +66,8 @@ class ContentAddress:
     sha256: str
     storage_key: str
     size_bytes: int
+    # False when an intact copy was already stored at the key and this call only checked it.
+    written: bool = True
 
 
 @dataclass(frozen=True)

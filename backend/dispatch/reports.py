@@ -6,7 +6,10 @@ turn was cancelled is told so (409 `lease_lost` with the reason, or `cancelled`)
 nothing but the reclaim of a lease it finds run out. Invariant: reports are idempotent — the
 same result from the same claim a second time changes nothing and says so (changed=False),
 so a worker may retry a report whose response it never received; a different result for a
-turn the claim finished is a Conflict.
+turn the claim finished is a Conflict. A repeat is recognised without reading the turn's
+artifact (a value kept there is compared by sha256), so a damaged stored copy cannot turn it
+into an error; the repeat brings the whole text again, and a missing or damaged copy is
+written anew from it (`services.restore_spilled_text`).
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ from backend.prompting import Role
 from backend.tasks.history import any_of
 from backend.tasks.ingestion import replace_unstorable_chars
 from backend.tasks.models import Subtask, SubtaskStatus
-from backend.tasks.selectors import turn_result
-from backend.tasks.services import check_text_size, record_result
+from backend.tasks.selectors import is_recorded_result
+from backend.tasks.services import check_text_size, record_result, restore_spilled_text
 
 MAX_PROGRESS_EVENTS = 200
 # What a worker may report for a claim: an outcome, or a requeue.
@@ -249,6 +252,8 @@ def report_result(
             usage=usage,
             native_session_id=native_session_id,
         ):
+            if status in (COMPLETED, FAILED):
+                restore_spilled_text(subtask=subtask, status=status, result=result, error=error)
             return subtask, False
         finished = subtask.status in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED)
         if same_claim and finished and not failed_for_lease_expiry(subtask=subtask):
@@ -362,4 +367,4 @@ def _is_repeat(
         return (
             subtask.error == replace_unstorable_chars(error)[0] and subtask.error_code == error_code
         )
-    return turn_result(subtask=subtask) == result
+    return is_recorded_result(subtask=subtask, result=result)

@@ -16,6 +16,7 @@ from django.http import HttpRequest
 
 from backend.admin_mixins import ReadOnlyAdminMixin
 from backend.artifacts.admin_inlines import ArtifactInline
+from backend.artifacts.storage import ArtifactIntegrityError
 from backend.errors import InvalidInput
 from backend.prompting.truncate import truncate_middle
 from backend.prompting.units import Unit
@@ -125,7 +126,11 @@ class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Subtask]):
 
     @admin.display(description="result (as sent)")
     def result_as_sent(self, subtask: Subtask) -> str:
-        result = turn_result(subtask=subtask)
+        try:
+            result = turn_result(subtask=subtask)
+        except ArtifactIntegrityError as error:
+            # The rest of the page stays readable; the artifact's id and fault are named.
+            return f"(damaged) {error}"
         if result is None:
             return "-"
         return _bounded(json.dumps(result, ensure_ascii=False, indent=2), DETAIL_TEXT_CHARS)

@@ -9,6 +9,8 @@ agent: which executor runs it and with which model, instructions, permissions an
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxLengthValidator, MinValueValidator, RegexValidator
@@ -285,6 +287,12 @@ class Subtask(models.Model):
     # of the database row, and `selectors.turn_result` puts the value back.
     result_value_in_artifact = models.BooleanField(default=False)
     recorded_at = models.DateTimeField(null=True, blank=True)
+    # Not columns: what `selectors.task_turns` reads in place of `message`, `error`, `result`
+    # and the spilled `history_text` (empty where the column holds a text that spilled).
+    shown_message: str
+    shown_error: str
+    shown_result: Any
+    shown_preview: str
 
     # Set by the service that stores a round, from the same clock reading as the user turn's
     # `finished_at`, so a user turn never reads as finished before it was created.

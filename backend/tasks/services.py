@@ -9,6 +9,7 @@ behind either.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +21,9 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from backend.artifacts.services import atomic_storing_artifacts
+from backend.artifacts.services import atomic_storing_artifacts, restore_artifact_file
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from backend.events import log_event
 from backend.prompting import ContextPassing, Role
 from backend.prompting.inputs import validate_name
 from backend.tasks.fields import LONE_SURROGATE
@@ -539,6 +541,34 @@ def record_result(
             )
         refresh_task_status(task=task)
     return subtask
+
+
+def restore_spilled_text(
+    *, subtask: Subtask, status: str, result: dict[str, Any] | None, error: str
+) -> bool:
+    """Store the turn's spilled text again from a report that repeats the recorded one.
+
+    The artifact's stored copy is checked against its sha256 and written anew only when it is
+    missing or damaged (`artifacts.services.restore_artifact_file`); an intact copy is left as
+    it is. Only the artifact's own content is ever written: a text with another sha256 (which a
+    true repeat never has) is left alone. Returns whether the copy was written.
+    """
+    artifact = subtask.artifact
+    if not subtask.history_is_preview or artifact is None:
+        return False
+    text = replace_unstorable_chars(
+        history_text_for_result(status=status, result=result, error=error)[0]
+    )[0]
+    written = restore_artifact_file(artifact=artifact, text=text)
+    if written:
+        log_event(
+            "artifact_restored",
+            level=logging.WARNING,
+            task=subtask.task_id,
+            subtask=subtask.pk,
+            artifact=artifact.pk,
+        )
+    return written
 
 
 def refresh_task_status(*, task: Task) -> str:

@@ -90,7 +90,10 @@ def test_brackets_inside_strings_are_text_not_nesting(api):
     message = "[" * 5000 + '{"\\' * 5000 + "]" * 5000
     response = api.post("/api/tasks/", {**SINGLE, "message": message}, format="json")
     assert response.status_code == 201, response.json()
-    assert response.json()["turns"][0]["message"] == message
+    [turn] = response.json()["turns"][:1]
+    assert turn["spilled"] == "message"  # 25,000 chars: the turn shows its preview
+    whole = api.get(turn["message"]["url"])
+    assert b"".join(whole.streaming_content).decode() == message
 
 
 @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH - 1, 950, 100_000])

@@ -612,6 +612,21 @@ def test_turn_pages_show_bounded_text_and_the_result_as_sent(admin_client, user,
     assert Subtask.objects.get(pk=turn.pk).result == {"value": None}
 
 
+def test_turn_pages_mark_a_damaged_value_and_stay_up(
+    admin_client, user, settings, artifact_storage_in_tmp
+):
+    settings.BATON_SPILL_THRESHOLD_CHARS = 1_000
+    settings.BATON_PREVIEW_HEAD_CHARS = settings.BATON_PREVIEW_TAIL_CHARS = 100
+    task = answered_task(owner=user, title="big", message="go", answer="y" * 5_000)
+    turn = task.subtasks.select_related("artifact").get(role="ASSISTANT")
+    assert turn.artifact is not None
+    (artifact_storage_in_tmp / turn.artifact.storage_key).unlink()
+    detail = admin_client.get(f"/admin/tasks/subtask/{turn.pk}/change/")
+    assert detail.status_code == 200
+    assert f"(damaged) artifact {turn.artifact.id}: content is missing" in detail.content.decode()
+    assert admin_client.get(f"/admin/tasks/task/{task.pk}/change/").status_code == 200
+
+
 def task_change_data(admin_client, task: Task, **changes: Any) -> dict[str, Any]:
     """The task change form as a browser posts it: the page's hidden inline management fields,
     the task's own fields, then `changes`."""

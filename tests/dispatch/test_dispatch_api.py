@@ -414,8 +414,12 @@ def test_a_50_mb_result_is_accepted_and_reads_back_whole(api, worker_api):
     assert stored.result == {"value": None, "exit_code": 0}  # the row stays small
     assert stored.history_chars == len(value)
     assert len(stored.history_text) < 5_000
-    body = api.get(f"/api/tasks/{turn['task_id']}/subtasks/").json()
-    assert body["results"][1]["result"] == {"value": value, "exit_code": 0}
+    listed = api.get(f"/api/tasks/{turn['task_id']}/subtasks/")
+    assert len(listed.content) < 20_000  # the value's preview, not the value
+    shown = listed.json()["results"][1]["result"]
+    assert shown["exit_code"] == 0
+    whole = api.get(shown["value"]["url"])
+    assert b"".join(whole.streaming_content) == value.encode()
 
 
 def test_turns_report_what_ingestion_measured(api, worker_api):

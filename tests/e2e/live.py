@@ -48,6 +48,12 @@ class Baton:
         assert response.status_code == 200, response.text
         return response.json()
 
+    def whole_text(self, spilled: dict[str, Any]) -> str:
+        """The whole text behind a spilled text's preview object (a turn's text endpoint)."""
+        response = self.product.get(spilled["url"])
+        assert response.status_code == 200, response.text
+        return response.content.decode("utf-8")
+
     def wait(self, task_id: int, *, timeout: float = 90.0) -> dict[str, Any]:
         """The task once its latest turn has finished and the task's status says so too.
 

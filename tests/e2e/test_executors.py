@@ -101,7 +101,8 @@ def test_the_agent_reads_a_2_mb_earlier_result_from_its_workspace(
     with worker(baton, model_server, tmp_path, [kind]):
         task = baton.create(executor=kind, message="Run the build and show me the log.")
         first = baton.wait(task["id"])
-        assert first["turns"][1]["result"]["value"] == big
+        assert first["turns"][1]["spilled"] == "result.value"
+        assert baton.whole_text(first["turns"][1]["result"]["value"]) == big
         assert first["turns"][1]["artifact"] == artifact_id
         model_server.clear()
         model_server.set_turns(
