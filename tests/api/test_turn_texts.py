@@ -108,9 +108,12 @@ def test_a_spilled_result_is_its_preview_sizes_and_links_in_both_views(api, work
             },
             "url": url,
         }
-        # The preview ingestion stored: head, marker, tail (2,000 chars each by default).
-        marker = truncation_marker(len(LOG) - 4_000)
-        assert value["preview"] == LOG[:2_000] + marker + LOG[-2_000:]
+        # The preview ingestion stored: head, marker, tail (2,000 chars each by default),
+        # each cut on a line boundary so the marker stands on its own line.
+        head = LOG[: LOG.rindex("\n", 0, 2_000) + 1]
+        tail = LOG[LOG.index("\n", len(LOG) - 2_000) :]
+        marker = truncation_marker(len(LOG) - len(head) - len(tail))
+        assert value["preview"] == head + marker + tail
 
 
 def test_the_turn_text_endpoint_streams_the_exact_whole_text(api, worker_api):
