@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from backend.prompting.kinds import ArtifactKind
@@ -49,16 +49,64 @@ _EVIDENCE_SHARE = 2  # evidence lines get at most 1 / _EVIDENCE_SHARE of the bud
 _LINE_SNAP_SHARE = 4  # a cut moves to a line break within 1 / _LINE_SNAP_SHARE of its budget
 _BRIDGE_CHARS = 24  # evidence spans this close together are kept as one
 
-_COMMAND_EVIDENCE = re.compile(
-    r"^[ \t]*(?:[$#>] \S)|\berror\b|\bfail(?:ed|ure|s)?\b|\btraceback\b|\bexception\b|\bfatal\b"
-    r"|\bpanic(?:ked)?\b|\bexit (?:code|status)\b|\bexited with\b|\bassert",
-    re.IGNORECASE | re.MULTILINE,
+
+def _word_alternatives(words: tuple[str, ...]) -> str:
+    """``words`` in lower, Capitalized and UPPER case, grouped by their first character.
+
+    A pattern whose every branch starts with a plain character lets the regex engine skip
+    ahead quickly: a 50 MB log is scanned in a fraction of a second, where ``\\b`` and
+    IGNORECASE made the same scan take seconds."""
+    rests: dict[str, set[str]] = {}
+    for word in words:
+        for variant in (word, word.capitalize(), word.upper()):
+            rests.setdefault(variant[0], set()).add(re.escape(variant[1:]))
+    return "|".join(
+        f"{re.escape(first)}(?:{'|'.join(sorted(rest, key=len, reverse=True))})"
+        for first, rest in sorted(rests.items())
+    )
+
+
+_EVIDENCE_WORDS = (
+    "error",
+    "exception",
+    "exit code",
+    "exit status",
+    "exited with",
+    "fail",
+    "fatal",
+    "traceback",
+    "panic",
+    "assert",
 )
-_WEB_EVIDENCE = re.compile(
-    r"https?://\S+|^[ \t]*#{1,6} \S|^[ \t]*title:|<title[\s>][^<]{0,300}</title>"
-    r"|<h[1-3][\s>][^<]{0,300}</h[1-3]>|<a\s[^>]{0,300}href=[^>]{0,300}>",
-    re.IGNORECASE | re.MULTILINE,
+_COMMAND_EVIDENCE = re.compile(r"\n[ \t]*[$#>] \S|" + _word_alternatives(_EVIDENCE_WORDS))
+_WEB_EVIDENCE = re.compile(r"https?://|<(?i:title|h[1-3]|a)\b|\n[ \t]*(?:#{1,6} |(?i:title:))")
+_WEB_SPAN = re.compile(
+    r"https?://\S+|<title[\s>][^<]{0,300}</title>|<h[1-3][\s>][^<]{0,300}</h[1-3]>"
+    r"|<a\s[^>]{0,300}href=[^>]{0,300}>",
+    re.IGNORECASE,
 )
+
+
+def _command_evidence(text: str, match: re.Match[str]) -> tuple[int, int] | None:
+    """A shell prompt line, or an evidence word that starts a word."""
+    start = match.start()
+    if text[start] == "\n":
+        return start + 1, match.end()
+    if start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
+        return None
+    return match.span()
+
+
+def _web_evidence(text: str, match: re.Match[str]) -> tuple[int, int] | None:
+    """A URL, a title or heading line, or an HTML title, heading or link tag."""
+    start = match.start()
+    if text[start] == "\n":
+        return start + 1, match.end()
+    whole = _WEB_SPAN.match(text, start)
+    return whole.span() if whole is not None else None
+
+
+_Confirm = Callable[[str, re.Match[str]], "tuple[int, int] | None"]
 
 
 def make_kind_preview(text: str, kind: str, *, head_chars: int, tail_chars: int) -> Preview:
@@ -71,9 +119,9 @@ def make_kind_preview(text: str, kind: str, *, head_chars: int, tail_chars: int)
         if skeleton is not None:
             return skeleton
     if kind == ArtifactKind.COMMAND_OUTPUT:
-        return _evidence_preview(text, head_chars, tail_chars, _COMMAND_EVIDENCE)
+        return _evidence_preview(text, head_chars, tail_chars, _COMMAND_EVIDENCE, _command_evidence)
     if kind == ArtifactKind.WEB_OR_SEARCH:
-        return _evidence_preview(text, head_chars, tail_chars, _WEB_EVIDENCE)
+        return _evidence_preview(text, head_chars, tail_chars, _WEB_EVIDENCE, _web_evidence)
     return _line_preview(text, head_chars, tail_chars)
 
 
@@ -113,7 +161,12 @@ def _line_preview(text: str, head_chars: int, tail_chars: int) -> Preview:
 
 
 def _evidence_spans(
-    text: str, start: int, end: int, pattern: re.Pattern[str], budget: int
+    text: str,
+    start: int,
+    end: int,
+    candidates: re.Pattern[str],
+    confirm: _Confirm,
+    budget: int,
 ) -> list[tuple[int, int]]:
     """The lines (each with the line break before it) in ``[start, end)`` that match
     ``pattern``, first come first kept, within ``budget`` code points."""
@@ -121,16 +174,21 @@ def _evidence_spans(
     used = 0
     position = start
     while position < end and used < budget:
-        match = pattern.search(text, position, end)
+        # From the line break before the region, so a prompt on its first line is found.
+        match = candidates.search(text, max(position - 1, 0), end)
         if match is None:
             break
-        line_start = text.rfind("\n", start, match.start() + 1)
+        found = confirm(text, match)
+        if found is None:
+            position = match.end()
+            continue
+        line_start = text.rfind("\n", start, found[0] + 1)
         line_start = start if line_start == -1 else line_start
-        line_end = text.find("\n", match.end(), end)
+        line_end = text.find("\n", found[1], end)
         line_end = end if line_end == -1 else line_end + 1
         span = (line_start, line_end)
         if line_end - line_start > EVIDENCE_LINE_MAX_CHARS:
-            span = match.span()
+            span = found
         if spans and span[0] - spans[-1][1] <= _BRIDGE_CHARS:
             # Joined to the previous span: a marker would cost as much as the text it hides.
             span = (spans[-1][0], span[1])
@@ -141,19 +199,23 @@ def _evidence_spans(
         elif span[1] - span[0] <= budget - used:
             spans.append(span)
             used += span[1] - span[0]
-        position = max(span[1], match.end(), position + 1)
+        position = max(span[1], found[1], position + 1)
     return spans
 
 
 def _evidence_preview(
-    text: str, head_chars: int, tail_chars: int, pattern: re.Pattern[str]
+    text: str,
+    head_chars: int,
+    tail_chars: int,
+    candidates: re.Pattern[str],
+    confirm: _Confirm,
 ) -> Preview:
     budget = head_chars + tail_chars
     evidence_budget = budget // _EVIDENCE_SHARE
     # First the first and last whole lines within a quarter of the budget each, then evidence.
     head_end = _head_end(text, 0, head_chars // 2, snap_share=1)
     tail_start = max(_tail_start(text, len(text), tail_chars // 2, snap_share=1), head_end)
-    spans = _evidence_spans(text, head_end, tail_start, pattern, evidence_budget)
+    spans = _evidence_spans(text, head_end, tail_start, candidates, confirm, evidence_budget)
     if not spans:
         return _line_preview(text, head_chars, tail_chars)
     spare = budget - (head_end + (len(text) - tail_start) + sum(e - s for s, e in spans))
@@ -185,7 +247,9 @@ def _evidence_preview(
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
 _SCALAR = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null")
-_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+# Everything up to and including the next bracket outside a string, in one match (possessive,
+# so a text that is not JSON never makes it backtrack).
+_TO_BRACKET = re.compile(r'(?:[^"\[\]{}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+[\[\]{}]')
 _MIN_STRING_CUT = 24
 """A string cut keeps its quotes and at least this many code points between them."""
 _MIN_RECURSE = 40
@@ -214,11 +278,8 @@ def _value_end(text: str, position: int) -> int:
         return match.end()
     if first in ("[", "{"):
         depth = 0
-        for match in _TOKEN.finditer(text, position):
-            char = text[match.start()]
-            if char == '"':
-                continue
-            depth += 1 if char in "[{" else -1
+        for match in _TO_BRACKET.finditer(text, position):
+            depth += 1 if text[match.end() - 1] in "[{" else -1
             if depth == 0:
                 return match.end()
         raise _NotJson
@@ -230,7 +291,10 @@ def _value_end(text: str, position: int) -> int:
 
 def _content_end(text: str, container_end: int) -> int:
     """The end of a container's last element (before the whitespace and its closing bracket)."""
-    return len(text[: container_end - 1].rstrip(" \t\n\r"))
+    position = container_end - 1
+    while position > 0 and text[position - 1] in " \t\n\r":
+        position -= 1
+    return position
 
 
 @dataclass
@@ -363,11 +427,10 @@ def skeleton_walk(text: str, budget: int) -> Preview | None:
     if len(text) > JSON_SKELETON_MAX_CHARS or budget < _MIN_RECURSE:
         return None
     start = _skip_whitespace(text, 0)
-    try:
-        end = _value_end(text, start)
-    except (_NotJson, IndexError):
-        return None
-    if _skip_whitespace(text, end) != len(text):
+    end = _content_end(text, len(text) + 1)
+    # A container's end is its last character (not scanned for: the walk scans what it keeps,
+    # and the kept skeleton is parsed); any other value must fit the budget whole.
+    if (text[start : start + 1], text[end - 1 : end]) not in (("{", "}"), ("[", "]")):
         return None
     outside = start + (len(text) - end)
     for attempt in (budget, budget * 3 // 4, budget // 2):

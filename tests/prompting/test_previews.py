@@ -270,3 +270,13 @@ def test_a_preview_must_account_for_every_removed_code_point() -> None:
         )
     with pytest.raises(ValueError, match="one elision between each two kept parts"):
         Preview(head="a", tail="b", total_chars=10, middle=("c",), elisions=(Elision(7),))
+
+
+def test_evidence_is_a_word_start_in_any_common_case() -> None:
+    """``ERROR`` and ``Traceback`` are evidence wherever they are; ``terror`` is not."""
+    filler = "".join(f"building step {n}\n" for n in range(40))
+    text = "$ make\n" + filler + "no terror here\n" + filler + "ERROR: disk full\n" + filler
+    text += "Traceback (most recent call last):\n" + filler + "exit status 2\n"
+    preview = make_kind_preview(text, ArtifactKind.COMMAND_OUTPUT, head_chars=60, tail_chars=60)
+    assert preview.middle == ("\nERROR: disk full\n", "\nTraceback (most recent call last):\n")
+    assert "terror" not in preview.text
