@@ -131,6 +131,9 @@ BATON_MAX_ATTEMPTS = BATON.max_attempts
 # base * 2^(attempt - 1) seconds, at most the maximum.
 BATON_RETRY_BACKOFF_SECONDS = BATON.retry_backoff_seconds
 BATON_RETRY_BACKOFF_MAX_SECONDS = BATON.retry_backoff_max_seconds
+# A turn whose prompt overflowed the model's context window is requeued with half the budget
+# (a fresh native session) this many times before it fails; these retries use no attempt.
+BATON_CONTEXT_OVERFLOW_RETRIES = BATON.context_overflow_retries
 # A turn whose bot has a live native session on worker W waits this long for W to claim it
 # (W can resume the session); after that any worker may run it fresh.
 BATON_SESSION_AFFINITY_SECONDS = BATON.session_affinity_seconds

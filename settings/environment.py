@@ -110,6 +110,7 @@ class BatonEnvironment(BaseModel):
     max_attempts: int = Field(3, alias="BATON_MAX_ATTEMPTS", gt=0)
     retry_backoff_seconds: float = Field(10.0, alias="BATON_RETRY_BACKOFF_SECONDS", ge=0)
     retry_backoff_max_seconds: float = Field(300.0, alias="BATON_RETRY_BACKOFF_MAX_SECONDS", ge=0)
+    context_overflow_retries: int = Field(2, alias="BATON_CONTEXT_OVERFLOW_RETRIES", ge=0)
     session_affinity_seconds: float = Field(5.0, alias="BATON_SESSION_AFFINITY_SECONDS", ge=0)
 
     @property

@@ -352,6 +352,7 @@ class PromptReportAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[PromptReport]):
         "kind",
         "sent",
         "resume_reason",
+        "retry_reason",
         "policy_label",
         "messages_included",
         "messages_omitted",
@@ -360,7 +361,14 @@ class PromptReportAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[PromptReport]):
         "build_ms",
         "created_at",
     ]
-    list_filter = ["kind", "sent", "resume_reason", "policy_source", "history_enabled"]
+    list_filter = [
+        "kind",
+        "sent",
+        "resume_reason",
+        "retry_reason",
+        "policy_source",
+        "history_enabled",
+    ]
     list_select_related = ["task", "subtask", "policy"]
     search_fields = ["=task__id", "=subtask__id", "worker_id"]
     date_hierarchy = "created_at"

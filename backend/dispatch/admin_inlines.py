@@ -39,6 +39,7 @@ class PromptReportInline(ReadOnlyAdminMixin, admin.TabularInline[PromptReport, T
         "kind",
         "sent",
         "resume_reason",
+        "retry_reason",
         "policy_label",
         "history_enabled",
         "context_passing",
@@ -47,6 +48,7 @@ class PromptReportInline(ReadOnlyAdminMixin, admin.TabularInline[PromptReport, T
         "truncated_count",
         "chars",
         "tokens",
+        "token_budget",
         "build_ms",
     )
     show_change_link = True

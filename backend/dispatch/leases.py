@@ -82,8 +82,10 @@ def heartbeat_interval_seconds() -> int:
 
 
 def attempts_used(*, subtask: Subtask) -> int:
-    """Claims that count against BATON_MAX_ATTEMPTS: releases on shutdown do not."""
-    return subtask.attempts - subtask.releases
+    """Claims that count against BATON_MAX_ATTEMPTS: releases on shutdown do not, nor do the
+    attempts whose prompt overflowed the model's context window (BATON_CONTEXT_OVERFLOW_RETRIES
+    bounds those, see `overflow`)."""
+    return subtask.attempts - subtask.releases - len(subtask.context_overflows)
 
 
 def reclaim_expired_leases(

@@ -196,6 +196,13 @@ class PromptReport(models.Model):
     kind = models.CharField(max_length=8, default="full")
     # Why a resume prompt was offered or not (resume, no_session, other_worker, ...).
     resume_reason = models.CharField(max_length=32, blank=True)
+    # The token budget the prompt was built under: the policy's max_tokens, lowered by the
+    # turn's own cap after a context overflow (null: no cap). When a context overflow requeued
+    # the turn, why it was built again ("context_overflow") and the budget of the prompt that
+    # overflowed (what it took), so the report shows the previous budget and the new one.
+    token_budget = models.PositiveIntegerField(null=True, blank=True)
+    retry_reason = models.CharField(max_length=32, blank=True)
+    previous_token_budget = models.PositiveIntegerField(null=True, blank=True)
     # Which of the dispatch's prompts the worker sent (set when the result is reported).
     sent = models.BooleanField(null=True, blank=True)
     # What rebuilds the prompt byte for byte (backend/dispatch/replay.py), without its text:

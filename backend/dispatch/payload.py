@@ -25,6 +25,7 @@ from backend.artifacts.models import Artifact
 from backend.artifacts.selectors import manifest_artifacts
 from backend.dispatch.leases import attempts_used, requeue
 from backend.dispatch.models import PromptReport
+from backend.dispatch.overflow import fail_unbuildable, overflow_columns
 from backend.dispatch.policies import policy_rows, resolve_from_rows
 from backend.dispatch.prompts import (
     TurnPrompt,
@@ -39,7 +40,7 @@ from backend.dispatch.sessions import (
     resume_reason,
 )
 from backend.events import EventValue, log_event, opaque_id
-from backend.prompting import BUILDER_VERSION
+from backend.prompting import BUILDER_VERSION, PromptBudgetError
 from backend.prompting.addressing import content_sha256
 from backend.tasks.history import input_snapshot, prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus, Task
@@ -320,6 +321,7 @@ def _report_row(
         claimed_by=worker,
         kind=kind,
         resume_reason=resume_reason,
+        **overflow_columns(subtask),
         **_build_columns(prompt),
     )
 
@@ -363,6 +365,7 @@ def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
         "artifacts": list(report.artifacts),
         "first_user_message_pinned": report.first_user_message_pinned,
         "build_ms": round(prompt.build_ms, 3),
+        "token_budget": prompt.resolved.policy.max_tokens,
         "builder_version": BUILDER_VERSION,
         "policy_snapshot": prompt.resolved.policy.model_dump(mode="json"),
         "input_snapshot": {
@@ -408,11 +411,15 @@ def _build_failed(*, subtask: Subtask, worker_id: str, error: Exception) -> None
         attempt=subtask.attempts,
         error_type=opaque_id(type(error).__name__),
     )
-    _release_failed_claim(subtask=subtask, worker_id=worker_id, reason=type(error).__name__)
+    _release_failed_claim(subtask=subtask, worker_id=worker_id, error=error)
 
 
-def _release_failed_claim(*, subtask: Subtask, worker_id: str, reason: str) -> None:
-    """Undo a claim whose payload could not be built; after the last attempt, fail the turn."""
+def _release_failed_claim(*, subtask: Subtask, worker_id: str, error: Exception) -> None:
+    """Undo a claim whose payload could not be built; after the last attempt, fail the turn.
+
+    A turn retried after a context overflow whose prompt does not fit its tightened budget
+    fails at once: another attempt would build the same prompt (see `overflow`).
+    """
     with transaction.atomic():
         lock_task(task_id=subtask.task_id)
         current = Subtask.objects.filter(
@@ -420,13 +427,17 @@ def _release_failed_claim(*, subtask: Subtask, worker_id: str, reason: str) -> N
         ).first()
         if current is None:
             return
-        error = f"Baton could not build this turn's prompt ({reason})."
+        if isinstance(error, PromptBudgetError) and current.token_cap is not None:
+            fail_unbuildable(subtask=current, max_tokens=current.token_cap)
+            return
+        reason = type(error).__name__
+        error_text = f"Baton could not build this turn's prompt ({reason})."
         if attempts_used(subtask=current) >= settings.BATON_MAX_ATTEMPTS:
             record_result(
                 subtask=current,
                 status=SubtaskStatus.FAILED,
-                error=error,
+                error=error_text,
                 error_code="prompt_build_failed",
             )
         else:
-            requeue(subtask=current, error=error, error_code="prompt_build_failed")
+            requeue(subtask=current, error=error_text, error_code="prompt_build_failed")

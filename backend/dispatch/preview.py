@@ -256,7 +256,8 @@ def preview_prompt(
         unsaved=resolved.source == UNSAVED_SOURCE,
         values=values,
         kill_switch=not settings.EXECUTOR_HISTORY_ENABLED,
-        budget=_budget(report, resolved.policy.max_tokens),
+        # The turn's own cap after a context overflow included (`policy_for_turn`).
+        budget=_budget(report, turn_prompt.resolved.policy.max_tokens),
         history_turns=history_turns,
         history_turns_not_listed=not_listed,
         session=session,

@@ -40,6 +40,7 @@ def build_turn_prompt(
     to add the transcripts of a whole batch at once (`needs_transcript`, `with_transcript`).
     """
     started = time.perf_counter()
+    resolved = policy_for_turn(resolved, subtask=subtask)
     mode = subtask.context_passing or resolved.policy.context_passing
     if prompt_input is None:
         prompt_input = prompt_input_for(subtask=subtask, task=task, policy=resolved.policy)
@@ -57,6 +58,21 @@ def build_turn_prompt(
         if transcript is not None:
             return with_transcript(turn_prompt, transcript)
     return turn_prompt
+
+
+def policy_for_turn(resolved: ResolvedPolicy, *, subtask: Subtask) -> ResolvedPolicy:
+    """The policy `subtask`'s prompt is built under: `resolved`, with its token budget lowered
+    to the turn's own cap when it has one (`Subtask.token_cap`, set when the model refused the
+    turn's prompt as too long, see `overflow`): `max_tokens = min(policy cap, turn cap)`.
+
+    The one place a turn's budget is tightened. The result is what the PromptReport snapshots,
+    so a replay rebuilds the tightened prompt byte for byte.
+    """
+    turn_cap = subtask.token_cap
+    policy_cap = resolved.policy.max_tokens
+    if turn_cap is None or (policy_cap is not None and policy_cap <= turn_cap):
+        return resolved
+    return replace(resolved, policy=resolved.policy.model_copy(update={"max_tokens": turn_cap}))
 
 
 def needs_transcript(turn_prompt: TurnPrompt, *, task: Task) -> TranscriptRequest | None:

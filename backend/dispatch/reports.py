@@ -43,6 +43,7 @@ from backend.dispatch.leases import (
     reclaim_expired_leases,
     requeue,
 )
+from backend.dispatch.overflow import CONTEXT_OVERFLOW, recover_from_overflow
 from backend.dispatch.sessions import record_session
 from backend.errors import Conflict, InvalidInput
 from backend.events import log_event
@@ -218,7 +219,9 @@ def report_result(
     COMPLETED and FAILED finish the turn. RETRY (a transient failure: rate limit, provider
     error, network) puts it back to PENDING after a backoff, or fails it for good with this
     error once BATON_MAX_ATTEMPTS claims have been used. RELEASE gives it back at once (the
-    worker is shutting down) and does not use up an attempt.
+    worker is shutting down) and does not use up an attempt. A FAILED or RETRY with error code
+    `context_overflow` requeues the turn with a tighter token budget, or fails it saying what
+    was tried (see `overflow`).
 
     Idempotent: the same report from the same claim a second time changes nothing and returns
     changed=False, even after the lease time passed. A different report for a turn this claim
@@ -304,6 +307,17 @@ def _apply_report(
     """Requeue or finish the turn as the report says (see `report_result`)."""
     if status == RELEASE:
         requeue(subtask=subtask, error=error, error_code=error_code, released=True)
+    elif _is_overflow(status=status, error_code=error_code):
+        recover_from_overflow(subtask=subtask, error=error)
+        subtask.refresh_from_db()
+        # Marks which prompt was sent; no session is recorded for a turn that did not complete.
+        record_session(
+            subtask=subtask,
+            worker_id=worker_id,
+            session_id=native_session_id,
+            resumed=session_resumed,
+            usage=usage,
+        )
     elif status == RETRY and attempts_used(subtask=subtask) < settings.BATON_MAX_ATTEMPTS:
         requeue(
             subtask=subtask,
@@ -351,11 +365,13 @@ def _is_repeat(
     """Whether this report is the one the claim already made (a retried request). A report
     that differs in anything it would record, its native session id included, is not: it is
     refused as a different result rather than half applied."""
-    if status in (RETRY, RELEASE):
+    overflow = _is_overflow(status=status, error_code=error_code)
+    if status in (RETRY, RELEASE) or overflow:
         # A requeue by this claim leaves the turn PENDING with its error code until the next
-        # claim (which changes `attempts`); a RETRY on the last attempt left it FAILED.
+        # claim (which changes `attempts`); a RETRY on the last attempt left it FAILED, and so
+        # did an overflow with no retry left (with Baton's error, not the report's).
         requeued = subtask.status == SubtaskStatus.PENDING
-        gave_up = status == RETRY and subtask.status == SubtaskStatus.FAILED
+        gave_up = (status == RETRY or overflow) and subtask.status == SubtaskStatus.FAILED
         return (requeued or gave_up) and subtask.error_code == error_code
     if (
         subtask.status != status
@@ -368,3 +384,8 @@ def _is_repeat(
             subtask.error == replace_unstorable_chars(error)[0] and subtask.error_code == error_code
         )
     return is_recorded_result(subtask=subtask, result=result)
+
+
+def _is_overflow(*, status: str, error_code: str) -> bool:
+    """Whether the report says the model refused the prompt as too long (see `overflow`)."""
+    return status in (FAILED, RETRY) and error_code == CONTEXT_OVERFLOW

@@ -11,7 +11,8 @@ every earlier turn once instead of again on every turn.
 When a result comes back, `record_session` notes what the session has now seen: the turns in
 the prompt that was sent, the message it answered and its own answer. A resume is offered only
 when it is safe; `resume_reason` says why not otherwise (another worker holds the session, the
-session's context is nearly full, history is off, unseen turns fell outside the window, ...).
+session's context is nearly full, the model refused this turn's prompt as too long, history
+is off, unseen turns fell outside the window, ...).
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ def resume_reason(
     """ "resume" when the claiming worker may resume the session; otherwise why not."""
     if session is None:
         return "no_session"
+    if subtask.token_cap is not None:
+        # The model refused a prompt of this turn as too long: its retry starts a fresh
+        # session with the full prompt under the tightened budget (see `overflow`).
+        return "context_overflow"
     if subtask.executor not in RESUMABLE_EXECUTORS:
         return "executor_keeps_baton_prompt"
     if not policy.resume_native_sessions:

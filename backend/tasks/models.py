@@ -242,6 +242,13 @@ class Subtask(models.Model):
     releases = models.PositiveIntegerField(default=0)
     # A turn requeued after a retryable failure waits until then (backoff).
     not_before = models.DateTimeField(null=True, blank=True)
+    # After the model refused a prompt as too long (backend/dispatch/overflow.py): the most
+    # tokens this turn's prompt may take, applied with the policy's cap (the lower wins), and
+    # one entry per attempt whose prompt overflowed: {"attempt", "tokens", "max_tokens"}, what
+    # its prompt took and the budget it was built under (null: no cap). Requeues after an
+    # overflow do not use up attempts; BATON_CONTEXT_OVERFLOW_RETRIES bounds them.
+    token_cap = models.PositiveIntegerField(null=True, blank=True)
+    context_overflows = models.JSONField(default=list, blank=True)
     # The worker holding this bot's native session when the turn was created: it is offered
     # the turn first, for BATON_SESSION_AFFINITY_SECONDS, so it can resume the session.
     session_worker = models.CharField(max_length=200, blank=True)

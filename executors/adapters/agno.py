@@ -29,6 +29,7 @@ from executors.adapters.base import (
     Launch,
     RunRequest,
 )
+from executors.adapters.context_overflow import mentions_context_overflow
 from executors.events import (
     RETRYABLE_CODES,
     ErrorCode,
@@ -221,12 +222,6 @@ class AgnoStreamParser:
 
 # Wordings of provider errors, for failures whose HTTP status the runner could not see (and
 # recordings made without it). Each is what the provider sends, which Agno passes on unchanged.
-_CONTEXT_OVERFLOW_WORDS = (
-    "maximum context length",  # OpenAI Chat Completions
-    "context_length_exceeded",
-    "exceeds the context window",  # OpenAI Responses
-    "prompt is too long",  # Anthropic
-)
 _RATE_LIMIT_WORDS = ("rate limit", "rate_limit", "too many requests")
 _AUTH_WORDS = ("incorrect api key", "invalid_api_key", "api_key not set", "unauthorized")
 _UPSTREAM_WORDS = ("the server had an error", "overloaded", "internal server error")
@@ -244,9 +239,7 @@ def classify_failure(error: dict[str, Any]) -> ErrorCode:
     text = str(error.get("error") or "").lower()
     status = error.get("http_status")
     # Before the status: a context overflow is a plain 400, which means nothing by itself.
-    if error.get("exception") == "ContextWindowExceededError" or _mentions(
-        text, _CONTEXT_OVERFLOW_WORDS
-    ):
+    if error.get("exception") == "ContextWindowExceededError" or mentions_context_overflow(text):
         return ErrorCode.CONTEXT_OVERFLOW
     if isinstance(status, int) and not isinstance(status, bool):
         if status == 429:

@@ -33,6 +33,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, Launch, RunRequest
+from executors.adapters.context_overflow import mentions_context_overflow
 from executors.events import (
     RETRYABLE_CODES,
     ErrorCode,
@@ -229,6 +230,8 @@ def classify_error(
     429 → status 429, error `rate_limit`; context overflow → status 400, terminal_reason
     `prompt_too_long`; 401/403 → error `authentication_failed`; a dead port → no status,
     `api_error: "connection_failed"` (with error `server_error`, so network is checked first).
+    A 400 whose words say the prompt is too long (Claude Code's own "Prompt is too long" result,
+    or the provider's message) is a context overflow without that terminal reason too.
     """
     api_error = api_error or {}
     status = _int(result.get("api_error_status"))
@@ -239,6 +242,7 @@ def classify_error(
     if (
         result.get("terminal_reason") == "prompt_too_long"
         or network_kind == "message_over_context_limit"
+        or (status in (None, 400) and _says_context_overflow(result, api_error))
     ):
         return ErrorCode.CONTEXT_OVERFLOW
     if status == 429 or error_kind == "rate_limit":
@@ -250,6 +254,14 @@ def classify_error(
     if (status is not None and status >= 500) or error_kind in _UPSTREAM_ERRORS:
         return ErrorCode.UPSTREAM_ERROR
     return ErrorCode.EXECUTOR_ERROR
+
+
+def _says_context_overflow(result: Mapping[str, Any], api_error: Mapping[str, Any]) -> bool:
+    texts = [_string(result.get("result")) or "", _message_text(api_error)]
+    errors = result.get("errors")
+    if isinstance(errors, list):
+        texts += [error for error in errors if isinstance(error, str)]
+    return any(mentions_context_overflow(text) for text in texts)
 
 
 def is_missing_session(outcome_or_text: Outcome | str) -> bool:

@@ -40,6 +40,7 @@ from executors.adapters.base import (
     Launch,
     RunRequest,
 )
+from executors.adapters.context_overflow import mentions_context_overflow
 from executors.events import (
     RETRYABLE_CODES,
     ErrorCode,
@@ -336,7 +337,9 @@ class ThreadUsageStore:
 def classify_error(message: str) -> ErrorCode:
     """The ErrorCode for a Codex failure message (as printed by 0.163 in `turn.failed`)."""
     lowered = message.lower()
-    if "context_length_exceeded" in lowered or "ran out of room in the model's context" in lowered:
+    if "ran out of room in the model's context" in lowered or mentions_context_overflow(lowered):
+        # Codex's rewrite of code context_length_exceeded, else the provider's own words (an
+        # error without that code is printed as the HTTP body Codex got).
         return ErrorCode.CONTEXT_OVERFLOW
     if any(phrase in lowered for phrase in MISSING_SESSION_PHRASES):
         return ErrorCode.EXECUTOR_ERROR

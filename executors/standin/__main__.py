@@ -28,6 +28,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")
     parser.add_argument("--script", type=Path, help="a JSON file with a list of scripted turns")
     parser.add_argument("--record", type=Path, help="also append every request to this JSONL file")
+    parser.add_argument(
+        "--max-prompt-tokens",
+        type=int,
+        help="refuse prompts over this many tokens (about four bytes each) with the API's "
+        "context-length error, like a model with a small window",
+    )
     return parser
 
 
@@ -40,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, json.JSONDecodeError, ScriptError) as error:
             print(f"cannot use the script {args.script}: {error}", file=sys.stderr)
             return 2
+    if args.max_prompt_tokens is not None:
+        server.set_context_limit(args.max_prompt_tokens)
 
     stop = threading.Event()
 

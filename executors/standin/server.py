@@ -10,6 +10,12 @@ so turn order equals arrival order even with concurrent clients; the last turn r
 script, every model call gets the stand-in answer. A request is recorded when it arrives, before
 any scripted delay, so a test can wait for it while the "model" is still thinking.
 
+A context limit (`set_context_limit`) makes the server refuse, like a model with a small window,
+every model call whose prompt — the last user text, the part Baton builds — counts more tokens
+than the limit: it answers with the API's real context-length error, consumes no turn, and
+records the call as `over_context_limit`. The executor's own instructions and tools are not
+counted: they weigh the same on every attempt, so the limit stands for a real window less them.
+
 Standalone (``python -m executors.standin``), the control routes ``POST /_script``,
 ``GET /_requests`` and ``POST /_reset`` do what `set_turns`, `requests` and `clear` do.
 """
@@ -60,6 +66,7 @@ class RecordedRequest:
     body: Any
     api: str | None = None
     turn_index: int | None = None
+    over_context_limit: bool = False  # refused for a prompt over the context limit
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +87,11 @@ def _route(method: str, path: str) -> str | None:
     if method == "GET" and path.endswith("/models"):
         return "models"
     return None
+
+
+def approx_tokens(text: str) -> int:
+    """About four UTF-8 bytes a token: what the server counts when told no tokenizer."""
+    return (len(text.encode("utf-8")) + 3) // 4
 
 
 class ModelServer:
@@ -103,6 +115,8 @@ class ModelServer:
         self._changed = threading.Condition(self._lock)
         self._turns: tuple[Turn, ...] = parse_turns(turns)
         self._next_turn = 0
+        self._context_limit: int | None = None
+        self._count_tokens: Callable[[str], int] = approx_tokens
         self._requests: list[RecordedRequest] = []
         self._ids = IdSource()
         self._stopping = threading.Event()
@@ -163,6 +177,16 @@ class ModelServer:
             self._turns = parsed
             self._next_turn = 0
 
+    def set_context_limit(
+        self, max_prompt_tokens: int | None, count_tokens: Callable[[str], int] = approx_tokens
+    ) -> None:
+        """Refuse every model call whose prompt counts more than `max_prompt_tokens` (by
+        `count_tokens`, about four bytes a token unless given) with the API's context-length
+        error; None lifts the limit."""
+        with self._lock:
+            self._context_limit = max_prompt_tokens
+            self._count_tokens = count_tokens
+
     @property
     def requests(self) -> list[RecordedRequest]:
         """A snapshot of every request received since the last `clear`."""
@@ -215,6 +239,11 @@ class ModelServer:
         """Consume the next turn for a model call and record the call with its index."""
         assert request.api is not None
         with self._lock:
+            if self._context_limit is not None:
+                prompt = extract_prompt(request.api, request.body) or ""
+                if self._count_tokens(prompt) > self._context_limit:
+                    self._record(replace(request, over_context_limit=True))
+                    return Turn(context_overflow=True)
             if not self._turns:
                 self._record(request)
                 prompt = extract_prompt(request.api, request.body) or ""

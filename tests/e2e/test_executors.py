@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 
+from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import set_policy
 from backend.prompting.render import ESCAPE_NOTE
+from backend.prompting.units import count_tokens
 from executors.standin import extract_prompt
 from tests.conftest import register_bot
 from tests.e2e.live import FINISHED, REPO_ROOT, WorkerProcess, prompts, run_processes, worker
@@ -33,6 +35,8 @@ pytestmark = [
 ]
 
 KINDS = ["codex", "claude_code", "agno"]
+# About 8,400 tokens, under the current message's character cap.
+BUILD_LOG = "\n".join(f"step {n}: compile module {n} of the build" for n in range(700))
 
 
 def tool_call(kind: str, command: str) -> dict[str, Any]:
@@ -156,13 +160,103 @@ def test_a_context_length_error_is_recorded_with_its_code(kind, baton, model_ser
         task = baton.create(executor=kind, message="Read the whole monorepo.")
         done = baton.wait(task["id"])
     turn = done["turns"][1]
+    # A prompt of a few tokens cannot be made smaller: no retry, and the error says so.
     assert (turn["status"], turn["error_code"], turn["attempts"]) == (
         "FAILED",
         "context_overflow",
         1,
     )
-    assert turn["error"]
+    assert turn["error"].startswith(
+        "The prompt did not fit the model's context window (attempt 1: "
+    )
+    assert "A smaller prompt cannot be built" in turn["error"]
+    assert "The executor's last error: " in turn["error"]
     assert done["status"] == "FAILED"
+    assert len(model_server.model_requests()) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prompt_over_the_models_window_completes_on_a_smaller_retry(
+    kind, baton, model_server, tmp_path
+):
+    limit = 5_000
+    build_log = BUILD_LOG
+    assert count_tokens(build_log) > 1.5 * limit
+    model_server.set_turns([{"text": "Looked."}, {"text": "Done on the retry."}])
+    with worker(baton, model_server, tmp_path, [kind]):
+        task = baton.create(executor=kind, message="Look at the build.")
+        baton.wait(task["id"])
+        # From now on the model refuses prompts over `limit` tokens, as a small window would.
+        model_server.set_context_limit(limit, count_tokens=count_tokens)
+        baton.follow_up(task["id"], build_log)
+        done = baton.wait(task["id"])
+    first, turn = done["turns"][1], done["turns"][3]
+    assert (turn["status"], turn["attempts"], turn["result"]["value"]) == (
+        "COMPLETED",
+        2,
+        "Done on the retry.",
+    )
+    assert (turn["error"], turn["error_code"]) == ("", "")
+    calls = model_server.model_requests()
+    refused = [call for call in calls if call.over_context_limit]
+    assert refused and all(
+        count_tokens(extract_prompt(call.api, call.body)) > limit for call in refused
+    )
+    # What the model finally received is under its limit: Baton's full prompt, the build log
+    # cut to fit beside the history's notice (the whole conversation is in the workspace).
+    accepted = calls[-1]
+    prompt = extract_prompt(accepted.api, accepted.body)
+    assert not accepted.over_context_limit
+    assert count_tokens(prompt) <= limit
+    assert prompt.startswith(
+        "## Conversation History\n\n[omitted earlier messages: 2 (1 user, 1 assistant)]\n"
+    )
+    assert "full text: .baton/history/task-" in prompt
+    assert "## Current Message\n\nUser:\nstep 0: compile module 0" in prompt
+    assert "chars truncated" in prompt
+    if kind != "agno":
+        # The CLI first resumed its session with the build log alone (Claude Code then tried
+        # to compact the session and sent it again); the retry ran in a fresh session.
+        assert extract_prompt(refused[0].api, refused[0].body) == build_log
+        assert turn["native_session_id"] != first["native_session_id"]
+    overflowed = PromptReport.objects.get(subtask_id=turn["id"], attempt=1, kind="full")
+    retried = PromptReport.objects.get(subtask_id=turn["id"], attempt=2, kind="full")
+    assert (retried.retry_reason, retried.previous_token_budget, retried.token_budget) == (
+        "context_overflow",
+        overflowed.tokens,
+        overflowed.tokens // 2,
+    )
+    assert (retried.sent, retried.tokens) == (True, count_tokens(prompt))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prompt_that_overflows_on_every_budget_fails_saying_what_was_tried(
+    kind, baton, model_server, tmp_path
+):
+    model_server.set_turns([{"text": "Never sent."}])
+    model_server.set_context_limit(500, count_tokens=count_tokens)  # below any budget
+    with worker(baton, model_server, tmp_path, [kind]):
+        task = baton.create(executor=kind, message=BUILD_LOG)
+        done = baton.wait(task["id"])
+    turn = done["turns"][1]
+    # BATON_CONTEXT_OVERFLOW_RETRIES (2) retries, each with half the budget, then no more.
+    assert (turn["status"], turn["error_code"], turn["attempts"]) == (
+        "FAILED",
+        "context_overflow",
+        3,
+    )
+    reports = PromptReport.objects.filter(subtask_id=turn["id"], kind="full").order_by("attempt")
+    tokens = [row.tokens for row in reports]
+    assert [row.token_budget for row in reports] == [None, tokens[0] // 2, tokens[1] // 2]
+    assert turn["error"].startswith(
+        "The prompt did not fit the model's context window ("
+        f"attempt 1: {tokens[0]} tokens under no token cap; "
+        f"attempt 2: {tokens[1]} tokens under a {tokens[0] // 2}-token budget; "
+        f"attempt 3: {tokens[2]} tokens under a {tokens[1] // 2}-token budget). "
+        "Baton gave up after 2 retries with a halved budget (BATON_CONTEXT_OVERFLOW_RETRIES=2)."
+    )
+    calls = model_server.model_requests()
+    assert len(calls) >= 3 and all(call.over_context_limit for call in calls)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -52,11 +52,13 @@ from executors.events import (
     UsageReported,
 )
 from executors.standin import ModelServer, RecordedRequest
-from executors.standin.errors import CHAT_CONTEXT_MESSAGE
+from executors.standin.errors import ANTHROPIC_CONTEXT_MESSAGE, CHAT_CONTEXT_MESSAGE
 from tests.executors.runs import FinishedRun, run_as_worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "agno"
+# Amazon Bedrock's words for a prompt over the model's window, as its gateways pass them on.
+BEDROCK_MESSAGE = "Input is too long for requested model."
 WATCHDOG_SECONDS = 30.0
 API_KEY = "sk-baton-agno-test-key"
 PROTOCOL_TYPES = {
@@ -187,6 +189,12 @@ RECORDED_CASES = {
     "upstream_500": RecordedCase([{"http_status": 500}]),
     "rate_limited_429": RecordedCase([{"http_status": 429}]),
     "context_overflow": RecordedCase([{"context_overflow": True}]),
+    # Context errors with no code for Agno to type (a proxy in front of Anthropic, a Bedrock
+    # gateway): a plain 400 whose words say what it is.
+    "prompt_too_long_untyped": RecordedCase(
+        [{"http_status": 400, "message": ANTHROPIC_CONTEXT_MESSAGE}]
+    ),
+    "input_too_long_untyped": RecordedCase([{"http_status": 400, "message": BEDROCK_MESSAGE}]),
     "auth_401": RecordedCase([{"http_status": 401}]),
     "unreachable": RecordedCase([{"text": "never sent"}], unreachable=True),
     "max_turns": RecordedCase([{"tool": {"name": "list_files", "arguments": {}}}], max_turns=1),
@@ -216,10 +224,12 @@ def _record(name: str, case: RecordedCase, server: ModelServer, root: Path) -> F
     return finished
 
 
-def record_all() -> None:
-    """Re-record every case in RECORDED_CASES from real runner runs."""
+def record_all(names: Sequence[str] = ()) -> None:
+    """Re-record every case in RECORDED_CASES (or only those `names`) from real runner runs."""
     with ModelServer() as server, tempfile.TemporaryDirectory() as scratch:
         for name, case in RECORDED_CASES.items():
+            if names and name not in names:
+                continue
             finished = _record(name, case, server, Path(scratch) / name)
             print(f"{name}: exit {finished.exit_code}, {finished.seconds:.2f} s")
 
@@ -363,6 +373,20 @@ def test_parser_file_writes() -> None:
             OutcomeStatus.FAILED,
             ErrorCode.CONTEXT_OVERFLOW,
             CHAT_CONTEXT_MESSAGE,
+        ),
+        (
+            "prompt_too_long_untyped",
+            "c59683fe-bc6c-4003-8ced-a026ce9146ef",
+            OutcomeStatus.FAILED,
+            ErrorCode.CONTEXT_OVERFLOW,
+            ANTHROPIC_CONTEXT_MESSAGE,
+        ),
+        (
+            "input_too_long_untyped",
+            "9219eb4f-d744-4e77-897c-34463d406339",
+            OutcomeStatus.FAILED,
+            ErrorCode.CONTEXT_OVERFLOW,
+            BEDROCK_MESSAGE,
         ),
         (
             "auth_401",
@@ -954,4 +978,4 @@ def test_a_bad_job_is_a_failed_run_with_the_reason(tmp_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    record_all()
+    record_all(sys.argv[1:])

@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -58,10 +59,15 @@ from executors.events import (
     UsageReported,
 )
 from executors.standin import ModelServer
+from executors.standin.errors import ANTHROPIC_CONTEXT_MESSAGE
 from tests.executors.runs import FinishedRun, of_type, run_as_worker
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "claude_code"
+MAX_TOKENS_CONTEXT_MESSAGE = (
+    "input length and `max_tokens` exceed context limit: 197000 + 8192 > 200000, decrease "
+    "input length or `max_tokens` and try again"
+)
 PLACEHOLDERS = {"workspace": "/baton/workspace", "state": "/baton/state", "tmp": "/baton/tmp"}
 MODEL = "claude-sonnet-4-5"  # an alias Claude Code knows: an unknown one warns on stderr
 API_KEY = "sk-ant-baton-test-key"
@@ -164,6 +170,10 @@ SCENARIOS: dict[str, Scenario] = {
     "http_429": Scenario([{"http_status": 429}]),
     "http_401": Scenario([{"http_status": 401}]),
     "context_overflow": Scenario([{"context_overflow": True}]),
+    # Anthropic's other context error: the prompt fits, but not with the output it may write.
+    "context_limit_with_max_tokens": Scenario(
+        [{"http_status": 400, "message": MAX_TOKENS_CONTEXT_MESSAGE}]
+    ),
     "max_turns": Scenario([_bash("echo again")], bot={"max_turns": 1}),
     "missing_session": Scenario([{"text": "unused"}], resume=MISSING_SESSION_ID),
     "connection_refused": Scenario([{"text": "unused"}], dead_endpoint=True),
@@ -221,12 +231,13 @@ def _slug(path: str) -> str:
     return re.sub(r"[^A-Za-z0-9]", "-", path)
 
 
-def record_all(scratch: Path) -> None:
-    """Re-record every scenario with the real binary into RECORDINGS."""
+def record_all(scratch: Path, names: Sequence[str] = ()) -> None:
+    """Re-record every scenario (or only those `names`) with the real binary into RECORDINGS."""
     RECORDINGS.mkdir(parents=True, exist_ok=True)
     with ModelServer() as server:
         for name, scenario in SCENARIOS.items():
-            _record(name, scenario, server, scratch / name)
+            if not names or name in names:
+                _record(name, scenario, server, scratch / name)
 
 
 def _replay(name: str) -> tuple[list[Event], Outcome, ClaudeCodeStreamParser]:
@@ -408,6 +419,23 @@ EXPECTED: dict[str, tuple[list[Event], Outcome]] = {
             session_id="3b4c3a97-95be-4f39-bc84-c54fd728f83a",
         ),
     ),
+    "context_limit_with_max_tokens": (
+        [
+            SessionStarted(session_id="c54687b3-f809-47ba-ba5b-69cc6b3f525a"),
+            UsageReported(usage=Usage(cost_usd=0.0)),
+        ],
+        Outcome(
+            status=OutcomeStatus.FAILED,
+            error=(
+                "Prompt is too long · this conversation is a single exchange and cannot be "
+                "compacted — the request size comes mostly from system prompt, tool definitions, "
+                "or attachments."
+            ),
+            error_code=ErrorCode.CONTEXT_OVERFLOW,
+            usage=Usage(cost_usd=0.0),
+            session_id="c54687b3-f809-47ba-ba5b-69cc6b3f525a",
+        ),
+    ),
     "max_turns": (
         [
             SessionStarted(session_id="28fa4c82-4c71-46f5-8918-3c961e371caf"),
@@ -498,6 +526,24 @@ def test_recorded_stream_gives_exact_events_and_outcome(name: str) -> None:
 def test_every_recording_has_a_table_entry() -> None:
     recorded = {path.stem for path in RECORDINGS.glob("*.jsonl")}
     assert recorded == set(EXPECTED) == set(SCENARIOS)
+
+
+@pytest.mark.parametrize("name", ["context_overflow", "context_limit_with_max_tokens"])
+def test_a_recorded_overflow_is_known_by_its_words_without_the_terminal_reason(name: str) -> None:
+    """Claude Code's typed signal (terminal_reason prompt_too_long) may be missing from another
+    version's output: its own "Prompt is too long" result still says what happened."""
+    parser = ClaudeCodeStreamParser(workspace=Path(PLACEHOLDERS["workspace"]))
+    for line in (RECORDINGS / f"{name}.jsonl").read_text(encoding="utf-8").splitlines():
+        message = json.loads(line)
+        if message.get("type") == "result":
+            assert message.pop("terminal_reason") == "prompt_too_long"
+        parser.feed(json.dumps(message))
+    outcome = parser.finish(exit_code=1, stderr_tail="")
+    assert (outcome.status, outcome.error_code) == (
+        OutcomeStatus.FAILED,
+        ErrorCode.CONTEXT_OVERFLOW,
+    )
+    assert outcome.error.startswith("Prompt is too long · ")
 
 
 def test_text_deltas_add_up_to_the_final_text() -> None:
@@ -621,6 +667,26 @@ def _result(**fields: Any) -> dict[str, Any]:
             ErrorCode.CONTEXT_OVERFLOW,
         ),
         (_result(api_error="message_over_context_limit"), None, ErrorCode.CONTEXT_OVERFLOW),
+        # The provider's words, with no terminal reason: in the result, or in the API error.
+        (
+            _result(api_error_status=400, result="Prompt is too long"),
+            None,
+            ErrorCode.CONTEXT_OVERFLOW,
+        ),
+        (
+            _result(api_error_status=400),
+            {
+                "error": "invalid_request",
+                "message": {
+                    "content": [
+                        {"type": "text", "text": f"API Error: 400 {ANTHROPIC_CONTEXT_MESSAGE}"}
+                    ]
+                },
+            },
+            ErrorCode.CONTEXT_OVERFLOW,
+        ),
+        # Words about a too long prompt on a 429 are not an overflow: the status decides.
+        (_result(api_error_status=429, result="Prompt is too long"), None, ErrorCode.RATE_LIMITED),
         (_result(subtype="error_max_turns"), None, ErrorCode.MAX_TURNS),
         (_result(terminal_reason="max_turns"), None, ErrorCode.MAX_TURNS),
         # A dead port: `error` says server_error, `api_error` says what really happened.
@@ -1178,5 +1244,5 @@ if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="claude-recording-") as scratch:
-        record_all(Path(scratch))
+        record_all(Path(scratch), names=sys.argv[1:])
     sys.exit(0)

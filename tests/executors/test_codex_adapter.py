@@ -59,9 +59,16 @@ from executors.events import (
     Warning,
 )
 from executors.standin import ModelServer
+from executors.standin.errors import ANTHROPIC_CONTEXT_MESSAGE, openai_error
 from tests.executors.runs import FinishedRun, of_type, run_as_worker
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "codex"
+# vLLM's words (and other OpenAI-compatible servers') for a prompt over the window: no code.
+UNTYPED_CONTEXT_MESSAGE = (
+    "This model's maximum context length is 8192 tokens. However, you requested 9000 tokens "
+    "(8000 in the messages, 1000 in the completion). Please reduce the length of the messages "
+    "or completion."
+)
 WORKSPACE_PLACEHOLDER = "/baton/workspace"
 MODEL = "gpt-5.5"  # a slug Codex 0.163 knows: an unknown one adds a warning and changes tools
 API_KEY = "sk-baton-test-key"
@@ -156,6 +163,12 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "http_500": Scenario([{"http_status": 500}]),
     "context_overflow": Scenario([{"context_overflow": True}]),
+    # Context-length errors without OpenAI's code (an OpenAI-compatible server; a proxy in front
+    # of Anthropic): Codex prints the body it got, and only the provider's words say what it is.
+    "context_length_http_400": Scenario([{"http_status": 400, "message": UNTYPED_CONTEXT_MESSAGE}]),
+    "prompt_too_long_http_400": Scenario(
+        [{"http_status": 400, "message": ANTHROPIC_CONTEXT_MESSAGE}]
+    ),
     "rate_limited_after_retry": Scenario([{"http_status": 429}], max_retries=1),
     "unknown_model": Scenario(
         [{"reasoning": "Thinking it over.", "text": "Answer."}], model="fake-model"
@@ -167,12 +180,14 @@ SCENARIOS: dict[str, Scenario] = {
 }
 
 
-def record_all(directory: Path, scratch: Path) -> None:
-    """Re-record every scenario with the real binary into `directory`."""
+def record_all(directory: Path, scratch: Path, names: Sequence[str] = ()) -> None:
+    """Re-record every scenario (or only those `names`) with the real binary into `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     threads: dict[str, tuple[str, Path]] = {}
     with ModelServer() as server:
         for name, scenario in SCENARIOS.items():
+            if names and name not in names:
+                continue  # a resume scenario needs the one it resumes named too
             base = scratch / name
             resume = None
             if scenario.resume_of is not None:
@@ -214,6 +229,8 @@ T_FILES = "01a215b6-53c2-7513-a702-6f751f35511b"
 T_500 = "01a215b6-54cb-76e1-9c86-761d253b1c81"
 T_OVERFLOW = "01a215b6-55a2-7071-9efa-c5ce0bfa49bd"
 T_429 = "01a215b6-5683-78a0-bc4a-9f1ed7c24c09"
+T_UNTYPED_OVERFLOW = "01a21802-420e-7672-8454-ff49b16c96a8"
+T_PROMPT_TOO_LONG = "01a21802-4307-7a52-b893-9c868784771e"
 T_UNKNOWN = "01a215b6-5c21-74d1-a7ec-102da845d444"
 T_RESUMED = "01a215b6-5d8a-7af1-8e4c-bedd29dd1af6"
 HIGH_DEMAND = "We\u2019re currently experiencing high demand, which may cause temporary errors."
@@ -303,6 +320,24 @@ RECORDED: dict[str, tuple[list[Event], Outcome]] = {
             error=OVERFLOW,
             error_code=ErrorCode.CONTEXT_OVERFLOW,
             session_id=T_OVERFLOW,
+        ),
+    ),
+    "context_length_http_400": (
+        [SessionStarted(T_UNTYPED_OVERFLOW)],
+        Outcome(
+            OutcomeStatus.FAILED,
+            error=json.dumps({"error": openai_error(400, UNTYPED_CONTEXT_MESSAGE)["error"]}),
+            error_code=ErrorCode.CONTEXT_OVERFLOW,
+            session_id=T_UNTYPED_OVERFLOW,
+        ),
+    ),
+    "prompt_too_long_http_400": (
+        [SessionStarted(T_PROMPT_TOO_LONG)],
+        Outcome(
+            OutcomeStatus.FAILED,
+            error=json.dumps({"error": openai_error(400, ANTHROPIC_CONTEXT_MESSAGE)["error"]}),
+            error_code=ErrorCode.CONTEXT_OVERFLOW,
+            session_id=T_PROMPT_TOO_LONG,
         ),
     ),
     "rate_limited_after_retry": (
@@ -1033,5 +1068,5 @@ if __name__ == "__main__":
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="codex-recording-") as scratch:
-        record_all(RECORDINGS, Path(scratch))
+        record_all(RECORDINGS, Path(scratch), names=sys.argv[1:])
     sys.exit(0)

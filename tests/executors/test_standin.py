@@ -28,6 +28,7 @@ from executors.standin import (
     extract_prompt,
     standin_answer,
 )
+from executors.standin.errors import CHAT_CONTEXT_MESSAGE
 from executors.standin.wire import MAX_TEXT_DELTAS, text_deltas
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -758,6 +759,80 @@ def test_failed_responses_without_stream_is_an_http_500(server: ModelServer) -> 
     server.set_turns([{"fail": "the model broke"}])
     with pytest.raises(openai.InternalServerError, match="the model broke"):
         openai_client(server).responses.create(model="m", input="q")
+
+
+# -- context limit ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "request_body", "error"),
+    [
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x" * 41}]},
+            {
+                "error": {
+                    "message": CHAT_CONTEXT_MESSAGE,
+                    "type": "invalid_request_error",
+                    "code": "context_length_exceeded",
+                    "param": "messages",
+                }
+            },
+        ),
+        ("/v1/responses", {"input": "x" * 41}, {"error": OPENAI_CONTEXT_ERROR}),
+        (
+            "/v1/messages",
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 41}]}]},
+            {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "prompt is too long: 250000 tokens > 200000 maximum",
+                },
+            },
+        ),
+    ],
+)
+def test_a_prompt_over_the_context_limit_gets_the_apis_context_error(
+    http: httpx.Client,
+    server: ModelServer,
+    path: str,
+    request_body: dict[str, Any],
+    error: dict[str, Any],
+) -> None:
+    server.set_turns([{"text": "first"}, {"text": "second"}])
+    server.set_context_limit(10)  # 41 bytes: 11 tokens at four bytes a token
+    refused = http.post(f"{server.url}{path}", json={"model": "m", **request_body})
+    assert (refused.status_code, refused.json()) == (400, error)
+    server.set_context_limit(11)
+    answered = http.post(f"{server.url}{path}", json={"model": "m", **request_body})
+    assert answered.status_code == 200
+    assert "first" in answered.text  # the refused call consumed no turn
+    calls = server.model_requests()
+    assert [(call.over_context_limit, call.turn_index) for call in calls] == [
+        (True, None),
+        (False, 0),
+    ]
+
+
+def test_the_context_limit_counts_the_prompt_with_the_tokenizer_given(server: ModelServer) -> None:
+    server.set_turns([{"text": "ok"}])
+    server.set_context_limit(3, count_tokens=lambda text: len(text.split()))
+    client = openai_client(server)
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a b c d"}])
+    answer = client.chat.completions.create(
+        model="m",
+        # Only the prompt counts: the developer message is the executor's own.
+        messages=[
+            {"role": "developer", "content": "many words of instructions " * 50},
+            {"role": "user", "content": "a b c"},
+        ],
+    )
+    assert answer.choices[0].message.content == "ok"
+    server.set_context_limit(None)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "a b c d"}])
+    assert [call.over_context_limit for call in server.model_requests()] == [True, False, False]
 
 
 # -- standalone ------------------------------------------------------------------------------

@@ -1,0 +1,163 @@
+"""Recovery from context overflow: a prompt the model refused as too long is tried again smaller.
+
+When a claim reports that its run ended with error code `context_overflow` (status FAILED or
+RETRY), Baton does not fail the turn at once. It requeues it with half the budget of the prompt
+that overflowed — the tokens that prompt took, which never exceed the cap it was built under —
+as the turn's own cap (`Subtask.token_cap`). The next dispatch builds the prompt under
+`min(policy cap, turn cap)` (`prompts.policy_for_turn`) and offers no resume prompt, so the
+retry starts a fresh native session with the full, smaller prompt; its PromptReport says why it
+was built again (`retry_reason`, `previous_token_budget`, `token_budget`). These requeues do not
+use up BATON_MAX_ATTEMPTS: BATON_CONTEXT_OVERFLOW_RETRIES bounds them.
+
+A turn that overflows again once its retries are used up — a thrash loop, which Claude Code
+itself stops after three refills in a row — fails, as does one whose prompt cannot be made
+smaller (it took no more than the smallest budget a policy allows, or its fixed sections alone
+exceed the budget). It fails with error code `context_overflow` and an error that says what
+was tried: every overflowing attempt's prompt size and budget. That error is what later
+prompts show of the turn, so they carry Baton's account of the failure, not a bare provider
+message; the attempts that were requeued leave nothing in history (the turn stays one turn,
+PENDING between its attempts).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+from django.conf import settings
+
+from backend.dispatch.leases import requeue
+from backend.dispatch.models import PromptReport
+from backend.events import log_event
+from backend.prompting.policy import MIN_MAX_TOKENS
+from backend.tasks.models import Subtask, SubtaskStatus
+from backend.tasks.services import record_result
+
+CONTEXT_OVERFLOW = "context_overflow"
+# The executor's own words are kept to this many characters of their first line.
+LAST_ERROR_CHARS = 300
+
+
+class Overflow(TypedDict):
+    """One attempt whose prompt overflowed (an entry of `Subtask.context_overflows`)."""
+
+    attempt: int
+    tokens: int | None  # what its full prompt took (None: no report of it)
+    max_tokens: int | None  # the budget it was built under (None: no cap)
+
+
+def tighter_budget(*, tokens: int | None) -> int | None:
+    """The cap for the retry of a prompt that took `tokens` and overflowed: half of it, never
+    below the smallest budget a policy allows (MIN_MAX_TOKENS). None when no smaller prompt can
+    be asked for (the prompt already fits that smallest budget, or its size is unknown)."""
+    if tokens is None:
+        return None
+    budget = max(tokens // 2, MIN_MAX_TOKENS)
+    return budget if budget < tokens else None
+
+
+def overflow_columns(subtask: Subtask) -> dict[str, Any]:
+    """The PromptReport columns saying why the turn's prompt is built again, if it is."""
+    if subtask.token_cap is None or not subtask.context_overflows:
+        return {}
+    previous: Overflow = subtask.context_overflows[-1]
+    return {"retry_reason": CONTEXT_OVERFLOW, "previous_token_budget": previous["tokens"]}
+
+
+def recover_from_overflow(*, subtask: Subtask, error: str) -> None:
+    """The claim running `subtask` (locked, RUNNING) reports that the model refused its prompt
+    as too long (`error`, the executor's words): requeue it with a tighter budget, or fail it
+    with an error saying what was tried (see the module docstring)."""
+    report = (
+        PromptReport.objects.filter(subtask=subtask, attempt=subtask.attempts, kind="full")
+        .only("tokens", "token_budget")
+        .order_by("-id")
+        .first()
+    )
+    overflow = Overflow(
+        attempt=subtask.attempts,
+        tokens=report.tokens if report is not None else None,
+        max_tokens=report.token_budget if report is not None else None,
+    )
+    overflows: list[Overflow] = [*subtask.context_overflows, overflow]
+    retries = len(subtask.context_overflows)
+    budget = tighter_budget(tokens=overflow["tokens"])
+    retrying = budget is not None and retries < settings.BATON_CONTEXT_OVERFLOW_RETRIES
+    log_event(
+        CONTEXT_OVERFLOW,
+        task=subtask.task_id,
+        subtask=subtask.pk,
+        attempt=subtask.attempts,
+        prompt_tokens=overflow["tokens"],
+        max_tokens=overflow["max_tokens"],
+        token_cap=budget if retrying else None,
+        retries=retries,
+        gave_up=not retrying,
+    )
+    # A fresh session may run on any worker: the turn is no longer held for the session's.
+    Subtask.objects.filter(pk=subtask.pk).update(
+        context_overflows=overflows,
+        token_cap=budget if retrying else subtask.token_cap,
+        session_worker="" if retrying else subtask.session_worker,
+    )
+    subtask.context_overflows = overflows
+    if retrying:
+        requeue(subtask=subtask, error=error, error_code=CONTEXT_OVERFLOW)
+        return
+    reason = _why_not_smaller(overflow) if budget is None else _retries_used_up(retries)
+    record_result(
+        subtask=subtask,
+        status=SubtaskStatus.FAILED,
+        error=overflow_failure(overflows=overflows, reason=reason, last_error=error),
+        error_code=CONTEXT_OVERFLOW,
+    )
+
+
+def fail_unbuildable(*, subtask: Subtask, max_tokens: int) -> None:
+    """Fail a requeued overflow turn (locked, RUNNING) whose prompt cannot be built under its
+    tightened budget `max_tokens`: the fixed sections alone exceed it."""
+    reason = (
+        f"A smaller prompt cannot be built: its fixed sections alone exceed the "
+        f"{max_tokens}-token budget."
+    )
+    record_result(
+        subtask=subtask,
+        status=SubtaskStatus.FAILED,
+        error=overflow_failure(overflows=subtask.context_overflows, reason=reason, last_error=""),
+        error_code=CONTEXT_OVERFLOW,
+    )
+
+
+def overflow_failure(*, overflows: list[Overflow], reason: str, last_error: str) -> str:
+    """The error of a turn that failed for context overflow: what was tried, and why no more."""
+    tried = "; ".join(_attempt_line(overflow) for overflow in overflows)
+    text = f"The prompt did not fit the model's context window ({tried}). {reason}"
+    first_line = last_error.strip().split("\n", 1)[0]
+    if first_line:
+        if len(first_line) > LAST_ERROR_CHARS:
+            first_line = first_line[: LAST_ERROR_CHARS - 1] + "…"
+        text += f" The executor's last error: {first_line}"
+    return text
+
+
+def _attempt_line(overflow: Overflow) -> str:
+    size = "size unknown" if overflow["tokens"] is None else f"{overflow['tokens']} tokens"
+    cap = overflow["max_tokens"]
+    budget = "no token cap" if cap is None else f"a {cap}-token budget"
+    return f"attempt {overflow['attempt']}: {size} under {budget}"
+
+
+def _why_not_smaller(overflow: Overflow) -> str:
+    if overflow["tokens"] is None:
+        return "Baton has no report of the prompt's size to tighten its budget from."
+    return (
+        f"A smaller prompt cannot be built: it took {overflow['tokens']} tokens, and no "
+        f"budget goes below {MIN_MAX_TOKENS} tokens."
+    )
+
+
+def _retries_used_up(retries: int) -> str:
+    setting = f"BATON_CONTEXT_OVERFLOW_RETRIES={settings.BATON_CONTEXT_OVERFLOW_RETRIES}"
+    if not retries:
+        return f"Retrying with a tighter budget is off ({setting})."
+    plural = "retry" if retries == 1 else "retries"
+    return f"Baton gave up after {retries} {plural} with a halved budget ({setting})."
