@@ -217,6 +217,12 @@ class ResultValueApi(ExecutorApi):
         request={"text/plain": OpenApiTypes.STR},
         responses=ValueUploadOutput,
         summary="Upload a result's value as a stream, to name it in the result report",
+        description=(
+            "The body is the value as raw UTF-8 (text/plain; charset=utf-8), at most "
+            "BATON_MAX_RESULT_BYTES. It is stored under its sha256, which the answer gives as "
+            "value_upload for the result report to name; the same text again stores nothing "
+            "new. Fenced like a report: only the claim that holds the running turn may upload."
+        ),
     )
     def put(self, request: Request, subtask_id: int) -> Response:
         claim = ClaimQuery(data=request.query_params)
