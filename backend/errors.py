@@ -59,3 +59,10 @@ class LeaseLost(Conflict):
     """The worker's claim on a turn is gone (expired and reclaimed, or finished) (409)."""
 
     code = "lease_lost"
+
+
+class UploadMissing(Conflict):
+    """A report names a value upload Baton does not hold whole (removed since, or its stored
+    copy damaged): upload the value again, then report (409)."""
+
+    code = "upload_missing"

@@ -32,6 +32,27 @@ class LiveBaton:
     server_pid: int  # gunicorn's master process
 
 
+def gunicorn_worker(master_pid: int) -> int:
+    """The pid of the one worker process of the gunicorn master `master_pid`."""
+    children = Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text().split()
+    if len(children) != 1:
+        raise SystemExit(f"expected one gunicorn worker, found {children}")
+    return int(children[0])
+
+
+def memory_kib(pid: int, field: str) -> int:
+    """A process's `VmRSS` (now) or `VmHWM` (peak) in KiB, from /proc (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise SystemExit(f"no {field} for process {pid}")
+
+
+def reset_peak(pid: int) -> None:
+    """Make the process's `VmHWM` its current `VmRSS`, so the next peak is a request's."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -47,8 +68,8 @@ def live_baton(*, workers: int = 4) -> Iterator[LiveBaton]:
 
     from backend.dispatch.workers import ensure_worker_account
 
-    owner = get_user_model().objects.create_user(username="bench-product")
-    product_token = Token.objects.create(user=owner).key
+    owner, _ = get_user_model().objects.get_or_create(username="bench-product")
+    product_token = Token.objects.get_or_create(user=owner)[0].key
     _, worker_token = ensure_worker_account(username="bench-worker")
     port = _free_port()
     url = f"http://127.0.0.1:{port}"

@@ -26,23 +26,9 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._django import bench_database  # noqa: E402
-from bench._live import live_baton  # noqa: E402
+from bench._live import gunicorn_worker, live_baton, memory_kib, reset_peak  # noqa: E402
 
 SEND_CHUNK = 1 << 20
-
-
-def _gunicorn_worker(master_pid: int) -> int:
-    children = Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text().split()
-    if len(children) != 1:
-        raise SystemExit(f"expected one gunicorn worker, found {children}")
-    return int(children[0])
-
-
-def _memory_kib(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1])
-    raise SystemExit(f"no {field} for process {pid}")
 
 
 def _post(url: str, path: str, *, token: str, body: bytes) -> tuple[int, float, int]:
@@ -92,16 +78,16 @@ def main() -> None:
     ).encode("utf-8")
     del message
     with bench_database(None), live_baton(workers=1) as baton:
-        worker = _gunicorn_worker(baton.server_pid)
+        worker = gunicorn_worker(baton.server_pid)
         rows = []
         for _ in range(args.requests):
-            rss_before = _memory_kib(worker, "VmRSS")
-            Path(f"/proc/{worker}/clear_refs").write_text("5")  # VmHWM := VmRSS
+            rss_before = memory_kib(worker, "VmRSS")
+            reset_peak(worker)
             status, seconds, sent = _post(
                 baton.url, "/api/tasks/", token=baton.product_token, body=body
             )
             time.sleep(0.5)  # let the worker finish with the request before reading its peak
-            peak = _memory_kib(worker, "VmHWM")
+            peak = memory_kib(worker, "VmHWM")
             rows.append((status, seconds, sent, (peak - rss_before) / 1024))
         print(
             f"\nPOST /api/tasks/ with a {args.mib} MiB message ({len(body):,} bytes of JSON), "

@@ -7,6 +7,10 @@ the claim that sends it, so a retried report whose first attempt did arrive chan
 Two answers are told apart because the worker acts differently on them: 409 `cancelled` (stop
 the executor) and 409 `lease_lost` (stop and forget the turn). Nothing here logs a request or
 response body, and the token is never logged.
+
+A result value of more than VALUE_UPLOAD_MIN_BYTES of UTF-8 does not travel inside the JSON
+report, which the backend would have to hold whole, with copies, to parse: it is uploaded first
+as a stream of UTF-8 (`upload_value`) and the report names it by its sha256 (`report`).
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,6 +33,11 @@ from pydantic import BaseModel, ConfigDict
 logger = logging.getLogger("baton.worker")
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# A result value longer than this, in UTF-8, is uploaded on its own before the report.
+VALUE_UPLOAD_MIN_BYTES = 1 << 20
+_ENCODE_CHUNK_CHARS = 1 << 18
+# What an uploaded value cannot hold: NUL (Baton refuses it there) and lone surrogates (not UTF-8).
+_NOT_UPLOADABLE = re.compile("[\x00\ud800-\udfff]")
 _T = TypeVar("_T")
 
 
@@ -183,11 +193,50 @@ class BackendClient:
     def report(self, *, subtask_id: int, attempt: int, **report: Any) -> None:
         """Report the claim's outcome (status COMPLETED, FAILED, RETRY or RELEASE).
 
-        The answer (the claim's state after the report) is not read: a report the backend
-        accepted leaves nothing for the worker to do, and a refused one raises.
+        A result whose value should be uploaded (`uploads_value`) is: the value goes first,
+        then the report names it, and should Baton no longer hold it when the report arrives
+        (409 `upload_missing`), it is uploaded once more. The answer (the claim's state after
+        the report) is not read: a report the backend accepted leaves nothing for the worker to
+        do, and a refused one raises.
         """
         body = {"worker_id": self.worker_id, "attempt": attempt, **report}
-        self._post(f"/api/executor/subtasks/{subtask_id}/result/", body)
+        path = f"/api/executor/subtasks/{subtask_id}/result/"
+        result = report.get("result")
+        value = result.get("value") if isinstance(result, dict) else None
+        if not uploads_value(value):
+            self._post(path, body)
+            return
+        assert isinstance(value, str) and isinstance(result, dict)  # uploads_value says so
+        for last_try in (False, True):
+            sha256 = self.upload_value(subtask_id=subtask_id, attempt=attempt, value=value)
+            named = {**body, "result": {**result, "value": None}, "value_upload": sha256}
+            try:
+                self._post(path, named)
+                return
+            except BackendError as refused:
+                if last_try or refused.code != "upload_missing":
+                    raise
+
+    def upload_value(self, *, subtask_id: int, attempt: int, value: str) -> str:
+        """Upload a result's value as a stream of UTF-8 and return its sha256, which the
+        report names as `value_upload`. Encoded in slices as it is sent: the worker holds no
+        encoded copy of the whole value either."""
+        size = sum(len(chunk) for chunk in _utf8_chunks(value))
+
+        def attempt_upload() -> str:
+            response = self._http.put(
+                f"/api/executor/subtasks/{subtask_id}/result/value/",
+                params={"worker_id": self.worker_id, "attempt": attempt},
+                content=_utf8_chunks(value),
+                headers={
+                    "Content-Type": "text/plain; charset=utf-8",
+                    "Content-Length": str(size),
+                },
+            )
+            _raise_for(response)
+            return str(response.json()["value_upload"])
+
+        return self._with_retries(attempt_upload, self._retry_budget)
 
     def download(self, *, url: str, destination: Path, sha256: str) -> None:
         """Stream an artifact to `destination`, checking its sha256 before it appears there.
@@ -249,6 +298,25 @@ class BackendClient:
                 # Jitter so workers do not stampede; not a secret.
                 time.sleep(delay * (0.5 + random.random()))  # noqa: S311
                 delay = min(delay * 2, 5.0)
+
+
+def uploads_value(value: object) -> bool:
+    """Whether a result's value is uploaded before the report rather than sent inside it: a
+    string of more than VALUE_UPLOAD_MIN_BYTES of UTF-8 that an upload can hold (no NUL, no
+    lone surrogate; such a rare value goes inline, where Baton keeps it as it is)."""
+    if not isinstance(value, str) or 4 * len(value) <= VALUE_UPLOAD_MIN_BYTES:
+        return False  # at most 4 bytes a character: too short to need it
+    if _NOT_UPLOADABLE.search(value) is not None:
+        return False
+    return (
+        len(value) > VALUE_UPLOAD_MIN_BYTES
+        or sum(len(chunk) for chunk in _utf8_chunks(value)) > VALUE_UPLOAD_MIN_BYTES
+    )
+
+
+def _utf8_chunks(value: str) -> Iterator[bytes]:
+    for start in range(0, len(value), _ENCODE_CHUNK_CHARS):
+        yield value[start : start + _ENCODE_CHUNK_CHARS].encode("utf-8")
 
 
 class _Transient(Exception):

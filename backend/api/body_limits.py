@@ -24,7 +24,9 @@ may spell a character as a `\\uXXXX` escape (6 bytes for a 1-byte character) or 
 (12 bytes for a 4-byte one), so text of N bytes of UTF-8 takes at most 6N bytes as a JSON
 string, and a string of N characters at most 12N. What no service measures (progress events, a
 result's keys beside its text) gets an allowance of its own, stated below: there the limit is
-the rule. Limits are computed from the current settings at each request.
+the rule. Limits are computed from the current settings at each request. A result value
+uploaded on its own (`RESULT_VALUE`) is raw UTF-8, not JSON: its limit is the result limit
+itself.
 """
 
 from __future__ import annotations
@@ -117,6 +119,9 @@ NEW_TASK = BodyLimit(_new_task_bytes, field="message", setting="BATON_MAX_MESSAG
 FOLLOW_UP = BodyLimit(_follow_up_bytes, field="message", setting="BATON_MAX_MESSAGE_BYTES")
 PROGRESS = BodyLimit(_progress_bytes, field="partial_text", setting="BATON_MAX_MESSAGE_BYTES")
 RESULT = BodyLimit(_result_bytes, field="result", setting="BATON_MAX_RESULT_BYTES")
+RESULT_VALUE = BodyLimit(
+    lambda: int(settings.BATON_MAX_RESULT_BYTES), field="value", setting="BATON_MAX_RESULT_BYTES"
+)
 DEFAULT = BodyLimit(lambda: DEFAULT_BODY_BYTES)
 
 

@@ -17,6 +17,7 @@ from backend.dispatch.reports import REPORT_STATUSES
 from backend.tasks.models import ExecutorKind
 
 ERROR_CODE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
 class DispatchInput(StrictInput):
@@ -30,6 +31,12 @@ class DispatchInput(StrictInput):
 class ClaimInput(StrictInput):
     worker_id = serializers.CharField(max_length=200)
     attempt = serializers.IntegerField(min_value=1)
+
+
+class ClaimQuery(ClaimInput):
+    """The claim, named in a query string, where every value is text."""
+
+    strict_types = False
 
 
 class ClaimRef(StrictInput):
@@ -88,6 +95,27 @@ class ResultInput(ClaimInput):
             "false when it ran the full prompt (in a fresh session)."
         ),
     )
+    value_upload = serializers.RegexField(
+        SHA256_PATTERN,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text=(
+            "The sha256 a value upload (PUT .../result/value/) answered: the result's value is "
+            "that text, and result.value is null or absent. COMPLETED only."
+        ),
+        error_messages={"invalid": "Use the sha256 the value upload answered (64 hex digits)."},
+    )
+
+
+class ValueUploadOutput(serializers.Serializer[dict[str, Any]]):
+    value_upload = serializers.CharField(
+        help_text="The value's sha256: name it as value_upload in the result report."
+    )
+    artifact_id = serializers.CharField()
+    size_chars = serializers.IntegerField()
+    size_bytes = serializers.IntegerField()
+    size_lines = serializers.IntegerField()
 
 
 class BotConfigOutput(serializers.Serializer[dict[str, Any]]):

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -12,6 +15,7 @@ from rest_framework.views import APIView
 from backend.api import body_limits
 from backend.api.executor_serializers import (
     ClaimInput,
+    ClaimQuery,
     DispatchInput,
     DispatchOutput,
     HeartbeatInput,
@@ -20,6 +24,7 @@ from backend.api.executor_serializers import (
     ProgressInput,
     ResultInput,
     ResultOutput,
+    ValueUploadOutput,
 )
 from backend.api.permissions import IsExecutorWorker, authenticated_user
 from backend.dispatch import claims, leases, reports
@@ -191,5 +196,63 @@ class ResultApi(ExecutorApi):
             usage=data["usage"],
             native_session_id=data["native_session_id"],
             session_resumed=data["session_resumed"],
+            value_upload=data["value_upload"],
         )
         return Response(ResultOutput({**_lease(subtask), "changed": changed}).data)
+
+
+class ResultValueApi(ExecutorApi):
+    """A result's value on its own, as raw UTF-8, for a value too long to send inside the JSON
+    report: read in chunks from the request stream, never whole (`reports.upload_result_value`).
+    The claim is named in the query string, since the body is the value."""
+
+    body_limit = body_limits.RESULT_VALUE
+
+    @extend_schema(
+        operation_id="executor_result_value",
+        parameters=[
+            OpenApiParameter("worker_id", str, required=True),
+            OpenApiParameter("attempt", int, required=True),
+        ],
+        request={"text/plain": OpenApiTypes.STR},
+        responses=ValueUploadOutput,
+        summary="Upload a result's value as a stream, to name it in the result report",
+        description=(
+            "The body is the value as raw UTF-8 (text/plain; charset=utf-8), at most "
+            "BATON_MAX_RESULT_BYTES. It is stored under its sha256, which the answer gives as "
+            "value_upload for the result report to name; the same text again stores nothing "
+            "new. Fenced like a report: only the claim that holds the running turn may upload."
+        ),
+    )
+    def put(self, request: Request, subtask_id: int) -> Response:
+        claim = ClaimQuery(data=request.query_params)
+        claim.is_valid(raise_exception=True)
+        _require_utf8_text(request)
+        artifact = reports.upload_result_value(
+            worker=authenticated_user(request),
+            subtask_id=subtask_id,
+            # No body at all is an empty value.
+            stream=request.stream or io.BytesIO(),
+            **claim.validated_data,
+        )
+        return Response(
+            ValueUploadOutput(
+                {
+                    "value_upload": artifact.sha256,
+                    "artifact_id": artifact.pk,
+                    "size_chars": artifact.size_chars,
+                    "size_bytes": artifact.size_bytes,
+                    "size_lines": artifact.size_lines,
+                }
+            ).data
+        )
+
+
+def _require_utf8_text(request: Request) -> None:
+    """415 unless the body is declared `text/plain` in UTF-8 (the charset may be left out)."""
+    django_request = request._request
+    charset = (django_request.content_params or {}).get("charset", "utf-8").lower()
+    if django_request.content_type != "text/plain" or charset not in ("utf-8", "utf8"):
+        raise UnsupportedMediaType(
+            request.content_type, detail="Send the value as text/plain; charset=utf-8."
+        )

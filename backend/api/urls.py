@@ -49,6 +49,11 @@ urlpatterns = [
         executor_views.ResultApi.as_view(),
         name="executor-result",
     ),
+    path(
+        "executor/subtasks/<int:subtask_id>/result/value/",
+        executor_views.ResultValueApi.as_view(),
+        name="executor-result-value",
+    ),
     path("policies/", policy_views.PolicyListApi.as_view(), name="policy-list"),
     path("policies/<str:name>/", policy_views.PolicyDetailApi.as_view(), name="policy-detail"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -27,8 +27,11 @@ from backend.artifacts.retention import remove_unowned_file
 from backend.artifacts.storage import (
     ArtifactIntegrityError,
     ContentAddress,
+    SpooledText,
+    artifact_storage,
     content_address,
     ensure_stored,
+    stored_sha256,
 )
 from backend.prompting.addressing import artifact_id_for, count_lines
 
@@ -42,11 +45,18 @@ _files_written: ContextVar[list[ContentAddress] | None] = ContextVar(
 
 @dataclass(frozen=True)
 class ArtifactText:
-    """A text to store, its kind, and the task that produced it."""
+    """A text to store, its kind, and the task that produced it. The text is a string, or
+    text that arrived as a stream and waits, measured, in a temporary file
+    (`storage.spool_text`)."""
 
-    text: str
+    text: str | SpooledText
     kind: str
     task_id: int | None
+
+    def address(self) -> ContentAddress:
+        if isinstance(self.text, SpooledText):
+            return self.text.address
+        return content_address(self.text)
 
 
 @contextmanager
@@ -102,7 +112,7 @@ def store_artifacts(texts: Sequence[ArtifactText]) -> list[Artifact]:
     locked until it ends, so a concurrent prune waits for it and then sees the caller's new
     references. Two queries for the batch, plus the file writes.
     """
-    addresses = [content_address(item.text) for item in texts]
+    addresses = [item.address() for item in texts]
     wanted: dict[str, tuple[ArtifactText, ContentAddress]] = {}
     for item, address in zip(texts, addresses, strict=True):
         wanted.setdefault(artifact_id_for(address.sha256), (item, address))
@@ -134,14 +144,36 @@ def restore_artifact_file(*, artifact: Artifact, text: str) -> bool:
     return ensure_stored(text=text, address=address)
 
 
+def locked_stored_artifact(*, sha256: str) -> Artifact | None:
+    """The artifact of `sha256`, its row locked until the caller's transaction ends, when its
+    stored file is whole (checked against the sha256); else None: no such row, or its file is
+    missing or damaged, which only the text itself can mend. Must run inside the caller's
+    transaction, like every writer that holds an address."""
+    artifact = Artifact.objects.select_for_update().filter(sha256=sha256).first()
+    if artifact is None:
+        return None
+    try:
+        intact = stored_sha256(artifact_storage(), artifact.storage_key) == sha256
+    except FileNotFoundError:
+        intact = False
+    if not intact:
+        logger.warning("artifact %s: stored content missing or damaged", artifact.pk)
+        return None
+    return artifact
+
+
 def _new_row(item: ArtifactText, address: ContentAddress) -> Artifact:
+    if isinstance(item.text, SpooledText):
+        chars, lines = item.text.chars, item.text.lines
+    else:
+        chars, lines = len(item.text), count_lines(item.text)
     return Artifact(
         id=artifact_id_for(address.sha256),
         sha256=address.sha256,
         storage_key=address.storage_key,
-        size_chars=len(item.text),
+        size_chars=chars,
         size_bytes=address.size_bytes,
-        size_lines=count_lines(item.text),
+        size_lines=lines,
         kind=item.kind,
         task_id=item.task_id,
     )

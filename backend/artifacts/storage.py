@@ -4,6 +4,9 @@ Content is written once under a key derived from its sha256 (`ab/abcdef....txt`)
 hashed in chunks (`content_address`) and, when it must be written, encoded in chunks into a
 spooled temporary file, so a 50 MB result never exists as several in-memory copies, and the
 storage backend receives an ordinary file (any backend works, filesystem or S3-compatible).
+Text that arrives as a stream of UTF-8 (a result value a worker uploads) is never held whole:
+`spool_text` checks, hashes and measures it chunk by chunk into such a file, which is then
+stored as it is, and `read_text_ends` reads back only the two ends of a stored text.
 
 Only the storage API is used here (exists, open, save, delete, listdir, size, modified time),
 never a local path. This module knows nothing of rows: which writer may write a key, and when
@@ -13,17 +16,21 @@ a file may be removed, is decided by whoever holds the key's artifact row
 
 from __future__ import annotations
 
+import codecs
 import errno
 import hashlib
 import logging
 import re
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import IO, Protocol
 
 from django.core.files import File
 from django.core.files.storage import Storage, storages
 
+from backend.errors import InvalidInput, PayloadTooLarge
 from backend.events import log_event
 from backend.prompting.addressing import artifact_id_for
 
@@ -79,6 +86,25 @@ class StoredFile:
     sha256: str | None
 
 
+class ByteStream(Protocol):
+    """What `spool_text` reads from: a request body, a file."""
+
+    def read(self, size: int = ..., /) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class SpooledText:
+    """UTF-8 text received as a stream, checked and measured, in a temporary file: what
+    `ensure_stored` writes for it. `lines` counts as `count_lines` does; `nul_chars` is how
+    many U+0000 it holds."""
+
+    file: IO[bytes]
+    address: ContentAddress
+    chars: int
+    lines: int
+    nul_chars: int
+
+
 def artifact_storage() -> Storage:
     return storages["artifacts"]
 
@@ -106,7 +132,105 @@ def content_address(text: str) -> ContentAddress:
     return ContentAddress(sha256=sha256, storage_key=storage_key_for(sha256), size_bytes=size)
 
 
-def _hash_stored(storage: Storage, key: str) -> str:
+@contextmanager
+def spool_text(stream: ByteStream, *, max_bytes: int, field: str) -> Iterator[SpooledText]:
+    """The stream's bytes, read to its end in chunks, as UTF-8 text in a temporary file (closed
+    when the block ends), with its content address and sizes.
+
+    Nothing but one chunk is ever in memory: each is checked as UTF-8 (a sequence cut between
+    two chunks is completed by the next), hashed, counted and written to a spooled file that
+    moves to disk past SPOOL_MAX_BYTES. Bytes that are not UTF-8 are InvalidInput naming
+    `field` and the byte's offset; more than `max_bytes` bytes are PayloadTooLarge naming
+    `field` (reading stops there).
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    digest = hashlib.sha256()
+    size = chars = breaks = nuls = 0
+    last = b""
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX_BYTES) as spool:
+        while True:
+            chunk = stream.read(READ_CHUNK_BYTES)
+            pending = len(decoder.getstate()[0])  # the start of a sequence the last chunk cut
+            try:
+                chars += len(decoder.decode(chunk, final=not chunk))
+            except UnicodeDecodeError as error:
+                offset = size - pending + error.start
+                raise InvalidInput(
+                    f"{field} is not valid UTF-8 (byte {offset}: {error.reason}).", field=field
+                ) from None
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > max_bytes:
+                raise PayloadTooLarge(
+                    f"{field} is more than {max_bytes} bytes of UTF-8; the limit is {max_bytes} "
+                    "bytes.",
+                    field=field,
+                )
+            digest.update(chunk)
+            breaks += chunk.count(b"\n")
+            nuls += chunk.count(b"\0")
+            last = chunk[-1:]
+            spool.write(chunk)
+        spool.seek(0)
+        sha256 = digest.hexdigest()
+        yield SpooledText(
+            file=spool,
+            address=ContentAddress(
+                sha256=sha256, storage_key=storage_key_for(sha256), size_bytes=size
+            ),
+            chars=chars,
+            lines=breaks + (1 if size and last != b"\n" else 0),
+            nul_chars=nuls,
+        )
+
+
+def read_text(file: IO[bytes]) -> str:
+    """The whole UTF-8 text of `file`, from its start."""
+    file.seek(0)
+    return file.read().decode("utf-8")
+
+
+def read_text_ends(
+    file: IO[bytes], *, size_bytes: int, chars: int, chunk_bytes: int = READ_CHUNK_BYTES
+) -> tuple[str, str]:
+    """The first and the last `chars` code points of the UTF-8 text in `file` (`size_bytes`
+    long), read in chunks from each end: what lies between is never read."""
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    file.seek(0)
+    head_parts: list[str] = []
+    head_chars = 0
+    while head_chars < chars and (chunk := file.read(chunk_bytes)):
+        part = decoder.decode(chunk)
+        head_parts.append(part)
+        head_chars += len(part)
+    head = "".join(head_parts)[:chars]
+    del head_parts
+    tail_parts: list[bytes] = []
+    tail_chars = 0
+    start = size_bytes
+    while tail_chars < chars and start > 0:
+        end, start = start, max(0, start - chunk_bytes)
+        file.seek(start)
+        chunk = file.read(end - start)
+        tail_parts.append(chunk)
+        # A code point is one byte that is not a continuation byte (10xxxxxx).
+        tail_chars += len(chunk) - len(chunk.translate(None, _NOT_CONTINUATION))
+    data = b"".join(reversed(tail_parts))
+    del tail_parts
+    skip = 0
+    while skip < len(data) and data[skip] & 0xC0 == 0x80:
+        skip += 1  # the rest of a code point that starts before what was read
+    tail = data[skip:].decode("utf-8")
+    return head, tail[max(len(tail) - chars, 0) :]
+
+
+# Every byte but the continuation bytes (0x80-0xBF): deleting them leaves the continuations.
+_NOT_CONTINUATION = bytes(range(0x80)) + bytes(range(0xC0, 0x100))
+
+
+def stored_sha256(storage: Storage, key: str) -> str:
+    """The sha256 of the file at `key`, read in chunks; FileNotFoundError when there is none."""
     digest = hashlib.sha256()
     with storage.open(key, "rb") as stored:
         while chunk := stored.read(READ_CHUNK_BYTES):
@@ -114,8 +238,9 @@ def _hash_stored(storage: Storage, key: str) -> str:
     return digest.hexdigest()
 
 
-def ensure_stored(*, text: str, address: ContentAddress) -> bool:
-    """Make the file at `address` hold `text`; True when it had to be written.
+def ensure_stored(*, text: str | SpooledText, address: ContentAddress) -> bool:
+    """Make the file at `address` hold `text` (a string, or text already spooled to a file);
+    True when it had to be written.
 
     The caller must hold the address (its artifact row inserted or locked in the caller's
     transaction, `services.store_artifacts`): then no other writer and no removal touches the key
@@ -126,14 +251,11 @@ def ensure_stored(*, text: str, address: ContentAddress) -> bool:
     storage = artifact_storage()
     key = address.storage_key
     if storage.exists(key):
-        if _hash_stored(storage, key) == address.sha256:
+        if stored_sha256(storage, key) == address.sha256:
             return False
         logger.warning("artifact content at %s is damaged; rewriting it", key)
         storage.delete(key)
-    with tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX_BYTES) as spool:
-        for chunk in _encoded_chunks(text):
-            spool.write(chunk)
-        spool.seek(0)
+    with _spooled(text) as spool:
         try:
             saved_key = storage.save(key, File(spool, name=key))
         except Exception as error:
@@ -146,9 +268,23 @@ def ensure_stored(*, text: str, address: ContentAddress) -> bool:
         # Only a writer that did not hold the address can have put a file at the key since the
         # check; keep theirs if it is whole, and drop our duplicate either way.
         storage.delete(saved_key)
-        if _hash_stored(storage, key) != address.sha256:
+        if stored_sha256(storage, key) != address.sha256:
             raise ArtifactIntegrityError(f"content at {key} does not match its sha256")
     return True
+
+
+@contextmanager
+def _spooled(text: str | SpooledText) -> Iterator[IO[bytes]]:
+    """`text` as a file from its start: its own spool, or one encoded in chunks."""
+    if isinstance(text, SpooledText):
+        text.file.seek(0)
+        yield text.file
+        return
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_MAX_BYTES) as spool:
+        for chunk in _encoded_chunks(text):
+            spool.write(chunk)
+        spool.seek(0)
+        yield spool
 
 
 def _error_name(error: Exception) -> str:
@@ -206,7 +342,7 @@ def verified_chunks(*, storage_key: str, sha256: str, artifact_id: str) -> Itera
     """
     storage = artifact_storage()
     try:
-        actual = _hash_stored(storage, storage_key)
+        actual = stored_sha256(storage, storage_key)
     except FileNotFoundError:
         logger.error("artifact %s: content missing from storage", artifact_id)
         raise ArtifactIntegrityError(f"artifact {artifact_id}: content is missing") from None

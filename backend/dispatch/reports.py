@@ -10,6 +10,14 @@ turn the claim finished is a Conflict. A repeat is recognised without reading th
 artifact (a value kept there is compared by sha256), so a damaged stored copy cannot turn it
 into an error; the repeat brings the whole text again, and a missing or damaged copy is
 written anew from it (`services.restore_spilled_text`).
+
+A long result value may travel on its own, as a stream of UTF-8, before the report
+(`upload_result_value`): it is stored as an artifact under its sha256, and the report names it
+(`value_upload`) instead of carrying it. The upload is fenced like a report, and
+content-addressed, so uploading the same text again stores nothing new; the report is still
+the one place that records the turn, by the same rules: the same report with the same upload a
+second time is `changed: false`. An upload that no report names stays an unreferenced
+artifact, which pruning removes after the retention period.
 """
 
 from __future__ import annotations
@@ -24,7 +32,10 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from backend.artifacts.models import Artifact
+from backend.artifacts.retention import record_artifact_read
 from backend.artifacts.services import atomic_storing_artifacts
+from backend.artifacts.storage import ByteStream, spool_text
 from backend.dispatch.leases import (
     LEASE_EXPIRED,
     LEASE_LOST,
@@ -49,10 +60,15 @@ from backend.errors import Conflict, InvalidInput
 from backend.events import log_event
 from backend.prompting import Role
 from backend.tasks.history import any_of
-from backend.tasks.ingestion import replace_unstorable_chars
+from backend.tasks.ingestion import replace_unstorable_chars, store_uploaded_text
 from backend.tasks.models import Subtask, SubtaskStatus
-from backend.tasks.selectors import is_recorded_result
-from backend.tasks.services import check_text_size, record_result, restore_spilled_text
+from backend.tasks.selectors import is_recorded_result, is_recorded_upload
+from backend.tasks.services import (
+    check_text_size,
+    record_result,
+    restore_spilled_text,
+    result_with_uploaded_value,
+)
 
 MAX_PROGRESS_EVENTS = 200
 # What a worker may report for a claim: an outcome, or a requeue.
@@ -200,6 +216,63 @@ def _append_progress(
     )
 
 
+def upload_result_value(
+    *, worker: User, worker_id: str, attempt: int, subtask_id: int, stream: ByteStream
+) -> Artifact:
+    """Store a result value the claim sends as a stream of UTF-8, for its report to name by
+    sha256 (`value_upload`); returns the value's artifact.
+
+    The claim is fenced before a byte of the stream is read, and again before the text is
+    stored: a claim that does not hold the RUNNING turn stores nothing. The stream is checked,
+    hashed and measured chunk by chunk into a temporary file (`storage.spool_text`), never
+    held whole: not UTF-8 is InvalidInput, over BATON_MAX_RESULT_BYTES PayloadTooLarge, NUL
+    InvalidInput (the stored value must be exactly the result's, and Baton's artifacts show
+    NUL as U+FFFD), each naming `value`. The artifact is stamped as read, so pruning leaves it
+    for the retention period even when it existed before, unreferenced.
+    """
+    _check_claim(worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id)
+    with spool_text(stream, max_bytes=settings.BATON_MAX_RESULT_BYTES, field="value") as text:
+        if text.nul_chars:
+            raise InvalidInput(
+                f"value holds {text.nul_chars} NUL characters (U+0000), which an uploaded "
+                "value cannot; report this result with its value inline.",
+                field="value",
+            )
+        now = timezone.now()
+        with atomic_storing_artifacts():
+            subtask, refusal = fenced_turn(
+                worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id, now=now
+            )
+            if refusal is None:
+                artifact = store_uploaded_text(text=text, task_id=subtask.task_id)
+                record_artifact_read(artifact_id=artifact.pk)
+    if refusal is not None:
+        raise refusal  # after the commit: a lease found run out was reclaimed
+    log_event(
+        "result_value_uploaded",
+        task=subtask.task_id,
+        subtask=subtask.pk,
+        attempt=attempt,
+        artifact=artifact.pk,
+        size_bytes=artifact.size_bytes,
+    )
+    return artifact
+
+
+def _check_claim(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> None:
+    """Raise the claim's refusal (see `leases.fence`), if any; change nothing else."""
+    with transaction.atomic():
+        _, refusal = fenced_turn(
+            worker=worker,
+            worker_id=worker_id,
+            attempt=attempt,
+            subtask_id=subtask_id,
+            now=timezone.now(),
+        )
+    if refusal is not None:
+        raise refusal  # after the commit: a lease found run out was reclaimed
+
+
 def report_result(
     *,
     worker: User,
@@ -213,6 +286,7 @@ def report_result(
     usage: dict[str, Any] | None,
     native_session_id: str,
     session_resumed: bool = False,
+    value_upload: str = "",
 ) -> tuple[Subtask, bool]:
     """Record the outcome of a claimed turn. Returns (turn, changed).
 
@@ -228,9 +302,15 @@ def report_result(
     already finished is a Conflict; any report from a claim that no longer holds the turn is
     refused with 409 `lease_lost` (or `cancelled`) — a claim whose lease ran out included,
     whose turn is reclaimed then (see `leases`). `lease_expired` is Baton's own error code.
+
+    `value_upload` names the result's value by the sha256 of its upload
+    (`upload_result_value`); the report is then recorded as the same report with that value
+    inline would be, and is a repeat under the same rules.
     """
     if status not in REPORT_STATUSES:
         raise InvalidInput(f"status must be one of {', '.join(REPORT_STATUSES)}.", field="status")
+    if value_upload:
+        result = result_with_uploaded_value(status=status, result=result)
     if status == RETRY and not error.strip():
         raise InvalidInput("error is required when status is RETRY.", field="error")
     if error_code == LEASE_EXPIRED:
@@ -254,8 +334,10 @@ def report_result(
             error_code=error_code,
             usage=usage,
             native_session_id=native_session_id,
+            value_upload=value_upload,
         ):
-            if status in (COMPLETED, FAILED):
+            # An uploaded value's stored copy was checked, and mended, when it was uploaded.
+            if status in (COMPLETED, FAILED) and not value_upload:
                 restore_spilled_text(subtask=subtask, status=status, result=result, error=error)
             return subtask, False
         finished = subtask.status in (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED)
@@ -275,6 +357,7 @@ def report_result(
                 usage=usage,
                 native_session_id=native_session_id,
                 session_resumed=session_resumed,
+                value_upload=value_upload,
             )
     if refusal is not None:
         raise refusal  # after the commit: a lease found run out was reclaimed
@@ -303,6 +386,7 @@ def _apply_report(
     usage: dict[str, Any] | None,
     native_session_id: str,
     session_resumed: bool,
+    value_upload: str,
 ) -> None:
     """Requeue or finish the turn as the report says (see `report_result`)."""
     if status == RELEASE:
@@ -340,6 +424,7 @@ def _apply_report(
             error_code=error_code,
             usage=usage,
             native_session_id=native_session_id,
+            value_upload=value_upload,
         )
         subtask.refresh_from_db()
         record_session(
@@ -361,6 +446,7 @@ def _is_repeat(
     error_code: str,
     usage: dict[str, Any] | None,
     native_session_id: str,
+    value_upload: str,
 ) -> bool:
     """Whether this report is the one the claim already made (a retried request). A report
     that differs in anything it would record, its native session id included, is not: it is
@@ -383,6 +469,9 @@ def _is_repeat(
         return (
             subtask.error == replace_unstorable_chars(error)[0] and subtask.error_code == error_code
         )
+    if value_upload:
+        assert result is not None  # result_with_uploaded_value made one
+        return is_recorded_upload(subtask=subtask, result=result, value_sha256=value_upload)
     return is_recorded_result(subtask=subtask, result=result)
 
 

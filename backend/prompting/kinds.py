@@ -66,14 +66,30 @@ def sample_text(text: str) -> str:
     """The head and tail that classification looks at."""
     if len(text) <= 2 * SAMPLE_CHARS:
         return text
-    return text[:SAMPLE_CHARS] + "\n" + text[-SAMPLE_CHARS:]
+    return _sample_of_ends(text, text)
+
+
+def _sample_of_ends(head: str, tail: str) -> str:
+    return head[:SAMPLE_CHARS] + "\n" + tail[-SAMPLE_CHARS:]
 
 
 def classify_text(text: str, *, serialized_json: bool = False) -> ArtifactKind:
     """The ArtifactKind value for this text (see the module docstring for the rules)."""
+    return _classify_sample(sample_text(text), serialized_json=serialized_json)
+
+
+def classify_ends(head: str, tail: str, *, serialized_json: bool = False) -> ArtifactKind:
+    """The kind `classify_text` gives a text longer than 2 * SAMPLE_CHARS, from its first
+    code points (`head`) and its last (`tail`), at least SAMPLE_CHARS of each: the rest of
+    the text is never looked at."""
+    if min(len(head), len(tail)) < SAMPLE_CHARS:
+        raise ValueError(f"classify_ends needs at least {SAMPLE_CHARS} code points of each end")
+    return _classify_sample(_sample_of_ends(head, tail), serialized_json=serialized_json)
+
+
+def _classify_sample(sample: str, *, serialized_json: bool) -> ArtifactKind:
     if serialized_json:
         return ArtifactKind.JSON
-    sample = sample_text(text)
     stripped = sample.strip()
     if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
         return ArtifactKind.JSON

@@ -26,6 +26,13 @@ points, markers not counted:
 A line that carries evidence is kept with the line breaks around it, so each marker stands on a
 line of its own; a line longer than ``EVIDENCE_LINE_MAX_CHARS`` keeps only the match, and
 evidence spans at most ``_BRIDGE_CHARS`` apart are kept as one (with what lies between).
+
+A text longer than ``PREVIEW_SCAN_MAX_CHARS`` is never scanned whole: its preview reads only its
+two ends, half that bound each (:class:`TextEnds`, :func:`ends_to_read`). Its head and tail are
+the same as if the whole text were read; evidence lines are looked for within the two ends only,
+and a JSON text gets the line preview (a skeleton needs the whole text, and the skeleton's own
+bound is the same). So a text stored as a stream, which ingestion never holds whole, gets the
+preview its text would get (:func:`make_ends_preview`), and the cost of a preview has a bound.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from backend.prompting.truncate import (
 )
 
 JSON_SKELETON_MAX_CHARS = 8_000_000
+PREVIEW_SCAN_MAX_CHARS = JSON_SKELETON_MAX_CHARS
 EVIDENCE_LINE_MAX_CHARS = 400
 _EVIDENCE_SHARE = 2  # evidence lines get at most 1 / _EVIDENCE_SHARE of the budget
 _LINE_SNAP_SHARE = 4  # a cut moves to a line break within 1 / _LINE_SNAP_SHARE of its budget
@@ -109,20 +117,136 @@ def _web_evidence(text: str, match: re.Match[str]) -> tuple[int, int] | None:
 _Confirm = Callable[[str, re.Match[str]], "tuple[int, int] | None"]
 
 
+@dataclass(frozen=True)
+class _Evidence:
+    """Where a kind's evidence is: a fast search for candidates, and the check that confirms
+    one (the span it covers) or rejects it (None)."""
+
+    candidates: re.Pattern[str]
+    confirm: _Confirm
+
+
+_COMMAND = _Evidence(_COMMAND_EVIDENCE, _command_evidence)
+_WEB = _Evidence(_WEB_EVIDENCE, _web_evidence)
+
+
+@dataclass(frozen=True)
+class TextEnds:
+    """A text known by its two ends only: ``head`` is its first ``len(head)`` code points,
+    ``tail`` its last ``len(tail)``, and ``length`` its length; what lies between is not known
+    (the two ends do not meet)."""
+
+    head: str
+    tail: str
+    length: int
+
+    def __post_init__(self) -> None:
+        if len(self.head) + len(self.tail) >= self.length:
+            raise ValueError("the ends of a TextEnds must leave a middle out")
+
+    @classmethod
+    def of(cls, text: str, chars: int) -> TextEnds:
+        """The first and last ``chars`` code points of ``text``."""
+        return cls(head=text[:chars], tail=text[len(text) - chars :], length=len(text))
+
+
+def ends_to_read(length: int, *, head_chars: int, tail_chars: int) -> int | None:
+    """How many code points of each end the preview of a text of ``length`` reads, or None when
+    it reads the whole text: a text longer than ``PREVIEW_SCAN_MAX_CHARS`` is read at its two
+    ends, half that bound each (more when the preview's own budget is larger)."""
+    each = max(PREVIEW_SCAN_MAX_CHARS // 2, head_chars + tail_chars + 1)
+    return each if length > 2 * each else None
+
+
 def make_kind_preview(text: str, kind: str, *, head_chars: int, tail_chars: int) -> Preview:
     """The preview ingestion stores for ``text`` of ``kind`` (see the module docstring)."""
     budget = head_chars + tail_chars
     if len(text) <= budget:
         return make_preview(text, head_chars=head_chars, tail_chars=tail_chars)
+    each = ends_to_read(len(text), head_chars=head_chars, tail_chars=tail_chars)
+    if each is not None:
+        return make_ends_preview(
+            TextEnds.of(text, each), kind, head_chars=head_chars, tail_chars=tail_chars
+        )
     if kind == ArtifactKind.JSON:
         skeleton = json_skeleton(text, budget)
         if skeleton is not None:
             return skeleton
+    return _read_preview(_Known.whole(text), kind, head_chars, tail_chars)
+
+
+def make_ends_preview(ends: TextEnds, kind: str, *, head_chars: int, tail_chars: int) -> Preview:
+    """The preview of a text known by its ends (see the module docstring): what
+    ``make_kind_preview`` stores for the whole text when it reads ``len(ends.head)`` code
+    points of each end (:func:`ends_to_read`)."""
+    if min(len(ends.head), len(ends.tail)) <= head_chars + tail_chars:
+        raise ValueError("each end must be longer than the preview's budget")
+    return _read_preview(_Known.of_ends(ends), kind, head_chars, tail_chars)
+
+
+def _read_preview(known: _Known, kind: str, head_chars: int, tail_chars: int) -> Preview:
     if kind == ArtifactKind.COMMAND_OUTPUT:
-        return _evidence_preview(text, head_chars, tail_chars, _COMMAND_EVIDENCE, _command_evidence)
+        return _evidence_preview(known, head_chars, tail_chars, _COMMAND)
     if kind == ArtifactKind.WEB_OR_SEARCH:
-        return _evidence_preview(text, head_chars, tail_chars, _WEB_EVIDENCE, _web_evidence)
-    return _line_preview(text, head_chars, tail_chars)
+        return _evidence_preview(known, head_chars, tail_chars, _WEB)
+    return _line_preview(known, head_chars, tail_chars)
+
+
+@dataclass(frozen=True)
+class _Known:
+    """What a preview reads of its text: the whole text, or its two ends. Positions are the
+    text's own; ``head`` is ``text[:len(head)]`` and ``tail`` is ``text[tail_offset:]``. A
+    whole text is its own head and tail. Every cut a preview makes lies within ``head`` or
+    within ``tail`` (the budget is shorter than either end)."""
+
+    head: str
+    tail: str
+    length: int
+
+    @classmethod
+    def whole(cls, text: str) -> _Known:
+        return cls(head=text, tail=text, length=len(text))
+
+    @classmethod
+    def of_ends(cls, ends: TextEnds) -> _Known:
+        return cls(head=ends.head, tail=ends.tail, length=ends.length)
+
+    @property
+    def tail_offset(self) -> int:
+        return self.length - len(self.tail)
+
+    def head_end(self, budget: int, snap_share: int = _LINE_SNAP_SHARE) -> int:
+        return _head_end(self.head, 0, budget, snap_share)
+
+    def tail_start(self, budget: int, snap_share: int = _LINE_SNAP_SHARE) -> int:
+        offset = self.tail_offset
+        return offset + _tail_start(self.tail, len(self.tail), budget, snap_share)
+
+    def slice(self, start: int, end: int) -> str:
+        if end <= len(self.head):
+            return self.head[start:end]
+        offset = self.tail_offset
+        assert start >= offset, "a preview never keeps what lies between the known ends"
+        return self.tail[start - offset : end - offset]
+
+    def evidence_spans(
+        self, start: int, end: int, evidence: _Evidence, budget: int
+    ) -> list[tuple[int, int]]:
+        """`_evidence_spans` over ``[start, end)``; of a text known by its ends, over the
+        whole lines within each end, first the head's, then the tail's."""
+        if self.tail_offset == 0:
+            return _evidence_spans(self.head, start, end, evidence, budget)
+        head_lines_end = self.head.rfind("\n") + 1  # 0: no whole line in the head
+        spans = _evidence_spans(self.head, start, min(end, head_lines_end), evidence, budget)
+        offset = self.tail_offset
+        first_break = self.tail.find("\n")
+        if first_break == -1:
+            return spans  # no whole line in the tail
+        budget -= sum(span_end - span_start for span_start, span_end in spans)
+        tail_spans = _evidence_spans(
+            self.tail, max(start - offset, first_break), end - offset, evidence, budget
+        )
+        return spans + [(s + offset, e + offset) for s, e in tail_spans]
 
 
 # --- line-bounded head and tail -------------------------------------------------------------
@@ -151,10 +275,13 @@ def _tail_start(text: str, end: int, budget: int, snap_share: int = _LINE_SNAP_S
     return newline if newline != -1 else start
 
 
-def _line_preview(text: str, head_chars: int, tail_chars: int) -> Preview:
-    head_end = _head_end(text, 0, head_chars)
-    tail_start = max(_tail_start(text, len(text), tail_chars), head_end)
-    return preview_from_slices([(0, text[:head_end]), (tail_start, text[tail_start:])], len(text))
+def _line_preview(known: _Known, head_chars: int, tail_chars: int) -> Preview:
+    head_end = known.head_end(head_chars)
+    tail_start = max(known.tail_start(tail_chars), head_end)
+    return preview_from_slices(
+        [(0, known.slice(0, head_end)), (tail_start, known.slice(tail_start, known.length))],
+        known.length,
+    )
 
 
 # --- evidence lines -------------------------------------------------------------------------
@@ -164,21 +291,20 @@ def _evidence_spans(
     text: str,
     start: int,
     end: int,
-    candidates: re.Pattern[str],
-    confirm: _Confirm,
+    evidence: _Evidence,
     budget: int,
 ) -> list[tuple[int, int]]:
     """The lines (each with the line break before it) in ``[start, end)`` that match
-    ``pattern``, first come first kept, within ``budget`` code points."""
+    the evidence, first come first kept, within ``budget`` code points."""
     spans: list[tuple[int, int]] = []
     used = 0
     position = start
     while position < end and used < budget:
         # From the line break before the region, so a prompt on its first line is found.
-        match = candidates.search(text, max(position - 1, 0), end)
+        match = evidence.candidates.search(text, max(position - 1, 0), end)
         if match is None:
             break
-        found = confirm(text, match)
+        found = evidence.confirm(text, match)
         if found is None:
             position = match.end()
             continue
@@ -204,21 +330,18 @@ def _evidence_spans(
 
 
 def _evidence_preview(
-    text: str,
-    head_chars: int,
-    tail_chars: int,
-    candidates: re.Pattern[str],
-    confirm: _Confirm,
+    known: _Known, head_chars: int, tail_chars: int, evidence: _Evidence
 ) -> Preview:
     budget = head_chars + tail_chars
     evidence_budget = budget // _EVIDENCE_SHARE
+    length = known.length
     # First the first and last whole lines within a quarter of the budget each, then evidence.
-    head_end = _head_end(text, 0, head_chars // 2, snap_share=1)
-    tail_start = max(_tail_start(text, len(text), tail_chars // 2, snap_share=1), head_end)
-    spans = _evidence_spans(text, head_end, tail_start, candidates, confirm, evidence_budget)
+    head_end = known.head_end(head_chars // 2, snap_share=1)
+    tail_start = max(known.tail_start(tail_chars // 2, snap_share=1), head_end)
+    spans = known.evidence_spans(head_end, tail_start, evidence, evidence_budget)
     if not spans:
-        return _line_preview(text, head_chars, tail_chars)
-    spare = budget - (head_end + (len(text) - tail_start) + sum(e - s for s, e in spans))
+        return _line_preview(known, head_chars, tail_chars)
+    spare = budget - (head_end + (length - tail_start) + sum(e - s for s, e in spans))
     # What the evidence did not use goes back to the head and tail, never past the evidence;
     # a gap too small to be worth a marker is kept.
     if spans[0][0] - head_end <= min(_BRIDGE_CHARS, spare):
@@ -227,16 +350,16 @@ def _evidence_preview(
     if tail_start - spans[-1][1] <= min(_BRIDGE_CHARS, spare):
         spare -= tail_start - spans[-1][1]
         tail_start = spans[-1][1]
-    grown = _head_end(text, 0, head_end + spare // 2, snap_share=1)
+    grown = known.head_end(head_end + spare // 2, snap_share=1)
     grown = min(max(grown, head_end), spans[0][0])
     spare -= grown - head_end
     head_end = grown
-    grown = _tail_start(text, len(text), len(text) - tail_start + spare, snap_share=1)
+    grown = known.tail_start(length - tail_start + spare, snap_share=1)
     tail_start = max(min(grown, tail_start), spans[-1][1])
-    slices = [(0, text[:head_end])]
-    slices += [(s, text[s:e]) for s, e in spans]
-    slices.append((tail_start, text[tail_start:]))
-    preview = preview_from_slices(slices, len(text))
+    slices = [(0, known.slice(0, head_end))]
+    slices += [(s, known.slice(s, e)) for s, e in spans]
+    slices.append((tail_start, known.slice(tail_start, length)))
+    preview = preview_from_slices(slices, length)
     while preview.kept_chars > budget:  # the snapped cuts may overshoot by a line's length
         preview = preview.recut(budget)
     return preview

@@ -7,6 +7,12 @@ the same whether a result was 1 KB or 1 GB (docs/architecture.md, principles 1 a
 
 The spill decision and the preview belong to the turns; the artifact itself is only storage
 (`backend.artifacts.services.store_artifact`), so the dependency points from tasks to artifacts.
+
+A result value a worker uploads as a stream is stored first (`store_uploaded_text`) and ingested
+from storage when the report names it (`ingest_stored_text`), to the same fields `ingest_text`
+gives that text, without the text ever being held whole: a text the preview reads whole (at
+most `previews.PREVIEW_SCAN_MAX_CHARS`) is read and ingested as a string; a longer one is
+measured by its artifact row and previewed from its two ends, which is all its preview reads.
 """
 
 from __future__ import annotations
@@ -18,10 +24,12 @@ from typing import Any
 from django.conf import settings
 
 from backend.artifacts.models import Artifact
-from backend.artifacts.services import store_artifact
+from backend.artifacts.services import ArtifactText, store_artifact, store_artifacts
+from backend.artifacts.storage import SpooledText, artifact_storage, read_text, read_text_ends
 from backend.prompting.addressing import count_lines
-from backend.prompting.kinds import classify_text
-from backend.prompting.previews import make_kind_preview
+from backend.prompting.kinds import SAMPLE_CHARS, ArtifactKind, classify_ends, classify_text
+from backend.prompting.previews import TextEnds, ends_to_read, make_ends_preview, make_kind_preview
+from backend.prompting.truncate import Preview
 from backend.prompting.units import count_tokens
 from backend.tasks.models import Task
 
@@ -93,6 +101,64 @@ def ingest_text(*, text: str, task: Task | None, serialized_json: bool = False) 
         tail_chars=settings.BATON_PREVIEW_TAIL_CHARS,
     )
     artifact = store_artifact(text=text, kind=kind, task_id=None if task is None else task.pk)
+    return _spilled(preview, artifact=artifact, chars=chars, lines=lines, replaced=replaced)
+
+
+def store_uploaded_text(*, text: SpooledText, task_id: int) -> Artifact:
+    """Store text that arrived as a stream (a result value a worker uploads) as an artifact,
+    classified as `ingest_text` classifies it, with the task as its producer when it is new.
+
+    Only the ends the classifier samples are read back from the spool. Must run inside the
+    caller's transaction (`atomic_storing_artifacts()`), as `store_artifacts` says.
+    """
+    [artifact] = store_artifacts(
+        [ArtifactText(text=text, kind=_classify_spooled(text), task_id=task_id)]
+    )
+    return artifact
+
+
+def _classify_spooled(text: SpooledText) -> ArtifactKind:
+    if text.chars <= 2 * SAMPLE_CHARS:
+        return classify_text(read_text(text.file))
+    head, tail = read_text_ends(text.file, size_bytes=text.address.size_bytes, chars=SAMPLE_CHARS)
+    return classify_ends(head, tail)
+
+
+def ingest_stored_text(*, artifact: Artifact, task: Task) -> IngestedText:
+    """What `ingest_text` gives the text stored as `artifact` (valid Unicode without NUL, as an
+    upload is), reading no more of it than its preview needs.
+
+    The caller holds the artifact's row locked, its stored file checked whole
+    (`artifacts.services.locked_stored_artifact`). A text whose preview reads it whole
+    (`previews.ends_to_read`), the ones within the spill threshold included, is read and
+    ingested as a string. A longer one spills to this very artifact: its sizes are the row's,
+    and its kind and preview come from its two ends, read from storage.
+    """
+    head_chars = settings.BATON_PREVIEW_HEAD_CHARS
+    tail_chars = settings.BATON_PREVIEW_TAIL_CHARS
+    each = ends_to_read(artifact.size_chars, head_chars=head_chars, tail_chars=tail_chars)
+    if each is None or artifact.size_chars <= settings.BATON_SPILL_THRESHOLD_CHARS:
+        with artifact_storage().open(artifact.storage_key, "rb") as stored:
+            text = read_text(stored)
+        return ingest_text(text=text, task=task)
+    with artifact_storage().open(artifact.storage_key, "rb") as stored:
+        head, tail = read_text_ends(stored, size_bytes=artifact.size_bytes, chars=each)
+    ends = TextEnds(head=head, tail=tail, length=artifact.size_chars)
+    kind = classify_ends(ends.head, ends.tail)
+    preview = make_ends_preview(ends, kind, head_chars=head_chars, tail_chars=tail_chars)
+    return _spilled(
+        preview,
+        artifact=artifact,
+        chars=artifact.size_chars,
+        lines=artifact.size_lines,
+        replaced=0,
+    )
+
+
+def _spilled(
+    preview: Preview, *, artifact: Artifact, chars: int, lines: int, replaced: int
+) -> IngestedText:
+    """The fields of a text that spilled to `artifact`, with `preview` in its place."""
     kept_tokens = sum(count_tokens(part) for part in preview.parts)
     kept_bytes = sum(len(part.encode("utf-8")) for part in preview.parts)
     middle_bytes = artifact.size_bytes - kept_bytes

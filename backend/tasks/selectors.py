@@ -176,6 +176,23 @@ def is_recorded_result(*, subtask: Subtask, result: dict[str, Any] | None) -> bo
     return len(value) == artifact.size_chars and content_sha256(value) == artifact.sha256
 
 
+def is_recorded_upload(*, subtask: Subtask, result: dict[str, Any], value_sha256: str) -> bool:
+    """Whether `result` — a report's result whose value was uploaded, `value` null in it
+    (`services.result_with_uploaded_value`) — with the uploaded value of sha256 `value_sha256`
+    equals the result recorded on the turn. Like `is_recorded_result`, no stored text is read:
+    a value kept in the artifact is compared by the artifact's sha256, one kept in the row by
+    its own."""
+    recorded: dict[str, Any] | None = subtask.result
+    if recorded is None or {**recorded, "value": None} != result:
+        return False
+    if subtask.result_value_in_artifact:
+        artifact = subtask.artifact
+        assert artifact is not None  # the value lives in the turn's artifact
+        return artifact.sha256 == value_sha256
+    value = recorded.get("value")
+    return isinstance(value, str) and content_sha256(value) == value_sha256
+
+
 def bot_list() -> QuerySet[Bot]:
     return Bot.objects.order_by("name")
 

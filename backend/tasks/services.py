@@ -21,13 +21,22 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from backend.artifacts.services import atomic_storing_artifacts, restore_artifact_file
-from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from backend.artifacts.services import (
+    atomic_storing_artifacts,
+    locked_stored_artifact,
+    restore_artifact_file,
+)
+from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, UploadMissing
 from backend.events import log_event
 from backend.prompting import ContextPassing, Role
 from backend.prompting.inputs import validate_name
 from backend.tasks.fields import LONE_SURROGATE
-from backend.tasks.ingestion import IngestedText, ingest_text, replace_unstorable_chars
+from backend.tasks.ingestion import (
+    IngestedText,
+    ingest_stored_text,
+    ingest_text,
+    replace_unstorable_chars,
+)
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
     Bot,
@@ -465,6 +474,26 @@ def _validate_result_payload(*, status: str, result: Any, error: str, usage: Any
         raise InvalidInput("usage must be a JSON object.", field="usage")
 
 
+def result_with_uploaded_value(*, status: str, result: Any) -> dict[str, Any]:
+    """The result a report that names a value upload records, its `value` still null: `result`
+    holds every other key, its `value` null or absent (an absent or null result: none).
+    InvalidInput when the report cannot name an upload."""
+    if status != SubtaskStatus.COMPLETED:
+        raise InvalidInput("value_upload goes with status COMPLETED only.", field="value_upload")
+    if result is None:
+        result = {}
+    if not isinstance(result, dict):
+        raise InvalidInput(
+            f"result must be a JSON object, not {type(result).__name__}.", field="result"
+        )
+    if result.get("value") is not None:
+        raise InvalidInput(
+            "result.value must be null or absent when value_upload names the value.",
+            field="result",
+        )
+    return {"value": None, **{key: item for key, item in result.items() if key != "value"}}
+
+
 def record_result(
     *,
     subtask: Subtask,
@@ -474,15 +503,28 @@ def record_result(
     error_code: str = "",
     usage: dict[str, Any] | None = None,
     native_session_id: str = "",
+    value_upload: str = "",
 ) -> Subtask:
     """Record an ASSISTANT turn's outcome and, for pipelines, make the next step dispatchable.
 
     A failed step fails the steps after it (they would have nothing to build on).
+
+    `value_upload` is the sha256 of a result value the worker uploaded as a stream (stored by
+    `ingestion.store_uploaded_text`): the turn is recorded exactly as if `result.value` were
+    that text (see `result_with_uploaded_value`), and the text is never held whole
+    (`ingestion.ingest_stored_text`). UploadMissing when Baton does not hold it whole.
     """
     if subtask.role != Role.ASSISTANT:
         raise InvalidInput("Only ASSISTANT turns have results.", field="subtask")
+    if value_upload:
+        result = result_with_uploaded_value(status=status, result=result)
     _validate_result_payload(status=status, result=result, error=error, usage=usage)
-    text, serialized_json = history_text_for_result(status=status, result=result, error=error)
+    # An uploaded value is measured where it is stored, under the lock (see below).
+    text, serialized_json = (
+        ("", False)
+        if value_upload
+        else history_text_for_result(status=status, result=result, error=error)
+    )
     check_text_size(text=text, limit=settings.BATON_MAX_RESULT_BYTES, field="result")
     with atomic_storing_artifacts():
         task = lock_task(task_id=subtask.task_id)
@@ -492,7 +534,14 @@ def record_result(
                 f"Turn {subtask.message_id} of task {task.pk} is already {subtask.status}."
             )
         now = timezone.now()
-        ingested = ingest_text(text=text, task=task, serialized_json=serialized_json)
+        if value_upload:
+            assert result is not None  # result_with_uploaded_value made one
+            ingested = _ingest_uploaded_value(sha256=value_upload, task=task)
+            if ingested.artifact is None:
+                # Short enough to stay in the row, as the same value reported inline does.
+                result = {**result, "value": ingested.history_text}
+        else:
+            ingested = ingest_text(text=text, task=task, serialized_json=serialized_json)
         _apply_ingestion(subtask, ingested, recorded_at=now)
         subtask.status = status
         subtask.result = result
@@ -541,6 +590,25 @@ def record_result(
             )
         refresh_task_status(task=task)
     return subtask
+
+
+def _ingest_uploaded_value(*, sha256: str, task: Task) -> IngestedText:
+    """Ingest the uploaded value stored under `sha256`, its artifact row locked (in the
+    caller's transaction) and its stored copy checked whole first."""
+    artifact = locked_stored_artifact(sha256=sha256)
+    if artifact is None:
+        raise UploadMissing(
+            f"value_upload {sha256[:16]}… names no value Baton holds whole (removed since it "
+            "was uploaded, or its stored copy is damaged); upload the value again.",
+            field="value_upload",
+        )
+    limit = settings.BATON_MAX_RESULT_BYTES
+    if artifact.size_bytes > limit:
+        raise PayloadTooLarge(
+            f"result is {artifact.size_bytes} bytes of UTF-8; the limit is {limit} bytes.",
+            field="result",
+        )
+    return ingest_stored_text(artifact=artifact, task=task)
 
 
 def restore_spilled_text(

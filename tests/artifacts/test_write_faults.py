@@ -160,3 +160,32 @@ def test_a_rolled_back_write_keeps_a_file_that_a_committed_row_owns() -> None:
     assert Artifact.objects.get() == owner
     with artifact_storage().open(owner.storage_key, "rb") as stored:
         assert stored.read() == LONG_ANSWER.encode()
+
+
+def test_a_value_upload_whose_write_fails_leaves_nothing_and_can_be_retried(
+    worker_api, claimed_turn, disk_full, artifact_storage_in_tmp
+):
+    url = (
+        f"/api/executor/subtasks/{claimed_turn['subtask_id']}/result/value/"
+        f"?worker_id=w1&attempt={claimed_turn['attempt']}"
+    )
+    body = LONG_ANSWER.encode()
+    failed = worker_api.put(url, body, content_type="text/plain; charset=utf-8")
+
+    assert (failed.status_code, failed.json()["code"]) == (503, "storage_unavailable")
+    assert not Artifact.objects.exists()
+    assert stored_files(artifact_storage_in_tmp) == []  # the half-written file is gone
+    assert Subtask.objects.get(pk=claimed_turn["subtask_id"]).status == "RUNNING"
+
+    disk_full()  # room again: the worker's retry of the same upload, then its report
+    uploaded = worker_api.put(url, body, content_type="text/plain; charset=utf-8")
+    assert uploaded.status_code == 200, uploaded.json()
+    report = {
+        "worker_id": "w1",
+        "attempt": claimed_turn["attempt"],
+        "status": "COMPLETED",
+        "value_upload": uploaded.json()["value_upload"],
+    }
+    assert worker_api.post(result_path(claimed_turn), report, format="json").status_code == 200
+    [file] = stored_files(artifact_storage_in_tmp)
+    assert file.read_bytes() == body

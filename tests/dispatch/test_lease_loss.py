@@ -29,10 +29,11 @@ def run_reclaim(client) -> None:
 
 
 def claim_calls(client, turn, *, worker_id="w1") -> dict[str, object]:
-    """The turn's heartbeat, progress and result, from the claim `turn` names."""
+    """The turn's heartbeat, progress, result and result value upload, from the claim `turn`
+    names."""
     url = f"/api/executor/subtasks/{turn['subtask_id']}"
     claim = {"worker_id": worker_id, "attempt": turn["attempt"]}
-    return {
+    calls = {
         path: client.post(f"{url}/{path}/", body, format="json")
         for path, body in [
             ("heartbeat", claim),
@@ -40,6 +41,12 @@ def claim_calls(client, turn, *, worker_id="w1") -> dict[str, object]:
             ("result", {**claim, "status": "COMPLETED", "result": {"value": "late"}}),
         ]
     }
+    calls["result/value"] = client.put(
+        f"{url}/result/value/?worker_id={worker_id}&attempt={turn['attempt']}",
+        b"late",
+        content_type="text/plain; charset=utf-8",
+    )
+    return calls
 
 
 def assert_lease_lost(answers: dict[str, object], reason: str) -> None:

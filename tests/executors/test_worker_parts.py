@@ -199,6 +199,9 @@ class _Backend(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         self._answer()
 
+    def do_PUT(self) -> None:  # noqa: N802
+        self._answer()
+
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
@@ -295,6 +298,41 @@ def test_a_report_refused_as_lease_lost_is_sent_once_and_logged_without_content(
         7,
     )
     assert "nobody may log" not in caplog.text
+
+
+def test_a_value_baton_no_longer_holds_is_uploaded_once_more(backend):
+    value = "a long answer ✓\n" * 80_000
+    sha = hashlib.sha256(value.encode()).hexdigest()
+    missing = {"detail": "upload it again", "code": "upload_missing"}
+    backend.script = [
+        (200, {"value_upload": sha}),
+        (409, missing),
+        (200, {"value_upload": sha}),
+        (200, {}),
+    ]
+    client = _client(backend)
+    client.report(subtask_id=7, attempt=2, status="COMPLETED", result={"value": value, "n": 1})
+    assert [(method, path.split("?")[0]) for method, path, _, _ in backend.seen] == [
+        ("PUT", "/api/executor/subtasks/7/result/value/"),
+        ("POST", "/api/executor/subtasks/7/result/"),
+        ("PUT", "/api/executor/subtasks/7/result/value/"),
+        ("POST", "/api/executor/subtasks/7/result/"),
+    ]
+    assert backend.seen[0][1].endswith("?worker_id=w&attempt=2")
+    assert backend.seen[0][3] == backend.seen[2][3] == value.encode()
+    assert json.loads(backend.seen[3][3]) == {
+        "worker_id": "w",
+        "attempt": 2,
+        "status": "COMPLETED",
+        "result": {"value": None, "n": 1},
+        "value_upload": sha,
+    }
+    # Missing twice is an error the worker reports, like any final answer.
+    backend.seen.clear()
+    backend.script = [(200, {"value_upload": sha}), (409, missing)] * 2
+    with pytest.raises(BackendError) as refused:
+        client.report(subtask_id=7, attempt=2, status="COMPLETED", result={"value": value})
+    assert (refused.value.code, len(backend.seen)) == ("upload_missing", 4)
 
 
 def test_an_unreachable_backend_gives_up_after_the_budget():

@@ -17,9 +17,16 @@ from backend.prompting import (
     Role,
     build_prompt,
     parse_prompt,
+    previews,
 )
-from backend.prompting.kinds import ArtifactKind, classify_text
-from backend.prompting.previews import make_kind_preview, skeleton_walk
+from backend.prompting.kinds import ArtifactKind, classify_ends, classify_text
+from backend.prompting.previews import (
+    TextEnds,
+    ends_to_read,
+    make_ends_preview,
+    make_kind_preview,
+    skeleton_walk,
+)
 from backend.prompting.truncate import Elision, ElisionStyle, Preview
 from tests.prompting.strategies import adversarial_text, json_text, long_text
 
@@ -280,3 +287,93 @@ def test_evidence_is_a_word_start_in_any_common_case() -> None:
     preview = make_kind_preview(text, ArtifactKind.COMMAND_OUTPUT, head_chars=60, tail_chars=60)
     assert preview.middle == ("\nERROR: disk full\n", "\nTraceback (most recent call last):\n")
     assert "terror" not in preview.text
+
+
+# --- texts too long to scan: previews from their two ends ----------------------------------
+
+# A line no evidence pattern matches, of any kind.
+FILLER_LINE = "plain filler line\n"
+
+
+@pytest.mark.parametrize(
+    ("length", "head", "tail", "each"),
+    [
+        (8_000_000, 2_000, 2_000, None),
+        (8_000_001, 2_000, 2_000, 4_000_000),
+        (50_000_000, 2_000, 2_000, 4_000_000),
+        (50_000_000, 5_000_000, 0, 5_000_001),
+        (48_000_002, 20_000_000, 4_000_000, None),
+        (48_000_003, 20_000_000, 4_000_000, 24_000_001),
+    ],
+)
+def test_a_text_is_read_at_its_ends_past_the_scan_bound(length, head, tail, each) -> None:
+    assert ends_to_read(length, head_chars=head, tail_chars=tail) == each
+
+
+@given(
+    head=st.one_of(long_text, adversarial_text),
+    tail=st.one_of(long_text, adversarial_text),
+    kind=st.sampled_from(list(ArtifactKind)),
+    head_chars=st.integers(0, 300),
+    tail_chars=st.integers(0, 300),
+)
+def test_a_preview_from_the_ends_is_the_whole_texts_when_only_the_ends_hold_evidence(
+    head: str, tail: str, kind: ArtifactKind, head_chars: int, tail_chars: int
+) -> None:
+    """Head and tail cuts depend on the ends alone, and with no evidence in the middle the
+    evidence lines are the same: reading the ends gives the preview reading all of it gives."""
+    each = max(len(head), len(tail), head_chars + tail_chars) + 2 * len(FILLER_LINE)
+    filler = FILLER_LINE * (2 * each // len(FILLER_LINE) + 1)
+    text = head + "\n" + filler + tail
+    ends = TextEnds.of(text, each)
+    from_ends = make_ends_preview(ends, kind, head_chars=head_chars, tail_chars=tail_chars)
+    assert from_ends == make_kind_preview(text, kind, head_chars=head_chars, tail_chars=tail_chars)
+
+
+@given(
+    text=st.one_of(long_text, adversarial_text),
+    kind=st.sampled_from(list(ArtifactKind)),
+    head=st.integers(0, 100),
+    tail=st.integers(0, 100),
+    each=st.integers(201, 400),
+)
+def test_every_preview_from_the_ends_keeps_verbatim_parts_within_its_budget(
+    text: str, kind: ArtifactKind, head: int, tail: int, each: int
+) -> None:
+    text = (text * (2 * each // max(len(text), 1) + 2)) or "x" * (2 * each + 1)
+    preview = make_ends_preview(TextEnds.of(text, each), kind, head_chars=head, tail_chars=tail)
+    assert preview.total_chars == len(text)
+    assert preview.kept_chars <= head + tail
+    _slices_are_verbatim(text, preview)
+    kept_middle = [
+        (offset, part)
+        for offset, part in preview.slices()
+        if offset < len(text) - each and offset + len(part) > each
+    ]
+    assert kept_middle == []  # nothing between the ends, which were never read
+
+
+def test_evidence_past_the_scan_bound_is_looked_for_at_the_ends_only(monkeypatch) -> None:
+    monkeypatch.setattr(previews, "PREVIEW_SCAN_MAX_CHARS", 2_000)
+    filler = FILLER_LINE * 200
+    log = "$ make\n" + filler + "error: in the middle\n" + filler + "FAILED at the end\nok\n"
+    preview = make_kind_preview(log, ArtifactKind.COMMAND_OUTPUT, head_chars=60, tail_chars=60)
+    assert "FAILED at the end" in preview.text
+    assert "in the middle" not in preview.text
+    ends = TextEnds.of(log, 1_000)
+    assert preview == make_ends_preview(
+        ends, ArtifactKind.COMMAND_OUTPUT, head_chars=60, tail_chars=60
+    )
+
+
+def test_a_json_text_past_the_scan_bound_gets_the_line_preview(monkeypatch) -> None:
+    monkeypatch.setattr(previews, "PREVIEW_SCAN_MAX_CHARS", 2_000)
+    text = json.dumps({"rows": [f"row {n}" for n in range(400)]}, indent=1)
+    preview = make_kind_preview(text, ArtifactKind.JSON, head_chars=30, tail_chars=30)
+    assert preview == make_kind_preview(text, ArtifactKind.TEXT, head_chars=30, tail_chars=30)
+    assert skeleton_walk(text, 60) is not None  # a whole read would have made a skeleton
+
+
+@pytest.mark.parametrize("text", [TEST_RUN * 300, SEARCH * 200, CODE * 200, API_RESPONSE * 30])
+def test_the_ends_classify_a_long_text_as_the_whole_text_does(text: str) -> None:
+    assert classify_ends(text[:9_000], text[-8_500:]) == classify_text(text)
