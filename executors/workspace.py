@@ -2,15 +2,19 @@
 
 Each task gets one directory, `<root>/<task_id>/`, reused across its turns, so an agent finds
 the files it made on the previous turn. Before a run, every artifact of the dispatch manifest is
-written at its workspace path (`.baton/artifacts/<id>.txt`), sha256-checked, so the pointer lines
-in the prompt lead to the whole text. A file already there with the right hash is kept (the same
-artifact is named on every later turn). A manifest path that would leave the workspace —
-absolute, with `..`, or through a symlink — is refused: the turn fails, nothing is written.
+written at its workspace path (`.baton/artifacts/<id>.txt`, the transcript and the history files
+under `.baton/history/`), sha256-checked, so the pointer lines in the prompt lead to the whole
+text. A file already there with the right hash is kept (the same artifact is named on every
+later turn). One artifact at several paths (a spilled turn's text is also its turn file; equal
+turns share one artifact) is fetched once and copied. A manifest path that would leave the
+workspace — absolute, with `..`, or through a symlink — is refused: the turn fails, nothing is
+written.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
@@ -62,12 +66,31 @@ def materialize_artifacts(
         for entry in manifest
     ]
     downloaded = 0
+    # A file checked (or fetched) in this pass for each sha256: a copy source.
+    checked: dict[str, Path] = {}
     for entry, destination in destinations:
         if destination.is_file() and _sha256_of(destination) == entry.sha256:
+            checked.setdefault(entry.sha256, destination)
             continue
-        client.download(url=entry.download_url, destination=destination, sha256=entry.sha256)
-        downloaded += 1
+        source = checked.get(entry.sha256)
+        if source is not None:
+            _copy(source=source, destination=destination)
+        else:
+            client.download(url=entry.download_url, destination=destination, sha256=entry.sha256)
+            downloaded += 1
+        checked[entry.sha256] = destination
     return downloaded
+
+
+def _copy(*, source: Path, destination: Path) -> None:
+    """Copy a checked file beside `destination` and rename it into place, so a partial copy
+    is never seen there (as a download is)."""
+    partial = destination.with_name(f".{destination.name}.partial")
+    try:
+        shutil.copyfile(source, partial)
+        partial.replace(destination)
+    finally:
+        partial.unlink(missing_ok=True)
 
 
 def _sha256_of(path: Path) -> str:
