@@ -31,8 +31,15 @@ def task_workspace(*, root: Path, task_id: int) -> Path:
     return workspace
 
 
-def artifact_destination(*, workspace: Path, relative_path: str) -> Path:
-    """Where a manifest path lands, or ArtifactRefused if it would leave the workspace."""
+def artifact_destination(
+    *, workspace: Path, relative_path: str, checked_directories: set[Path] | None = None
+) -> Path:
+    """Where a manifest path lands, or ArtifactRefused if it would leave the workspace.
+
+    `checked_directories` holds the directories one pass has already checked and made (it
+    adds this one): a manifest of thousands of turn files shares a few directories, and
+    nothing else writes the workspace while the worker prepares it.
+    """
     posix = PurePosixPath(relative_path)
     if (
         not relative_path
@@ -45,12 +52,19 @@ def artifact_destination(*, workspace: Path, relative_path: str) -> Path:
     destination = workspace.joinpath(*posix.parts)
     # A symlink planted in the workspace (by an earlier run) must not redirect the write.
     # Checked before the directories are made (mkdir would follow the link) and again after.
-    root = workspace.resolve()
     parent = destination.parent
-    for _ in range(2):
-        if not parent.resolve().is_relative_to(root) or destination.is_symlink():
-            raise ArtifactRefused(f"artifact path {relative_path!r} leads outside the workspace")
-        parent.mkdir(parents=True, exist_ok=True)
+    if checked_directories is None or parent not in checked_directories:
+        root = workspace.resolve()
+        for _ in range(2):
+            if not parent.resolve().is_relative_to(root):
+                raise ArtifactRefused(
+                    f"artifact path {relative_path!r} leads outside the workspace"
+                )
+            parent.mkdir(parents=True, exist_ok=True)
+        if checked_directories is not None:
+            checked_directories.add(parent)
+    if destination.is_symlink():
+        raise ArtifactRefused(f"artifact path {relative_path!r} leads outside the workspace")
     return destination
 
 
@@ -61,8 +75,14 @@ def materialize_artifacts(
 
     All paths are checked before anything is downloaded, so a bad manifest writes nothing.
     """
+    directories: set[Path] = set()
     destinations = [
-        (entry, artifact_destination(workspace=workspace, relative_path=entry.path))
+        (
+            entry,
+            artifact_destination(
+                workspace=workspace, relative_path=entry.path, checked_directories=directories
+            ),
+        )
         for entry in manifest
     ]
     downloaded = 0
