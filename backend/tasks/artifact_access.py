@@ -3,8 +3,8 @@
 A caller may read an artifact when they may see (`selectors.visible_tasks`) the task that first
 produced it or a task with a turn that references it; an executor worker, while it holds a
 claim on a task's turn, reads the artifacts that task's turns reference (a spilled or cut text,
-a turn file) and the task's transcript and turn index; staff read them all. Nothing else: a
-worker never reads another task's files, even one it held a claim on before.
+a turn file) and the task's transcript and turn index, and no longer once the claim ends;
+staff read them all.
 
 The rule lives with the turns because only they know who refers to what; the artifacts package
 stores content and knows nothing of tasks (dependencies point from tasks to artifacts).
