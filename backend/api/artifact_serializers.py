@@ -12,7 +12,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from backend.api.links import artifact_download_url
+from backend.api.links import artifact_download_urls
 from backend.api.serializers import StrictQuery
 from backend.artifacts.models import ARTIFACT_KIND_CHOICES, Artifact
 from backend.artifacts.selectors import LineRange
@@ -33,7 +33,12 @@ class ArtifactManifestEntryOutput(serializers.Serializer[Artifact]):
     download_url = serializers.SerializerMethodField(help_text="GET it for the whole text.")
 
     def get_download_url(self, artifact: Artifact) -> str:
-        return artifact_download_url(request=self.context["request"], artifact_id=artifact.id)
+        # One serializer lists a whole manifest: resolve the URL once for all of its entries.
+        urls = self.context.get("artifact_download_urls")
+        if urls is None:
+            urls = artifact_download_urls(request=self.context["request"])
+            self.context["artifact_download_urls"] = urls
+        return urls(artifact.id)
 
 
 class ArtifactOutput(ArtifactManifestEntryOutput):

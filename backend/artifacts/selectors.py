@@ -30,6 +30,33 @@ logger = logging.getLogger(__name__)
 MANIFEST_FIELDS = ("id", "sha256", "kind", "size_bytes", "size_chars", "size_lines")
 
 
+@dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    """One file a dispatch payload lists: an artifact (its `MANIFEST_FIELDS`) at the workspace
+    path where the prompt, or the history files, say it is. Plain data, so a payload can list
+    many files without a model instance each."""
+
+    id: str
+    sha256: str
+    kind: str
+    size_bytes: int
+    size_chars: int
+    size_lines: int
+    workspace_path: str
+
+    @classmethod
+    def of(cls, artifact: Artifact, *, workspace_path: str) -> ManifestEntry:
+        return cls(
+            id=artifact.id,
+            sha256=artifact.sha256,
+            kind=artifact.kind,
+            size_bytes=artifact.size_bytes,
+            size_chars=artifact.size_chars,
+            size_lines=artifact.size_lines,
+            workspace_path=workspace_path,
+        )
+
+
 class LinesNotSatisfiable(NotSatisfiable):
     """A `?lines=` slice starts after the artifact's last line (the API answers 416)."""
 

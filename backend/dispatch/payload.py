@@ -21,8 +21,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from backend.artifacts.models import Artifact
-from backend.artifacts.selectors import manifest_artifacts
+from backend.artifacts.selectors import ManifestEntry, manifest_artifacts
 from backend.dispatch.leases import attempts_used, requeue
 from backend.dispatch.models import PromptReport
 from backend.dispatch.overflow import fail_unbuildable, overflow_columns
@@ -51,45 +50,14 @@ from backend.tasks.whole_texts import store_whole_texts
 
 
 @dataclass(frozen=True)
-class ManifestEntry:
-    """One file the worker writes in the task's workspace: an artifact at the path a pointer
-    line names (`.baton/artifacts/<id>.txt`, or the transcript's `.baton/history/...`)."""
-
-    artifact: Artifact
-    workspace_path: str
-
-    @property
-    def id(self) -> str:
-        return self.artifact.id
-
-    @property
-    def sha256(self) -> str:
-        return self.artifact.sha256
-
-    @property
-    def kind(self) -> str:
-        return self.artifact.kind
-
-    @property
-    def size_bytes(self) -> int:
-        return self.artifact.size_bytes
-
-    @property
-    def size_chars(self) -> int:
-        return self.artifact.size_chars
-
-    @property
-    def size_lines(self) -> int:
-        return self.artifact.size_lines
-
-
-@dataclass(frozen=True)
 class ClaimedTurn:
     subtask: Subtask
     task: Task
     bot: Bot
     prompt: TurnPrompt
     report: PromptReport
+    # Every file the prompts' pointer lines name (`.baton/artifacts/<id>.txt`, the transcript
+    # at `.baton/history/...`) and, with a transcript, the history files it is split into.
     manifest: list[ManifestEntry]
     # Offered when the claiming worker can resume the bot's native session (see sessions.py).
     session: NativeSession | None
@@ -173,7 +141,7 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
             continue
         built.append((subtask, prompt, resume, reason))
     try:
-        built = _with_transcripts(built)
+        built, history_files = _with_transcripts(built)
     except Exception as error:  # noqa: BLE001 - any failure must release the claims
         for subtask, *_ in built:
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)
@@ -227,8 +195,11 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
                     resume_reason=reason,
                 ),
                 manifest=[
-                    ManifestEntry(manifest_entries[artifact_id], path)
-                    for artifact_id, path in _files_of(prompt, resume)
+                    *(
+                        ManifestEntry.of(manifest_entries[artifact_id], workspace_path=path)
+                        for artifact_id, path in _files_of(prompt, resume)
+                    ),
+                    *(history_files.get(subtask.task_id, []) if prompt.transcript else []),
                 ],
                 session=sessions.get(subtask.pk) if resume is not None else None,
                 resume=resume,
@@ -263,16 +234,19 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
 
 def _with_transcripts(
     built: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]],
-) -> list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]]:
-    """The batch with each prompt that left history out pointing to its task's transcript,
-    stored: one query to read the transcripts' turns and three to store them, for the batch."""
+) -> tuple[
+    list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]], dict[int, list[ManifestEntry]]
+]:
+    """The batch with each prompt that left history out pointing to its task's transcript, and
+    each such task's history files (turn index and turn files), stored: one query to read the
+    transcripts' turns and four to store them, for the batch (see `store_transcripts`)."""
     requests = [
         request
         for subtask, prompt, _, _ in built
         if (request := needs_transcript(prompt, task=subtask.task)) is not None
     ]
     transcripts = transcripts_for(requests)
-    store_transcripts(transcripts)
+    history_files = store_transcripts(transcripts)
     return [
         (
             subtask,
@@ -283,7 +257,7 @@ def _with_transcripts(
             reason,
         )
         for subtask, prompt, resume, reason in built
-    ]
+    ], history_files
 
 
 def _files_of(prompt: TurnPrompt, resume: TurnPrompt | None) -> list[tuple[str, str]]:

@@ -21,6 +21,7 @@ each:
 * ``parse`` — :func:`parse_prompt`: text → document, the inverse of rendering.
 * ``report`` — :class:`BuildReport`, counts and flags only, never prompt text.
 * ``transcript`` — the whole conversation in the prompt's format, where the omission notice points.
+* ``turn_files`` — each earlier turn's whole text as a file of its own, and their index.
 """
 
 from backend.prompting.build import BUILDER_VERSION, PromptBudgetError, PromptBuild, build_prompt
@@ -66,6 +67,7 @@ from backend.prompting.truncate import (
     truncate_middle_with_count,
     truncation_marker,
 )
+from backend.prompting.turn_files import history_files_note, render_turn_index, turn_file_path
 from backend.prompting.units import (
     APPROX_BYTES_PER_TOKEN,
     DEFAULT_TOKEN_ENCODING,
@@ -109,6 +111,7 @@ __all__ = [
     "build_prompt",
     "count_tokens",
     "escape_content",
+    "history_files_note",
     "load_encoding",
     "make_preview",
     "measure",
@@ -117,9 +120,11 @@ __all__ = [
     "pointer_line",
     "render_document",
     "render_preview",
+    "render_turn_index",
     "role_label",
     "truncate_middle",
     "truncate_middle_with_count",
     "truncation_marker",
+    "turn_file_path",
     "unescape_content",
 ]

@@ -32,7 +32,8 @@ class Section(StrEnum):
 @dataclass(frozen=True, slots=True)
 class OmissionNotice:
     """How many older history messages were dropped, by role, and where the whole
-    conversation is (a transcript file in the executor's workspace), when there is one."""
+    conversation is (a transcript file in the executor's workspace, and one file per turn),
+    when there is one."""
 
     omitted: int
     user: int

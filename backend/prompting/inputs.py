@@ -213,7 +213,8 @@ class PromptInput(_Frozen):
     """The encoding the cached ``token_count``s were computed with."""
     transcript: ArtifactPointer | None = None
     """Where the whole conversation before the current message is (a transcript rendered by
-    ``backend.prompting.transcript``): the omission notice points there."""
+    ``backend.prompting.transcript``, also split into one file per turn by ``turn_files``):
+    the omission notice points there."""
 
     _user_messages: int = PrivateAttr(default=0)
     _assistant_messages: int = PrivateAttr(default=0)

@@ -59,6 +59,10 @@ with counts written with thousands separators (``1,234,567``). Omission notice (
 plural-invariant so it stays one line of stable shape)::
 
     [omitted earlier messages: <total> (<user> user, <assistant> assistant)]
+
+When the whole conversation is in the workspace, two more lines follow it: the pointer line of
+the transcript, and the note naming the per-turn history files
+(:func:`~backend.prompting.turn_files.history_files_note`).
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ from collections.abc import Iterator
 
 from backend.prompting.document import OmissionNotice, PromptDocument, RenderedMessage, Section
 from backend.prompting.inputs import ArtifactPointer, Role
+from backend.prompting.turn_files import history_files_note
 
 PIECE_END = "\n\n"
 PROMPT_END = "\n"
@@ -389,24 +394,27 @@ def message_suffix(artifact: ArtifactPointer | None, *, last: bool = False) -> s
 
 
 def omission_notice(notice: OmissionNotice) -> str:
-    """The notice line and, when the whole conversation is in a transcript, its pointer line."""
+    """The notice line and, when the whole conversation is in a transcript, its pointer line
+    and the note naming the history files (the transcript split into one file per turn)."""
     line = (
         f"[omitted earlier messages: {notice.omitted} "
         f"({notice.user} user, {notice.assistant} assistant)]"
     )
     if notice.transcript is None:
         return line
-    return f"{line}\n{pointer_line(notice.transcript)}"
+    return f"{line}\n{pointer_line(notice.transcript)}\n{history_files_note()}"
 
 
 def parse_omission_notice(text: str) -> OmissionNotice | None:
-    """The notice of :func:`omission_notice`'s text (its line and the transcript's pointer)."""
-    line, _, pointer = text.partition("\n")
+    """The notice of :func:`omission_notice`'s text (its line, the transcript's pointer and
+    the history files' note)."""
+    line, _, rest = text.partition("\n")
     match = _NOTICE.fullmatch(line)
     if match is None:
         return None
-    transcript = parse_pointer_line(pointer) if pointer else None
-    if pointer and transcript is None:
+    pointer, _, note = rest.partition("\n")
+    transcript = parse_pointer_line(pointer) if rest else None
+    if rest and (transcript is None or note != history_files_note()):
         return None
     return OmissionNotice(
         omitted=int(match["omitted"]),

@@ -2,8 +2,9 @@
 
 A caller may read an artifact when they may see (`selectors.visible_tasks`) the task that first
 produced it or a task with a turn that references it; an executor worker, while it holds a
-claim on a task's turn, reads the artifacts that task's turns reference and the task's
-transcript; staff read them all.
+claim on a task's turn, reads the artifacts that task's turns reference (a spilled or cut text,
+a turn file) and the task's transcript and turn index, and no longer once the claim ends;
+staff read them all.
 
 The rule lives with the turns because only they know who refers to what; the artifacts package
 stores content and knows nothing of tasks (dependencies point from tasks to artifacts).
@@ -38,10 +39,11 @@ def visible_artifact(*, user: User, artifact_id: str) -> Artifact:
         referenced = Subtask.objects.filter(artifact_id=OuterRef("pk")).filter(
             Q(task__in=tasks) | Q(task__in=claimed)
         )
-        transcript_of = Task.objects.filter(transcript_id=OuterRef("pk")).filter(
-            Q(pk__in=tasks) | Q(pk__in=claimed)
-        )
-        artifacts = artifacts.filter(Q(task__in=tasks) | Exists(referenced) | Exists(transcript_of))
+        # A task's current transcript and turn index are the task's own files.
+        history_of = Task.objects.filter(
+            Q(transcript_id=OuterRef("pk")) | Q(turn_index_id=OuterRef("pk"))
+        ).filter(Q(pk__in=tasks) | Q(pk__in=claimed))
+        artifacts = artifacts.filter(Q(task__in=tasks) | Exists(referenced) | Exists(history_of))
     artifact = artifacts.first()
     if artifact is None:
         raise NotFound(f"Artifact {artifact_id} does not exist.")

@@ -1,10 +1,12 @@
-"""Which artifacts are garbage: the ones no turn (and no task, as its transcript) references.
+"""Which artifacts are garbage: the ones no turn (and no task, as its transcript or turn index)
+references.
 
 An artifact stays while any turn references it: prompts point at it and executors download it, so
 removing it would break "nothing is lost" (docs/architecture.md, principle 2). Once every
 referencing turn is gone (its task deleted), the artifact is garbage, and `prune_artifacts` removes
 the row and the stored file after it has been neither created nor read for the retention period.
-A task references only its latest transcript: earlier ones go the same way.
+A task references only its latest transcript and turn index: earlier ones go the same way. A
+turn file is its turn's artifact, so it stays while its turn does.
 
 Only the turns know what references an artifact, so the selection lives here; removing rows
 and files safely is storage work (`backend.artifacts.retention.remove_artifacts`).
@@ -27,6 +29,7 @@ def prunable_artifacts(*, older_than: timedelta) -> QuerySet[Artifact]:
         stale_artifacts(older_than=older_than)
         .filter(~Exists(Subtask.objects.filter(artifact_id=OuterRef("pk"))))
         .filter(~Exists(Task.objects.filter(transcript_id=OuterRef("pk"))))
+        .filter(~Exists(Task.objects.filter(turn_index_id=OuterRef("pk"))))
         .order_by("created_at", "id")
     )
 

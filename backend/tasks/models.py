@@ -173,6 +173,15 @@ class Task(models.Model):
         blank=True,
         related_name="transcript_of",
     )
+    # The index of the turn files (one file per earlier turn) that came with that transcript
+    # (backend.prompting.turn_files): readable, and kept, like the transcript.
+    turn_index = models.ForeignKey(
+        "artifacts.Artifact",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="turn_index_of",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     # Not a column: the turns a task API response shows with the task, attached by the view

@@ -17,6 +17,7 @@ from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import CAP_HELP, HistoryPolicy, PromptReport
 from backend.dispatch.policies import POLICY_FIELDS, resolve_policy, row_values
 from backend.dispatch.prompts import build_turn_prompt, next_turn_to_dispatch
+from backend.prompting import history_files_note
 from backend.tasks.factories import answered_task, conversation
 from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
@@ -395,7 +396,10 @@ def test_preview_of_unsaved_values_marks_omitted_and_truncated_turns(admin_clien
     assert prompt.startswith(
         "## Conversation History\n\n[omitted earlier messages: 3 (1 user, 2 assistant)]\n[artifact "
     )
-    assert f"full text: .baton/history/task-{task.pk}.md]\n\nUser:\nFirst?" in prompt
+    assert (
+        f"full text: .baton/history/task-{task.pk}.md]\n{history_files_note()}\n\nUser:\nFirst?"
+        in prompt
+    )
     assert prompt.count("User:\n") == 3  # pinned first, newest history, current
     assert "chars truncated…" not in prompt  # the long answer was dropped, not cut
     assert 'class="turn mark-included" data-message-id="1"' in page

@@ -1,7 +1,8 @@
 """What a claim costs in queries: fixed, whatever the policy and however long the histories.
 
 A claim whose prompts leave history out costs a fixed number more, for the whole batch: reading
-the turns of the transcripts their omission notices point to, and storing the transcripts.
+the turns of the transcripts their omission notices point to, and storing the transcripts, the
+turn indexes and the turn files (one per earlier turn) not stored yet.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ POLICIES = {
 # ids, window rows), native sessions and the reports' insert.
 FIXED_QUERIES = 12
 # When a prompt leaves history out: the transcripts' turns; in their own transaction (here a
-# savepoint and its release) inserting the new transcript artifacts, locking them all and
-# pointing the tasks to them; and reading the manifest (which a batch without pointer lines
-# skips).
-TRANSCRIPT_QUERIES = 7
+# savepoint and its release) inserting the new artifacts (transcripts, turn indexes, the turn
+# files of turns without an artifact), locking them all, pointing the tasks to their transcript
+# and index and linking the new turn files to their turns; and reading the manifest (which a
+# batch without pointer lines skips). Every claim here has new turn files: the rounds they
+# answer were recorded since the last claim.
+TRANSCRIPT_QUERIES = 8
 
 
 def claim_queries(claimed: int) -> int:

@@ -4,7 +4,8 @@ Three shapes a product sends every day — a 1 MiB message, a two-step pipeline 
 answers with 70,000 characters, a 60-turn conversation — are dispatched, and each prompt is
 checked as the executor would use it: every cut section ends with a pointer line, the pointer's
 file is in the manifest at that path, and reading it back gives exactly the original text (for
-the transcript, every earlier turn).
+the transcript, every earlier turn; for the history files the notice names, each earlier turn's
+whole text in a file of its own, listed in the index).
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import re
 import pytest
 
 from backend.prompting import Section, parse_prompt
+from backend.prompting.turn_files import TURN_INDEX_PATH
 from tests.dispatch.test_dispatch_api import PIPELINE, SINGLE, create, dispatch, report
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
 MARKER = re.compile(r"…\d+ chars truncated…")
+TURN_FILE = re.compile(r"\.baton/history/turns/\d+\.md")
 
 
 def read(client, url: str) -> str:
@@ -41,6 +44,11 @@ def check_every_cut_leads_back(worker_api, turn: dict, originals: set[str]) -> i
             shown = {message.content for message in transcript.sections[0].messages}
             assert len(transcript.sections[0].messages) >= section.notice.omitted
             assert shown <= originals | {c for c in shown if MARKER.search(c)}
+            check_history_files(worker_api, manifest, turns=len(transcript.sections[0].messages))
+            assert all(
+                read(worker_api, entry["download_url"]) in originals
+                for entry in turn_files(manifest)
+            )
         for message in section.messages:
             if not MARKER.search(message.content):
                 continue
@@ -51,6 +59,18 @@ def check_every_cut_leads_back(worker_api, turn: dict, originals: set[str]) -> i
             assert entry["size_chars"] == pointer.total_chars
             assert read(worker_api, entry["download_url"]) in originals
     return cuts
+
+
+def turn_files(manifest: dict) -> list[dict]:
+    return [entry for (_, path), entry in manifest.items() if TURN_FILE.fullmatch(path)]
+
+
+def check_history_files(worker_api, manifest: dict, *, turns: int) -> None:
+    """The index lists one file per earlier turn, each in the manifest at its path."""
+    [index] = [entry for (_, path), entry in manifest.items() if path == TURN_INDEX_PATH]
+    _, *rows = read(worker_api, index["download_url"]).splitlines()
+    paths = [row.split("\t")[6] for row in rows]
+    assert len(rows) == turns and paths == [entry["path"] for entry in turn_files(manifest)]
 
 
 def test_a_one_mib_message(api, worker_api):

@@ -365,6 +365,22 @@ def test_downloads_are_checked_before_they_appear(backend, tmp_path):
         materialize_artifacts(client=client, workspace=workspace, manifest=[elsewhere])
 
 
+def test_one_artifact_at_several_paths_is_downloaded_once(backend, tmp_path):
+    content = b"a spilled answer, also the turn's file\n" * 100
+    client = _client(backend)
+    workspace = task_workspace(root=tmp_path, task_id=7)
+    paths = [".baton/artifacts/x.txt", ".baton/history/turns/4.md", ".baton/history/turns/6.md"]
+    entries = [_entry(content, path) for path in paths]
+    backend.script = [(200, content)]
+    assert materialize_artifacts(client=client, workspace=workspace, manifest=entries) == 1
+    assert all((workspace / path).read_bytes() == content for path in paths)
+    assert len(backend.seen) == 1
+    # A copy that went missing is made again from the one already there, not downloaded.
+    (workspace / paths[2]).unlink()
+    assert materialize_artifacts(client=client, workspace=workspace, manifest=entries) == 0
+    assert (workspace / paths[2]).read_bytes() == content and len(backend.seen) == 1
+
+
 def test_workspaces_are_per_task_and_reused(tmp_path):
     first = task_workspace(root=tmp_path, task_id=3)
     (first / "notes.txt").write_text("kept")

@@ -99,7 +99,10 @@ def test_pointer_line_exact_output(artifact: ArtifactPointer, expected: str) -> 
             ),
             "[omitted earlier messages: 3 (1 user, 2 assistant)]\n"
             "[artifact 5e1f00d4c0ffee00 · transcript · 1,234 chars, 40 lines · "
-            "full text: .baton/history/task-7.md]",
+            "full text: .baton/history/task-7.md]\n"
+            "[note: each earlier turn's whole text is also in "
+            ".baton/history/turns/<message_id>.md; .baton/history/turns/index.tsv lists them "
+            "(id, role, name, status, size, first line)]",
         ),
     ],
 )

@@ -17,6 +17,7 @@ from backend.prompting import (
 from backend.prompting.addressing import content_sha256
 from backend.prompting.render import ESCAPE_NOTE
 from backend.prompting.transcript import render_transcript, transcript_pointer
+from backend.prompting.turn_files import history_files_note
 
 SPILLED = make_preview("$ make\n" + "ok\n" * 100 + "done\n", head_chars=7, tail_chars=5)
 ARTIFACT = ArtifactPointer(
@@ -75,7 +76,8 @@ def test_the_omission_notice_points_to_the_transcript() -> None:
         "## Conversation History\n\n"
         "[omitted earlier messages: 3 (1 user, 2 assistant)]\n"
         f"[artifact {pointer.artifact_id} · transcript · {len(text):,} chars, "
-        f"{pointer.total_lines} lines · full text: .baton/history/task-7.md]\n\n"
+        f"{pointer.total_lines} lines · full text: .baton/history/task-7.md]\n"
+        f"{history_files_note()}\n\n"
         "User:\nBuild it.\n\n"
     )
     assert build.report.artifacts[0] == pointer.artifact_id
