@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("artifacts", "0002_task_transcript"),
-        ("tasks", "0012_subtask_preview_layout"),
+        ("tasks", "0014_overflow_token_cap"),
     ]
 
     operations = [
