@@ -23,6 +23,7 @@ from django.db import transaction
 
 from backend.artifacts.models import Artifact
 from backend.artifacts.selectors import manifest_artifacts
+from backend.dispatch.budgets import budget_columns, model_windows_for
 from backend.dispatch.leases import attempts_used, requeue
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import policy_rows, resolve_from_rows
@@ -111,6 +112,7 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
         .order_by("pending_since", "id")
     )
     bots = bots_for_turns(subtasks)
+    windows = model_windows_for(bots.values())
     rows = policy_rows(task_types={subtask.task.task_type for subtask in subtasks})
     resolved = {
         subtask.pk: resolve_from_rows(task_type=subtask.task.task_type, rows=rows)
@@ -136,6 +138,7 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
             )
             continue
         policy = resolved[subtask.pk]
+        window = windows.get(bots[subtask.pk].pk)
         try:
             full_input = inputs.get(subtask.pk) or prompt_input_for(
                 subtask=subtask, task=subtask.task, policy=policy.policy
@@ -146,6 +149,7 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
                 resolved=policy,
                 prompt_input=full_input,
                 find_transcript=False,  # added for the whole batch below
+                window=window,
             )
             session = sessions.get(subtask.pk)
             reason = resume_reason(
@@ -166,6 +170,7 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
                     prompt_input=resume_input(
                         full_input, seen_through=session.seen_through_message_id
                     ),
+                    window=window,
                 )
         except Exception as error:  # noqa: BLE001 - any failure must release the claim
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)
@@ -360,6 +365,7 @@ def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
         "previous_result_tokens": report.previous_result_tokens,
         "note_tokens": report.note_tokens,
         "token_encoding": report.token_encoding,
+        **budget_columns(prompt.budget, counted_tokens=report.tokens),
         "artifacts": list(report.artifacts),
         "first_user_message_pinned": report.first_user_message_pinned,
         "build_ms": round(prompt.build_ms, 3),

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.conf import settings
 
+from backend.dispatch.budgets import ModelWindow, model_windows_for
 from backend.dispatch.models import HistoryPolicy
 from backend.dispatch.policies import (
     POLICY_FIELDS,
@@ -30,7 +31,7 @@ from backend.errors import InvalidInput, NotFound
 from backend.prompting.build import PromptBudgetError
 from backend.prompting.report import BuildReport
 from backend.tasks.history import HISTORY_STATUSES, HistoryUnavailable, prompt_input_for
-from backend.tasks.models import ROLE_CHOICES, NativeSession, Subtask, Task
+from backend.tasks.models import ROLE_CHOICES, Bot, NativeSession, Subtask, Task
 from backend.tasks.selectors import bots_for_turns
 
 # The history list under the prompt names turns by id and role only, but a task can have
@@ -233,13 +234,24 @@ def preview_prompt(
     elif subtask.task_id != task.pk:
         raise InvalidInput(f"Turn {subtask.pk} is not a turn of task {task.pk}.", field="subtask")
     resolved, values, label = _resolve(task=task, values_or_row=values_or_row)
+    bot = bots_for_turns([subtask]).get(subtask.pk)
+    window = model_windows_for([bot]).get(bot.pk) if bot is not None else None
     try:
         full_input = prompt_input_for(subtask=subtask, task=task, policy=resolved.policy)
         turn_prompt = build_turn_prompt(
-            subtask=subtask, task=task, resolved=resolved, prompt_input=full_input
+            subtask=subtask,
+            task=task,
+            resolved=resolved,
+            prompt_input=full_input,
+            window=window,
         )
         session, reason, resume_prompt = _resume_preview(
-            subtask=subtask, task=task, resolved=resolved, full_input=full_input
+            subtask=subtask,
+            task=task,
+            resolved=resolved,
+            full_input=full_input,
+            bot=bot,
+            window=window,
         )
     except HistoryUnavailable as error:
         raise InvalidInput(str(error), field="subtask") from None
@@ -256,7 +268,7 @@ def preview_prompt(
         unsaved=resolved.source == UNSAVED_SOURCE,
         values=values,
         kill_switch=not settings.EXECUTOR_HISTORY_ENABLED,
-        budget=_budget(report, resolved.policy.max_tokens),
+        budget=_budget(report, turn_prompt.resolved.policy.max_tokens),
         history_turns=history_turns,
         history_turns_not_listed=not_listed,
         session=session,
@@ -266,12 +278,17 @@ def preview_prompt(
 
 
 def _resume_preview(
-    *, subtask: Subtask, task: Task, resolved: ResolvedPolicy, full_input: Any
+    *,
+    subtask: Subtask,
+    task: Task,
+    resolved: ResolvedPolicy,
+    full_input: Any,
+    bot: Bot | None,
+    window: ModelWindow | None,
 ) -> tuple[NativeSession | None, str, TurnPrompt | None]:
     """The bot's session, and the resume prompt its own worker would get (as dispatch builds
     it), or why it would get none."""
     session = native_sessions_for([subtask]).get(subtask.pk)
-    bot = bots_for_turns([subtask]).get(subtask.pk)
     if session is None or bot is None:
         return session, "no_session", None
     reason = resume_reason(
@@ -289,5 +306,6 @@ def _resume_preview(
         task=task,
         resolved=resolved,
         prompt_input=resume_input(full_input, seen_through=session.seen_through_message_id),
+        window=window,
     )
     return session, reason, resume

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+from backend.dispatch.budgets import ModelWindow, TokenBudget, effective_max_tokens
 from backend.dispatch.policies import ResolvedPolicy
 from backend.prompting import Role
 from backend.prompting.build import PromptBuild, build_prompt
@@ -18,6 +19,9 @@ from backend.tasks.transcripts import Transcript, TranscriptRequest, transcripts
 class TurnPrompt:
     build: PromptBuild
     resolved: ResolvedPolicy
+    """The policy as resolved, with the budget's `max_tokens` and `token_encoding` in it: what
+    the builder received."""
+    budget: TokenBudget
     context_passing: str
     build_ms: float
     input: PromptInput
@@ -32,14 +36,18 @@ def build_turn_prompt(
     resolved: ResolvedPolicy,
     prompt_input: PromptInput | None = None,
     find_transcript: bool = True,
+    window: ModelWindow | None = None,
 ) -> TurnPrompt:
-    """The prompt the executor receives for `subtask` under `resolved` policy.
+    """The prompt the executor receives for `subtask` under `resolved` policy, for a bot whose
+    model is `window` (None: not known; see `budgets.effective_max_tokens`).
 
     The pipeline step's own context-passing mode wins over the policy's default. Batch callers
     pass the `prompt_input` they loaded with `prompt_inputs_for`, and `find_transcript=False`
     to add the transcripts of a whole batch at once (`needs_transcript`, `with_transcript`).
     """
     started = time.perf_counter()
+    budget = effective_max_tokens(policy=resolved.policy, window=window)
+    resolved = replace(resolved, policy=budget.policy)
     mode = subtask.context_passing or resolved.policy.context_passing
     if prompt_input is None:
         prompt_input = prompt_input_for(subtask=subtask, task=task, policy=resolved.policy)
@@ -47,6 +55,7 @@ def build_turn_prompt(
     turn_prompt = TurnPrompt(
         build=build,
         resolved=resolved,
+        budget=budget,
         context_passing=str(mode),
         build_ms=(time.perf_counter() - started) * 1000,
         input=prompt_input,

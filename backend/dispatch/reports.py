@@ -25,6 +25,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from backend.artifacts.services import atomic_storing_artifacts
+from backend.dispatch.budgets import learn_from_usage
 from backend.dispatch.leases import (
     LEASE_EXPIRED,
     LEASE_LOST,
@@ -335,6 +336,8 @@ def _apply_report(
             resumed=session_resumed,
             usage=usage,
         )
+        if subtask.status == SubtaskStatus.COMPLETED and not session_resumed:
+            learn_from_usage(subtask=subtask, usage=usage)
     subtask.refresh_from_db()
 
 

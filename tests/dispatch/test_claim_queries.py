@@ -33,9 +33,9 @@ POLICIES = {
     "max_messages_2": {"max_messages": 2},
 }
 # Everything but taking the turns: reclaim, the savepoint around the claim and its release,
-# the task status update, the claimed turns, bots, policy rows, the history (anchors, window
-# ids, window rows), native sessions and the reports' insert.
-FIXED_QUERIES = 12
+# the task status update, the claimed turns, bots, their models' rows in the model table, policy
+# rows, the history (anchors, window ids, window rows), native sessions and the reports' insert.
+FIXED_QUERIES = 13
 # When a prompt leaves history out: the transcripts' turns; in their own transaction (here a
 # savepoint and its release) inserting the new transcript artifacts, locking them all and
 # pointing the tasks to them; and reading the manifest (which a batch without pointer lines
