@@ -66,6 +66,13 @@ class ModelWindow:
     overhead_tokens: int
     overhead_learned: bool
 
+    @property
+    def input_window(self) -> int:
+        """The most input the model takes: its input cap, else its whole window."""
+        if self.max_input_tokens is not None:
+            return min(self.max_input_tokens, self.context_window)
+        return self.context_window
+
 
 @dataclass(frozen=True, slots=True)
 class TokenBudget:

@@ -155,7 +155,7 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
             reason = resume_reason(
                 subtask=subtask,
                 session=session,
-                bot=bots[subtask.pk],
+                input_window=window.input_window if window is not None else None,
                 policy=policy.policy,
                 worker_id=worker_id,
                 full_input=full_input,

@@ -294,7 +294,7 @@ def _resume_preview(
     reason = resume_reason(
         subtask=subtask,
         session=session,
-        bot=bot,
+        input_window=window.input_window if window is not None else None,
         policy=resolved.policy,
         worker_id=session.worker_id,
         full_input=full_input,
