@@ -23,7 +23,7 @@ from django.db import transaction
 
 from backend.artifacts.models import Artifact
 from backend.artifacts.selectors import manifest_artifacts
-from backend.dispatch.budgets import budget_columns, model_windows_for
+from backend.dispatch.budgets import budget_columns, effective_max_tokens, model_windows_for
 from backend.dispatch.leases import attempts_used, requeue
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import policy_rows, resolve_from_rows
@@ -118,9 +118,16 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
         subtask.pk: resolve_from_rows(task_type=subtask.task.task_type, rows=rows)
         for subtask in subtasks
     }
+    budgets = {
+        subtask.pk: effective_max_tokens(
+            policy=resolved[subtask.pk].policy,
+            window=windows.get(bots[subtask.pk].pk) if subtask.pk in bots else None,
+        )
+        for subtask in subtasks
+    }
     try:
         inputs = prompt_inputs_for(
-            requests=[(subtask, subtask.task, resolved[subtask.pk].policy) for subtask in subtasks]
+            requests=[(subtask, subtask.task, budgets[subtask.pk].policy) for subtask in subtasks]
         )
     except Exception:  # noqa: BLE001 - fall back to one turn at a time to isolate the failure
         inputs = {}
@@ -138,10 +145,10 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
             )
             continue
         policy = resolved[subtask.pk]
-        window = windows.get(bots[subtask.pk].pk)
+        budget = budgets[subtask.pk]
         try:
             full_input = inputs.get(subtask.pk) or prompt_input_for(
-                subtask=subtask, task=subtask.task, policy=policy.policy
+                subtask=subtask, task=subtask.task, policy=budget.policy
             )
             prompt = build_turn_prompt(
                 subtask=subtask,
@@ -149,13 +156,13 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
                 resolved=policy,
                 prompt_input=full_input,
                 find_transcript=False,  # added for the whole batch below
-                window=window,
+                budget=budget,
             )
             session = sessions.get(subtask.pk)
             reason = resume_reason(
                 subtask=subtask,
                 session=session,
-                input_window=window.input_window if window is not None else None,
+                input_window=budget.window.input_window if budget.window is not None else None,
                 policy=policy.policy,
                 worker_id=worker_id,
                 full_input=full_input,
@@ -170,7 +177,7 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
                     prompt_input=resume_input(
                         full_input, seen_through=session.seen_through_message_id
                     ),
-                    window=window,
+                    budget=budget,
                 )
         except Exception as error:  # noqa: BLE001 - any failure must release the claim
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)

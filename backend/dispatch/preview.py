@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 
-from backend.dispatch.budgets import ModelWindow, model_windows_for
+from backend.dispatch.budgets import TokenBudget, effective_max_tokens, turn_window
 from backend.dispatch.models import HistoryPolicy
 from backend.dispatch.policies import (
     POLICY_FIELDS,
@@ -31,8 +31,7 @@ from backend.errors import InvalidInput, NotFound
 from backend.prompting.build import PromptBudgetError
 from backend.prompting.report import BuildReport
 from backend.tasks.history import HISTORY_STATUSES, HistoryUnavailable, prompt_input_for
-from backend.tasks.models import ROLE_CHOICES, Bot, NativeSession, Subtask, Task
-from backend.tasks.selectors import bots_for_turns
+from backend.tasks.models import ROLE_CHOICES, NativeSession, Subtask, Task
 
 # The history list under the prompt names turns by id and role only, but a task can have
 # thousands: list the newest ones (and any older turn the prompt includes, the pinned first
@@ -234,24 +233,14 @@ def preview_prompt(
     elif subtask.task_id != task.pk:
         raise InvalidInput(f"Turn {subtask.pk} is not a turn of task {task.pk}.", field="subtask")
     resolved, values, label = _resolve(task=task, values_or_row=values_or_row)
-    bot = bots_for_turns([subtask]).get(subtask.pk)
-    window = model_windows_for([bot]).get(bot.pk) if bot is not None else None
+    budget = effective_max_tokens(policy=resolved.policy, window=turn_window(subtask))
     try:
-        full_input = prompt_input_for(subtask=subtask, task=task, policy=resolved.policy)
+        full_input = prompt_input_for(subtask=subtask, task=task, policy=budget.policy)
         turn_prompt = build_turn_prompt(
-            subtask=subtask,
-            task=task,
-            resolved=resolved,
-            prompt_input=full_input,
-            window=window,
+            subtask=subtask, task=task, resolved=resolved, prompt_input=full_input, budget=budget
         )
         session, reason, resume_prompt = _resume_preview(
-            subtask=subtask,
-            task=task,
-            resolved=resolved,
-            full_input=full_input,
-            bot=bot,
-            window=window,
+            subtask=subtask, task=task, resolved=resolved, full_input=full_input, budget=budget
         )
     except HistoryUnavailable as error:
         raise InvalidInput(str(error), field="subtask") from None
@@ -283,18 +272,17 @@ def _resume_preview(
     task: Task,
     resolved: ResolvedPolicy,
     full_input: Any,
-    bot: Bot | None,
-    window: ModelWindow | None,
+    budget: TokenBudget,
 ) -> tuple[NativeSession | None, str, TurnPrompt | None]:
     """The bot's session, and the resume prompt its own worker would get (as dispatch builds
     it), or why it would get none."""
     session = native_sessions_for([subtask]).get(subtask.pk)
-    if session is None or bot is None:
+    if session is None:
         return session, "no_session", None
     reason = resume_reason(
         subtask=subtask,
         session=session,
-        input_window=window.input_window if window is not None else None,
+        input_window=budget.window.input_window if budget.window is not None else None,
         policy=resolved.policy,
         worker_id=session.worker_id,
         full_input=full_input,
@@ -306,6 +294,6 @@ def _resume_preview(
         task=task,
         resolved=resolved,
         prompt_input=resume_input(full_input, seen_through=session.seen_through_message_id),
-        window=window,
+        budget=budget,
     )
     return session, reason, resume

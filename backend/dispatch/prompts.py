@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
-from backend.dispatch.budgets import ModelWindow, TokenBudget, effective_max_tokens
+from backend.dispatch.budgets import TokenBudget, effective_max_tokens
 from backend.dispatch.policies import ResolvedPolicy
 from backend.prompting import Role
 from backend.prompting.build import PromptBuild, build_prompt
@@ -36,17 +36,19 @@ def build_turn_prompt(
     resolved: ResolvedPolicy,
     prompt_input: PromptInput | None = None,
     find_transcript: bool = True,
-    window: ModelWindow | None = None,
+    budget: TokenBudget | None = None,
 ) -> TurnPrompt:
-    """The prompt the executor receives for `subtask` under `resolved` policy, for a bot whose
-    model is `window` (None: not known; see `budgets.effective_max_tokens`).
+    """The prompt the executor receives for `subtask` under `resolved` policy and `budget`,
+    the policy's budget for the bot's model (`budgets.effective_max_tokens`; by default, the
+    policy's own caps, as for a bot whose model is not known).
 
     The pipeline step's own context-passing mode wins over the policy's default. Batch callers
     pass the `prompt_input` they loaded with `prompt_inputs_for`, and `find_transcript=False`
     to add the transcripts of a whole batch at once (`needs_transcript`, `with_transcript`).
     """
     started = time.perf_counter()
-    budget = effective_max_tokens(policy=resolved.policy, window=window)
+    if budget is None:
+        budget = effective_max_tokens(policy=resolved.policy, window=None)
     resolved = replace(resolved, policy=budget.policy)
     mode = subtask.context_passing or resolved.policy.context_passing
     if prompt_input is None:

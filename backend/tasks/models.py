@@ -348,6 +348,10 @@ class Subtask(models.Model):
     # The text the history shows: the whole text, or for spilled text the rendered preview.
     history_text = models.TextField(blank=True)
     history_text_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # The same text's tokens under o200k_base (OpenAI's models): a prompt for a bot whose model
+    # reads o200k_base reuses it as the cl100k_base count above is reused for the others. Null
+    # on turns recorded before models' budgets: the builder then counts their text.
+    history_text_tokens_o200k = models.PositiveIntegerField(null=True, blank=True)
     # For spilled text: the kept head and tail of the original.
     preview_head = models.TextField(blank=True)
     preview_tail = models.TextField(blank=True)

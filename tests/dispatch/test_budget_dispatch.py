@@ -7,7 +7,7 @@ import pytest
 from backend.dispatch.models import HistoryPolicy, PromptReport
 from backend.dispatch.replay import replay_prompt
 from backend.prompting.units import count_tokens
-from backend.tasks.models import Bot
+from backend.tasks.models import Bot, Subtask
 from tests.dispatch.test_dispatch_api import create, dispatch, report
 
 pytestmark = pytest.mark.django_db
@@ -54,6 +54,14 @@ def test_a_128k_model_gets_a_share_of_its_window_and_the_prompt_stays_within_it(
     assert row.messages_omitted > 0
     assert turn["prompt_report"]["tokens"] == exact
     assert turn["bot_config"]["context_window"] == 128_000
+    # Ingestion cached each turn's o200k_base count beside its cl100k_base one, so the builder
+    # reused them instead of encoding the history again.
+    assert row.input_snapshot["token_count_encoding"] == "o200k_base_offline"
+    for stored in Subtask.objects.filter(task_id=turn["task_id"]).exclude(history_text=""):
+        assert stored.history_text_tokens_o200k == count_tokens(
+            stored.history_text, "o200k_base_offline"
+        )
+        assert stored.history_text_tokens == count_tokens(stored.history_text)
     # The budget is in the replayable snapshot: the prompt rebuilds byte for byte.
     assert row.policy_snapshot["max_tokens"] == 9_600
     assert row.policy_snapshot["token_encoding"] == "o200k_base_offline"

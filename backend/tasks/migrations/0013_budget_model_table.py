@@ -96,6 +96,11 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.AddField(
+            model_name="subtask",
+            name="history_text_tokens_o200k",
+            field=models.PositiveIntegerField(blank=True, null=True),
+        ),
+        migrations.AddField(
             model_name="bot",
             name="overhead_tokens",
             field=models.PositiveIntegerField(
