@@ -105,6 +105,11 @@ class PromptPreview:
         return self.turn_prompt.build.report
 
     @property
+    def model_tokens(self) -> int:
+        """The prompt's size in the bot's model's tokens (at least, for an estimate)."""
+        return self.turn_prompt.budget.model_tokens(self.report.tokens)
+
+    @property
     def resolved(self) -> ResolvedPolicy:
         return self.turn_prompt.resolved
 

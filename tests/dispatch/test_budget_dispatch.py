@@ -140,3 +140,14 @@ def test_a_failed_turn_teaches_no_overhead(api, worker_api):
         usage={"input_tokens": turn["prompt_report"]["tokens"] + 5_000},
     )
     assert Bot.objects.get(name="codex").overhead_tokens is None
+
+
+def test_the_preview_shows_the_model_budget(api, worker_api, admin_client):
+    task = create(api)
+    response = admin_client.get("/admin/dispatch/historypolicy/preview/", {"task": task["id"]})
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert (
+        "gpt-5.5: window 1050000, reserve 48000 for output, overhead 16000, fraction 0.5 → "
+        "budget 128000 of the model's tokens; this prompt 4</td>"
+    ) in page
