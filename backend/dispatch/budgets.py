@@ -166,18 +166,17 @@ def model_windows_for(bots: Iterable[Bot]) -> dict[int, ModelWindow]:
     rows = {row.name: row for row in LanguageModel.objects.filter(name__in=names)} if names else {}
     windows = {}
     for bot in bots:
-        row = (
-            next(
-                (rows[name] for name in LanguageModel.lookup_names(bot.model) if name in rows),
-                None,
-            )
-            if bot.model
-            else None
-        )
-        window = model_window(bot=bot, row=row)
+        window = model_window(bot=bot, row=_listed(bot.model, rows))
         if window is not None:
             windows[bot.pk] = window
     return windows
+
+
+def _listed(model: str, rows: dict[str, LanguageModel]) -> LanguageModel | None:
+    """`model`'s row among `rows`, under its own name or its undated one."""
+    if not model:
+        return None
+    return next((rows[name] for name in LanguageModel.lookup_names(model) if name in rows), None)
 
 
 def turn_window(subtask: Subtask) -> ModelWindow | None:
