@@ -75,6 +75,7 @@ def seed(turns: int) -> None:
                         result=None if user else {"value": texts[key]},
                         history_text=ingested.history_text,
                         history_text_tokens=ingested.history_text_tokens,
+                        history_text_tokens_o200k=ingested.history_text_tokens_o200k,
                         history_chars=ingested.chars,
                         history_bytes=ingested.bytes,
                         history_lines=ingested.lines,

@@ -116,6 +116,7 @@ EXECUTOR_HISTORY_DEFAULTS = {
     "max_chars": BATON.history_max_chars,
     "per_message_max_chars": BATON.history_per_message_max_chars,
     "max_tokens": BATON.history_max_tokens,
+    "max_tokens_fraction": BATON.history_max_tokens_fraction,
     "token_encoding": BATON.history_token_encoding,
     "keep_first_user_message": BATON.history_keep_first_user_message,
     "previous_result_max_chars": BATON.history_previous_result_max_chars,

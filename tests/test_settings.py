@@ -106,6 +106,18 @@ def test_a_history_cap_takes_the_whole_column_range_or_none(variable):
     assert getattr(load_environment({variable: "none"}), name) is None
 
 
+def test_the_budget_fraction_is_a_share_of_the_window_or_none():
+    assert load_environment({}).history_max_tokens_fraction == 0.5
+    environ = {"EXECUTOR_HISTORY_MAX_TOKENS_FRACTION": "0.3"}
+    assert load_environment(environ).history_max_tokens_fraction == 0.3
+    assert "max_tokens_fraction" in load_environment(environ).history_fields_from_environment
+    environ = {"EXECUTOR_HISTORY_MAX_TOKENS_FRACTION": "none"}
+    assert load_environment(environ).history_max_tokens_fraction is None
+    for value in ("0", "-0.5", "1.01", "half"):
+        with pytest.raises(ConfigurationError, match="EXECUTOR_HISTORY_MAX_TOKENS_FRACTION"):
+            load_environment({"EXECUTOR_HISTORY_MAX_TOKENS_FRACTION": value})
+
+
 def test_the_environment_bounds_history_caps_as_the_prompt_builder_does():
     from backend.prompting import MAX_CAP
 

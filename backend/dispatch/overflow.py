@@ -3,11 +3,12 @@
 When a claim reports that its run ended with error code `context_overflow` (status FAILED or
 RETRY), Baton does not fail the turn at once. It requeues it with half the budget of the prompt
 that overflowed — the tokens that prompt took, which never exceed the cap it was built under —
-as the turn's own cap (`Subtask.token_cap`). The next dispatch builds the prompt under
-`min(policy cap, turn cap)` (`prompts.policy_for_turn`) and offers no resume prompt, so the
-retry starts a fresh native session with the full, smaller prompt; its PromptReport says why it
-was built again (`retry_reason`, `previous_token_budget`, `token_budget`). These requeues do not
-use up BATON_MAX_ATTEMPTS: BATON_CONTEXT_OVERFLOW_RETRIES bounds them.
+as the turn's own cap (`Subtask.token_cap`). The next dispatch builds the prompt under the
+smallest of its bounds, the turn cap one of them (`budgets.effective_max_tokens`), and offers
+no resume prompt, so the retry starts a fresh native session with the full, smaller prompt;
+its PromptReport says why it was built again (`retry_reason`, `previous_token_budget`,
+`token_budget`). These requeues do not use up BATON_MAX_ATTEMPTS:
+BATON_CONTEXT_OVERFLOW_RETRIES bounds them.
 
 A turn that overflows again once its retries are used up — a thrash loop, which Claude Code
 itself stops after three refills in a row — fails, as does one whose prompt cannot be made

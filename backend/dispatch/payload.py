@@ -22,6 +22,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from backend.artifacts.selectors import ManifestEntry, manifest_artifacts
+from backend.dispatch.budgets import budget_columns, effective_max_tokens, model_windows_for
 from backend.dispatch.leases import attempts_used, requeue
 from backend.dispatch.models import PromptReport
 from backend.dispatch.overflow import fail_unbuildable, overflow_columns
@@ -80,14 +81,23 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
         .order_by("pending_since", "id")
     )
     bots = bots_for_turns(subtasks)
+    windows = model_windows_for(bots.values())
     rows = policy_rows(task_types={subtask.task.task_type for subtask in subtasks})
     resolved = {
         subtask.pk: resolve_from_rows(task_type=subtask.task.task_type, rows=rows)
         for subtask in subtasks
     }
+    budgets = {
+        subtask.pk: effective_max_tokens(
+            policy=resolved[subtask.pk].policy,
+            window=windows.get(bots[subtask.pk].pk) if subtask.pk in bots else None,
+            turn_cap=subtask.token_cap,
+        )
+        for subtask in subtasks
+    }
     try:
         inputs = prompt_inputs_for(
-            requests=[(subtask, subtask.task, resolved[subtask.pk].policy) for subtask in subtasks]
+            requests=[(subtask, subtask.task, budgets[subtask.pk].policy) for subtask in subtasks]
         )
     except Exception:  # noqa: BLE001 - fall back to one turn at a time to isolate the failure
         inputs = {}
@@ -105,9 +115,10 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
             )
             continue
         policy = resolved[subtask.pk]
+        budget = budgets[subtask.pk]
         try:
             full_input = inputs.get(subtask.pk) or prompt_input_for(
-                subtask=subtask, task=subtask.task, policy=policy.policy
+                subtask=subtask, task=subtask.task, policy=budget.policy
             )
             prompt = build_turn_prompt(
                 subtask=subtask,
@@ -115,12 +126,13 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
                 resolved=policy,
                 prompt_input=full_input,
                 find_transcript=False,  # added for the whole batch below
+                budget=budget,
             )
             session = sessions.get(subtask.pk)
             reason = resume_reason(
                 subtask=subtask,
                 session=session,
-                bot=bots[subtask.pk],
+                input_window=budget.window.input_window if budget.window is not None else None,
                 policy=policy.policy,
                 worker_id=worker_id,
                 full_input=full_input,
@@ -135,6 +147,7 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
                     prompt_input=resume_input(
                         full_input, seen_through=session.seen_through_message_id
                     ),
+                    budget=budget,
                 )
         except Exception as error:  # noqa: BLE001 - any failure must release the claim
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)
@@ -336,6 +349,7 @@ def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
         "previous_result_tokens": report.previous_result_tokens,
         "note_tokens": report.note_tokens,
         "token_encoding": report.token_encoding,
+        **budget_columns(prompt.budget, counted_tokens=report.tokens),
         "artifacts": list(report.artifacts),
         "first_user_message_pinned": report.first_user_message_pinned,
         "build_ms": round(prompt.build_ms, 3),

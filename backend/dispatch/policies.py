@@ -39,6 +39,7 @@ POLICY_FIELDS = (
     "max_chars",
     "per_message_max_chars",
     "max_tokens",
+    "max_tokens_fraction",
     "token_encoding",
     "keep_first_user_message",
     "previous_result_max_chars",

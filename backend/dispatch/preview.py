@@ -16,6 +16,7 @@ from typing import Any
 
 from django.conf import settings
 
+from backend.dispatch.budgets import TokenBudget, effective_max_tokens, turn_window
 from backend.dispatch.models import HistoryPolicy
 from backend.dispatch.policies import (
     POLICY_FIELDS,
@@ -31,7 +32,6 @@ from backend.prompting.build import PromptBudgetError
 from backend.prompting.report import BuildReport
 from backend.tasks.history import HISTORY_STATUSES, HistoryUnavailable, prompt_input_for
 from backend.tasks.models import ROLE_CHOICES, NativeSession, Subtask, Task
-from backend.tasks.selectors import bots_for_turns
 
 # The history list under the prompt names turns by id and role only, but a task can have
 # thousands: list the newest ones (and any older turn the prompt includes, the pinned first
@@ -103,6 +103,11 @@ class PromptPreview:
     @property
     def report(self) -> BuildReport:
         return self.turn_prompt.build.report
+
+    @property
+    def model_tokens(self) -> int:
+        """The prompt's size in the bot's model's tokens (at least, for an estimate)."""
+        return self.turn_prompt.budget.model_tokens(self.report.tokens)
 
     @property
     def resolved(self) -> ResolvedPolicy:
@@ -233,13 +238,16 @@ def preview_prompt(
     elif subtask.task_id != task.pk:
         raise InvalidInput(f"Turn {subtask.pk} is not a turn of task {task.pk}.", field="subtask")
     resolved, values, label = _resolve(task=task, values_or_row=values_or_row)
+    budget = effective_max_tokens(
+        policy=resolved.policy, window=turn_window(subtask), turn_cap=subtask.token_cap
+    )
     try:
-        full_input = prompt_input_for(subtask=subtask, task=task, policy=resolved.policy)
+        full_input = prompt_input_for(subtask=subtask, task=task, policy=budget.policy)
         turn_prompt = build_turn_prompt(
-            subtask=subtask, task=task, resolved=resolved, prompt_input=full_input
+            subtask=subtask, task=task, resolved=resolved, prompt_input=full_input, budget=budget
         )
         session, reason, resume_prompt = _resume_preview(
-            subtask=subtask, task=task, resolved=resolved, full_input=full_input
+            subtask=subtask, task=task, resolved=resolved, full_input=full_input, budget=budget
         )
     except HistoryUnavailable as error:
         raise InvalidInput(str(error), field="subtask") from None
@@ -256,7 +264,6 @@ def preview_prompt(
         unsaved=resolved.source == UNSAVED_SOURCE,
         values=values,
         kill_switch=not settings.EXECUTOR_HISTORY_ENABLED,
-        # The turn's own cap after a context overflow included (`policy_for_turn`).
         budget=_budget(report, turn_prompt.resolved.policy.max_tokens),
         history_turns=history_turns,
         history_turns_not_listed=not_listed,
@@ -267,18 +274,22 @@ def preview_prompt(
 
 
 def _resume_preview(
-    *, subtask: Subtask, task: Task, resolved: ResolvedPolicy, full_input: Any
+    *,
+    subtask: Subtask,
+    task: Task,
+    resolved: ResolvedPolicy,
+    full_input: Any,
+    budget: TokenBudget,
 ) -> tuple[NativeSession | None, str, TurnPrompt | None]:
     """The bot's session, and the resume prompt its own worker would get (as dispatch builds
     it), or why it would get none."""
     session = native_sessions_for([subtask]).get(subtask.pk)
-    bot = bots_for_turns([subtask]).get(subtask.pk)
-    if session is None or bot is None:
+    if session is None:
         return session, "no_session", None
     reason = resume_reason(
         subtask=subtask,
         session=session,
-        bot=bot,
+        input_window=budget.window.input_window if budget.window is not None else None,
         policy=resolved.policy,
         worker_id=session.worker_id,
         full_input=full_input,
@@ -290,5 +301,6 @@ def _resume_preview(
         task=task,
         resolved=resolved,
         prompt_input=resume_input(full_input, seen_through=session.seen_through_message_id),
+        budget=budget,
     )
     return session, reason, resume

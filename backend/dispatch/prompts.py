@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 
+from backend.dispatch.budgets import TokenBudget, effective_max_tokens
 from backend.dispatch.policies import ResolvedPolicy
 from backend.prompting import Role
 from backend.prompting.build import PromptBuild, build_prompt
@@ -18,6 +19,9 @@ from backend.tasks.transcripts import Transcript, TranscriptRequest, transcripts
 class TurnPrompt:
     build: PromptBuild
     resolved: ResolvedPolicy
+    """The policy as resolved, with the budget's `max_tokens` and `token_encoding` in it: what
+    the builder received."""
+    budget: TokenBudget
     context_passing: str
     build_ms: float
     input: PromptInput
@@ -32,15 +36,22 @@ def build_turn_prompt(
     resolved: ResolvedPolicy,
     prompt_input: PromptInput | None = None,
     find_transcript: bool = True,
+    budget: TokenBudget | None = None,
 ) -> TurnPrompt:
-    """The prompt the executor receives for `subtask` under `resolved` policy.
+    """The prompt the executor receives for `subtask` under `resolved` policy and `budget`,
+    the policy's budget for the bot's model (`budgets.effective_max_tokens`; by default, the
+    policy's own caps, as for a bot whose model is not known).
 
     The pipeline step's own context-passing mode wins over the policy's default. Batch callers
     pass the `prompt_input` they loaded with `prompt_inputs_for`, and `find_transcript=False`
     to add the transcripts of a whole batch at once (`needs_transcript`, `with_transcript`).
     """
     started = time.perf_counter()
-    resolved = policy_for_turn(resolved, subtask=subtask)
+    if budget is None:
+        budget = effective_max_tokens(
+            policy=resolved.policy, window=None, turn_cap=subtask.token_cap
+        )
+    resolved = replace(resolved, policy=budget.policy)
     mode = subtask.context_passing or resolved.policy.context_passing
     if prompt_input is None:
         prompt_input = prompt_input_for(subtask=subtask, task=task, policy=resolved.policy)
@@ -48,6 +59,7 @@ def build_turn_prompt(
     turn_prompt = TurnPrompt(
         build=build,
         resolved=resolved,
+        budget=budget,
         context_passing=str(mode),
         build_ms=(time.perf_counter() - started) * 1000,
         input=prompt_input,
@@ -58,21 +70,6 @@ def build_turn_prompt(
         if transcript is not None:
             return with_transcript(turn_prompt, transcript)
     return turn_prompt
-
-
-def policy_for_turn(resolved: ResolvedPolicy, *, subtask: Subtask) -> ResolvedPolicy:
-    """The policy `subtask`'s prompt is built under: `resolved`, with its token budget lowered
-    to the turn's own cap when it has one (`Subtask.token_cap`, set when the model refused the
-    turn's prompt as too long, see `overflow`): `max_tokens = min(policy cap, turn cap)`.
-
-    The one place a turn's budget is tightened. The result is what the PromptReport snapshots,
-    so a replay rebuilds the tightened prompt byte for byte.
-    """
-    turn_cap = subtask.token_cap
-    policy_cap = resolved.policy.max_tokens
-    if turn_cap is None or (policy_cap is not None and policy_cap <= turn_cap):
-        return resolved
-    return replace(resolved, policy=resolved.policy.model_copy(update={"max_tokens": turn_cap}))
 
 
 def needs_transcript(turn_prompt: TurnPrompt, *, task: Task) -> TranscriptRequest | None:

@@ -36,6 +36,7 @@ from backend.artifacts.models import Artifact
 from backend.artifacts.retention import record_artifact_read
 from backend.artifacts.services import atomic_storing_artifacts
 from backend.artifacts.storage import ByteStream, spool_text
+from backend.dispatch.budgets import learn_from_usage
 from backend.dispatch.leases import (
     LEASE_EXPIRED,
     LEASE_LOST,
@@ -434,6 +435,8 @@ def _apply_report(
             resumed=session_resumed,
             usage=usage,
         )
+        if subtask.status == SubtaskStatus.COMPLETED and not session_resumed:
+            learn_from_usage(subtask=subtask, usage=usage)
     subtask.refresh_from_db()
 
 

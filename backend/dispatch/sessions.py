@@ -26,7 +26,7 @@ from backend.dispatch.models import PromptReport
 from backend.prompting.inputs import PromptInput
 from backend.prompting.policy import PromptPolicy
 from backend.tasks.history import any_of
-from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus
+from backend.tasks.models import NativeSession, Subtask, SubtaskStatus
 
 # Agno runs keep Baton's prompt: their sessions live in the runner's own store and replay
 # tool results of earlier runs, so a resume would not save what it does for the CLIs.
@@ -59,12 +59,16 @@ def resume_reason(
     *,
     subtask: Subtask,
     session: NativeSession | None,
-    bot: Bot,
+    input_window: int | None,
     policy: PromptPolicy,
     worker_id: str,
     full_input: PromptInput,
 ) -> str:
-    """ "resume" when the claiming worker may resume the session; otherwise why not."""
+    """ "resume" when the claiming worker may resume the session; otherwise why not.
+
+    `input_window` is the most input the bot's model takes (`ModelWindow.input_window`; None
+    when not known): a session whose last turn used more than `resume_max_context_fraction` of
+    it starts fresh."""
     if session is None:
         return "no_session"
     if subtask.token_cap is not None:
@@ -80,9 +84,9 @@ def resume_reason(
     if session.worker_id != worker_id:
         return "other_worker"
     if (
-        bot.context_window
+        input_window
         and session.context_tokens is not None
-        and session.context_tokens > policy.resume_max_context_fraction * bot.context_window
+        and session.context_tokens > policy.resume_max_context_fraction * input_window
     ):
         return "context_full"
     assert subtask.parent_message_id is not None  # an ASSISTANT turn answers a message

@@ -4,6 +4,7 @@ This package imports nothing from Django (docs/architecture.md, principle 4). Mo
 each:
 
 * ``units`` — sizes in chars, bytes, approximate and real tokens; the one token counter.
+* ``tokenizers`` — a model's tokens: exact with its own offline encoding, or a safe estimate.
 * ``kinds`` — what an artifact's text is (JSON, command output, code, …), from a bounded sample.
 * ``addressing`` — content addresses: the artifact id, workspace path and pointer of a text.
 * ``truncate`` — head + tail cuts with Codex's exact markers; the previews ingestion stores.

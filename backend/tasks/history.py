@@ -31,7 +31,7 @@ from backend.prompting.inputs import (
 )
 from backend.prompting.policy import PromptPolicy
 from backend.prompting.truncate import layout_fields
-from backend.prompting.units import DEFAULT_TOKEN_ENCODING
+from backend.prompting.units import DEFAULT_TOKEN_ENCODING, O200K_ENCODING
 from backend.tasks.models import Subtask, SubtaskStatus, Task
 
 HISTORY_STATUSES = (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED)
@@ -48,6 +48,7 @@ HISTORY_FIELDS = (
     "bot",
     "history_text",
     "history_text_tokens",
+    "history_text_tokens_o200k",
     "history_chars",
     "preview_head",
     "preview_tail",
@@ -96,9 +97,29 @@ def _preview_parts(turn: Subtask | None) -> dict[str, Any]:
     return layout_fields(turn.preview_layout)
 
 
-def history_message(turn: Subtask) -> HistoryMessage:
+CACHED_TOKEN_COUNTS = {
+    DEFAULT_TOKEN_ENCODING: "history_text_tokens",
+    O200K_ENCODING: "history_text_tokens_o200k",
+}
+"""The encodings ingestion counts every history text in, and the column each count is in."""
+
+
+def cached_counts_encoding(encoding: str) -> str:
+    """The encoding of the cached counts a prompt counted with `encoding` gets: its own when
+    ingestion caches it (the builder then reuses the counts), else the default's."""
+    return encoding if encoding in CACHED_TOKEN_COUNTS else DEFAULT_TOKEN_ENCODING
+
+
+def _cached_tokens(turn: Subtask, encoding: str) -> int | None:
+    column = CACHED_TOKEN_COUNTS.get(encoding)
+    count: int | None = getattr(turn, column) if column is not None else None
+    return count
+
+
+def history_message(turn: Subtask, encoding: str = DEFAULT_TOKEN_ENCODING) -> HistoryMessage:
     """One stored turn as the prompt builder's input: its history text (or, when it spilled,
-    its preview) and, when stored, the artifact a cut of it points to."""
+    its preview), its cached token count under `encoding` (see `cached_counts_encoding`) and,
+    when stored, the artifact a cut of it points to."""
     spilled = turn.history_is_preview
     return HistoryMessage(
         message_id=turn.message_id,
@@ -107,7 +128,7 @@ def history_message(turn: Subtask) -> HistoryMessage:
         sender=_name(turn.sender) if turn.role == Role.USER else None,
         bot=_name(turn.bot) if turn.role == Role.ASSISTANT else None,
         failed=turn.status == SubtaskStatus.FAILED,
-        token_count=turn.history_text_tokens,
+        token_count=_cached_tokens(turn, encoding),
         total_chars=turn.history_chars,
         preview_head=turn.preview_head if spilled else None,
         preview_tail=turn.preview_tail if spilled else None,
@@ -215,7 +236,7 @@ def prompt_inputs_for(
             ),
             earlier_user_messages=users - loaded_users,
             earlier_assistant_messages=assistants - (len(newest) - loaded_users),
-            token_count_encoding=DEFAULT_TOKEN_ENCODING,
+            token_count_encoding=cached_counts_encoding(request.policy.token_encoding),
         )
     return inputs
 
@@ -229,19 +250,22 @@ def _prompt_input(
 ) -> PromptInput:
     """The builder input from the rows it is made of: the one place rows become an input,
     for dispatch and for replay."""
+    encoding = fields.get("token_count_encoding", DEFAULT_TOKEN_ENCODING)
     return PromptInput(
-        history=tuple(history_message(turn) for turn in history),
+        history=tuple(history_message(turn, encoding) for turn in history),
         current=CurrentMessage(
             message_id=user_turn.message_id,
             text=user_turn.message,
             sender=_name(user_turn.sender),
-            token_count=None if user_turn.history_is_preview else user_turn.history_text_tokens,
+            token_count=(
+                None if user_turn.history_is_preview else _cached_tokens(user_turn, encoding)
+            ),
             artifact=_pointer(user_turn.artifact),
         ),
         previous_result=previous_turn.history_text if previous_turn is not None else None,
         previous_result_bot=_name(previous_turn.bot) if previous_turn is not None else None,
         previous_result_token_count=(
-            previous_turn.history_text_tokens if previous_turn is not None else None
+            _cached_tokens(previous_turn, encoding) if previous_turn is not None else None
         ),
         previous_result_artifact=(
             _pointer(previous_turn.artifact) if previous_turn is not None else None

@@ -30,7 +30,7 @@ from backend.prompting.addressing import count_lines
 from backend.prompting.kinds import SAMPLE_CHARS, ArtifactKind, classify_ends, classify_text
 from backend.prompting.previews import TextEnds, ends_to_read, make_ends_preview, make_kind_preview
 from backend.prompting.truncate import Preview
-from backend.prompting.units import count_tokens
+from backend.prompting.units import O200K_ENCODING, count_tokens
 from backend.tasks.models import Task
 
 # Lone surrogates cannot be encoded as UTF-8, and PostgreSQL text cannot hold NUL.
@@ -43,6 +43,7 @@ class IngestedText:
 
     history_text: str
     history_text_tokens: int
+    history_text_tokens_o200k: int
     preview_head: str
     preview_tail: str
     preview_layout: dict[str, Any]
@@ -81,6 +82,7 @@ def ingest_text(*, text: str, task: Task | None, serialized_json: bool = False) 
         return IngestedText(
             history_text=text,
             history_text_tokens=tokens,
+            history_text_tokens_o200k=count_tokens(text, O200K_ENCODING),
             preview_head="",
             preview_tail="",
             preview_layout={},
@@ -171,6 +173,7 @@ def _spilled(
     return IngestedText(
         history_text=history_text,
         history_text_tokens=count_tokens(history_text),
+        history_text_tokens_o200k=count_tokens(history_text, O200K_ENCODING),
         preview_head=preview.head,
         preview_tail=preview.tail,
         preview_layout=preview.layout(),

@@ -4,23 +4,30 @@ A `Task` is one conversation between a product's users and one or more agent bot
 `Subtask`: a USER message, or an ASSISTANT turn that an executor worker will run. Turns are
 numbered by `message_id`, unique within the task and allocated from the task row's counter so
 concurrent writers never collide (see `services.allocate_message_ids`). A `Bot` is a registered
-agent: which executor runs it and with which model, instructions, permissions and limits.
+agent: which executor runs it and with which model, instructions, permissions and limits. A
+`LanguageModel` row is the model table: what a model's context window, maximum output and
+tokenizer are, so a bot's model decides how much prompt it gets (backend/dispatch/budgets.py).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxLengthValidator, MinValueValidator, RegexValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from backend.prompting.inputs import Role, validate_name
 from backend.prompting.policy import ContextPassing
+from backend.prompting.tokenizers import Tokenizer
 from backend.tasks.fields import LosslessJSONField
+
+DATED_SNAPSHOT = re.compile(r"-(?:\d{8}|\d{4}-\d{2}-\d{2})$")
+"""A model name's dated snapshot suffix (`-20250929`, `-2025-04-14`)."""
 
 TASK_TYPE_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 
@@ -123,7 +130,23 @@ class Bot(models.Model):
         help_text="A turn running longer is stopped and fails with error code timeout.",
     )
     context_window = models.PositiveIntegerField(
-        null=True, blank=True, help_text="The model's context window in tokens, when known."
+        null=True,
+        blank=True,
+        help_text=(
+            "The model's context window in tokens. Empty: the model table's figure for the "
+            "bot's model."
+        ),
+    )
+    # Learned from the executor's usage reports: the smallest (input tokens - the prompt's
+    # tokens) seen for a turn run with a full prompt — what the executor's own system prompt
+    # and tools take. Null until a turn reports usage (budgets.DEFAULT_OVERHEAD_TOKENS apply).
+    overhead_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=(
+            "Tokens the executor's own system prompt and tools take, learned from its usage "
+            "reports (the smallest seen). Empty: a conservative default for the executor."
+        ),
     )
     is_default = models.BooleanField(
         default=False,
@@ -149,6 +172,75 @@ class Bot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.executor})"
+
+
+class LanguageModel(models.Model):
+    """One row of the model table: a model's window, maximum output and tokenizer.
+
+    The project ships rows for the models the executors run (tasks migration 0013, figures
+    from the providers' model documentation); the admin edits and extends them. A bot's model
+    name finds its row exactly, or with a dated snapshot suffix removed
+    (`claude-sonnet-4-5-20250929` → `claude-sonnet-4-5`, `gpt-4.1-2025-04-14` → `gpt-4.1`).
+    """
+
+    name = models.CharField(
+        max_length=200, unique=True, help_text="The model name a bot asks for (its API id)."
+    )
+    provider = models.CharField(max_length=32, blank=True)
+    context_window = models.PositiveIntegerField(
+        validators=[MinValueValidator(1)],
+        help_text="Tokens of input and output together, as the provider advertises it.",
+    )
+    max_output_tokens = models.PositiveIntegerField(
+        validators=[MinValueValidator(1)], help_text="The most tokens one response may have."
+    )
+    max_input_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text=(
+            "The usable input when it is below the window less the output (a provider's input "
+            "cap, or where an executor or the pricing makes more unusable). Empty: no such cap."
+        ),
+    )
+    tokenizer = models.CharField(
+        max_length=32,
+        choices=[(tokenizer.value, tokenizer.value) for tokenizer in Tokenizer],
+        help_text=(
+            "o200k_base and cl100k_base are counted exactly; claude_3 (Claude 3 to Opus 4.6) "
+            "and claude_4_7 (Opus 4.7 on) are counted with a calibrated safe-side estimate."
+        ),
+    )
+    notes = models.TextField(blank=True, help_text="Where the figures come from, and caveats.")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(tokenizer__in=[tokenizer.value for tokenizer in Tokenizer]),
+                name="languagemodel_tokenizer_valid",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_output_tokens__lt=F("context_window")),
+                name="languagemodel_output_within_window",
+            ),
+            models.CheckConstraint(
+                condition=Q(max_input_tokens__isnull=True)
+                | Q(max_input_tokens__lte=F("context_window") - F("max_output_tokens")),
+                name="languagemodel_input_within_window",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @staticmethod
+    def lookup_names(model: str) -> list[str]:
+        """The names under which the table may list `model`: itself, then without a dated
+        snapshot suffix."""
+        undated = DATED_SNAPSHOT.sub("", model)
+        return [model] if undated == model else [model, undated]
 
 
 class Task(models.Model):
@@ -272,6 +364,10 @@ class Subtask(models.Model):
     # The text the history shows: the whole text, or for spilled text the rendered preview.
     history_text = models.TextField(blank=True)
     history_text_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # The same text's tokens under o200k_base (OpenAI's models): a prompt for a bot whose model
+    # reads o200k_base reuses it as the cl100k_base count above is reused for the others. Null
+    # on turns recorded before models' budgets: the builder then counts their text.
+    history_text_tokens_o200k = models.PositiveIntegerField(null=True, blank=True)
     # For spilled text: the kept head and tail of the original.
     preview_head = models.TextField(blank=True)
     preview_tail = models.TextField(blank=True)

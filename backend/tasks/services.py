@@ -413,6 +413,7 @@ def _ingestion_fields(ingested: IngestedText, *, recorded_at: Any) -> dict[str, 
     return {
         "history_text": ingested.history_text,
         "history_text_tokens": ingested.history_text_tokens,
+        "history_text_tokens_o200k": ingested.history_text_tokens_o200k,
         "preview_head": ingested.preview_head,
         "preview_tail": ingested.preview_tail,
         "preview_layout": ingested.preview_layout,

@@ -19,7 +19,7 @@ from backend.dispatch.policies import POLICY_FIELDS, resolve_policy, row_values
 from backend.dispatch.prompts import build_turn_prompt, next_turn_to_dispatch
 from backend.prompting import history_files_note
 from backend.tasks.factories import answered_task, conversation
-from backend.tasks.models import Subtask, SubtaskStatus, Task
+from backend.tasks.models import Bot, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
@@ -327,6 +327,7 @@ def test_task_page_query_count_does_not_grow_with_reports(
 
 
 def test_preview_shows_the_exact_prompt_of_the_next_dispatch(admin_client, user):
+    Bot.objects.update(model="")  # a model the table does not know: no token budget
     task = converse(owner=user, exchanges=[("What is 2+2?", "4")], follow_up="And 3+3?")
     response = admin_client.get(PREVIEW_URL, {"task": task.pk})
     assert response.status_code == 200

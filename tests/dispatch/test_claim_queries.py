@@ -34,9 +34,9 @@ POLICIES = {
     "max_messages_2": {"max_messages": 2},
 }
 # Everything but taking the turns: reclaim, the savepoint around the claim and its release,
-# the task status update, the claimed turns, bots, policy rows, the history (anchors, window
-# ids, window rows), native sessions and the reports' insert.
-FIXED_QUERIES = 12
+# the task status update, the claimed turns, bots, their models' rows in the model table, policy
+# rows, the history (anchors, window ids, window rows), native sessions and the reports' insert.
+FIXED_QUERIES = 13
 # When a prompt leaves history out: the transcripts' turns; in their own transaction (here a
 # savepoint and its release) inserting the new artifacts (transcripts, turn indexes, the turn
 # files of turns without an artifact), locking them all, pointing the tasks to their transcript

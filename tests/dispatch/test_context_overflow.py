@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from backend.dispatch.budgets import effective_max_tokens
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import resolve_policy, set_policy
-from backend.dispatch.prompts import policy_for_turn
 from backend.dispatch.replay import replay_prompt
 from backend.prompting.units import count_tokens
 from backend.tasks.models import Subtask, Task
@@ -152,14 +152,15 @@ def test_a_policy_cap_is_halved_from_what_the_prompt_took(api, worker_api):
 
 def test_the_turn_cap_and_the_policy_cap_the_lower_wins(api):
     big_task(api)
-    subtask = Subtask.objects.get(role="ASSISTANT")
     set_policy(task_type="code", values={"max_tokens": 3_000})
-    resolved = resolve_policy(task_type="code")
-    assert policy_for_turn(resolved, subtask=subtask) is resolved  # no turn cap
-    subtask.token_cap = 2_000
-    assert policy_for_turn(resolved, subtask=subtask).policy.max_tokens == 2_000
-    subtask.token_cap = 4_000
-    assert policy_for_turn(resolved, subtask=subtask).policy.max_tokens == 3_000
+    policy = resolve_policy(task_type="code").policy
+
+    def budget(turn_cap: int | None) -> int | None:
+        return effective_max_tokens(policy=policy, window=None, turn_cap=turn_cap).policy.max_tokens
+
+    assert budget(None) == 3_000  # no turn cap
+    assert budget(2_000) == 2_000
+    assert budget(4_000) == 3_000
 
 
 def test_repeating_an_overflow_report_changes_nothing(api, worker_api):

@@ -64,7 +64,7 @@ def test_claim_returns_the_payload_and_marks_the_turn_running(api, worker_api):
         "permission_mode": "full_access",
         "max_turns": None,
         "timeout_seconds": 1800,
-        "context_window": None,
+        "context_window": 1_050_000,  # the model table's figure for gpt-5.5
         "context_passing": "original_and_previous",
         "pipeline_step": 0,
         "pipeline_length": 1,

@@ -50,6 +50,8 @@ def test_default_row_by_name(staff_api):
             "per_message_max_chars must not exceed",
         ),
         ({"max_tokens": 100}, "max_tokens", "at least 1024"),
+        ({"max_tokens_fraction": 0}, "max_tokens_fraction", "at most 1"),
+        ({"max_tokens_fraction": 1.5}, "max_tokens_fraction", "at most 1"),
         ({"token_encoding": "nope"}, "token_encoding", "cannot be loaded"),
         ({"max_messages": -1}, "max_messages", "positive"),
         ({"context_passing": "everything"}, "context_passing", "not a valid choice"),
@@ -151,3 +153,29 @@ def test_a_field_can_be_inherited_again(staff_api):
     unknown = staff_api.patch("/api/policies/chat/", {"inherit": ["max_mesages"]}, format="json")
     assert unknown.status_code == 400
     assert unknown.json()["fields"] == {"inherit.0": ['"max_mesages" is not a valid choice.']}
+
+
+def test_the_budget_fraction_is_set_inherited_and_turned_off(staff_api, settings):
+    code = staff_api.get("/api/policies/code/").json()
+    assert (code["max_tokens_fraction"], code["sources"]["max_tokens_fraction"]) == (
+        0.5,
+        "built-in",
+    )
+    response = staff_api.patch("/api/policies/code/", {"max_tokens_fraction": 0.25}, format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["max_tokens_fraction"] == 0.25
+    assert response.json()["sources"]["max_tokens_fraction"] == "task_type"
+    response = staff_api.patch("/api/policies/code/", {"max_tokens_fraction": None}, format="json")
+    assert response.json()["max_tokens_fraction"] is None  # the absolute caps alone
+    settings.EXECUTOR_HISTORY_DEFAULTS = {
+        **settings.EXECUTOR_HISTORY_DEFAULTS,
+        "max_tokens_fraction": 0.7,
+    }
+    settings.EXECUTOR_HISTORY_FROM_ENVIRONMENT = frozenset({"max_tokens_fraction"})
+    response = staff_api.patch(
+        "/api/policies/code/", {"inherit": ["max_tokens_fraction"]}, format="json"
+    )
+    assert (
+        response.json()["max_tokens_fraction"],
+        response.json()["sources"]["max_tokens_fraction"],
+    ) == (0.7, "environment")

@@ -11,6 +11,7 @@ from backend.dispatch.management.commands.preview_prompt import budget_bar
 from backend.dispatch.preview import BudgetSegment
 from backend.dispatch.prompts import next_turn_to_dispatch
 from backend.prompting import Role
+from backend.tasks.models import Bot
 from tests.dispatch.test_admin import SMALL_TASK_PROMPT, converse, data_snapshot, long_task
 
 pytestmark = pytest.mark.django_db
@@ -23,6 +24,8 @@ def preview(*args: str) -> str:
 
 
 def test_prints_the_prompt_then_the_report_then_the_bar(user):
+    # A bot whose model is not known: no token budget, so the bar shows the sections alone.
+    Bot.objects.update(model="")
     task = converse(owner=user, exchanges=[("What is 2+2?", "4")], follow_up="And 3+3?")
     subtask = next_turn_to_dispatch(task=task)
     before = data_snapshot()

