@@ -122,8 +122,10 @@ def effective_max_tokens(
     fraction = policy.max_tokens_fraction
     if window is None:
         capped = _smallest(policy.max_tokens, turn_cap)
+        if capped != policy.max_tokens:
+            policy = policy.model_copy(update={"max_tokens": capped})
         return TokenBudget(
-            policy=policy.model_copy(update={"max_tokens": capped}),
+            policy=policy,
             window=None,
             max_tokens_fraction=fraction,
             output_reserve_tokens=0,

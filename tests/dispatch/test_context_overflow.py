@@ -11,7 +11,7 @@ from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import resolve_policy, set_policy
 from backend.dispatch.replay import replay_prompt
 from backend.prompting.units import count_tokens
-from backend.tasks.models import Subtask, Task
+from backend.tasks.models import Bot, Subtask, Task
 from tests.dispatch.test_dispatch_api import SINGLE, create, dispatch, report
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
@@ -23,6 +23,13 @@ OVERFLOW = {
     "error": "Codex ran out of room in the model's context window.",
     "error_code": "context_overflow",
 }
+
+
+@pytest.fixture(autouse=True)
+def bots_of_unknown_models(db):
+    """These tests are about the turn's own cap, so no model window sets a budget: the bots'
+    models are ones the model table does not list (their prompts counted with cl100k)."""
+    Bot.objects.update(model="", context_window=None)
 
 
 def big_task(api) -> dict:
@@ -198,7 +205,8 @@ def test_the_retry_of_an_overflowed_resume_starts_a_fresh_session(api, worker_ap
     assert retry["prompt"] == (
         "## Conversation History\n\n"
         "[omitted earlier messages: 2 (1 user, 1 assistant)]\n"
-        f"{retry['prompt'].splitlines()[3]}\n\n"
+        f"{retry['prompt'].splitlines()[3]}\n"
+        f"{retry['prompt'].splitlines()[4]}\n\n"
         "## Current Message\n\nUser:\nAnd now?\n"
     )
     assert "full text: .baton/history/task-" in retry["prompt"]
