@@ -188,6 +188,8 @@ class HistorySummary(_StoredText):
     last_message_id: int = Field(ge=1)
     artifact: ArtifactPointer
     """Where the whole summary is: a cut of it points there."""
+    message_id: int | None = None
+    """The stored summary's own id (its summary job's), for the record; never shown."""
 
     @model_validator(mode="after")
     def _covers_a_range(self) -> HistorySummary:

@@ -22,7 +22,7 @@ from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
 from backend.prompting.transcript import render_transcript, transcript_pointer
 from backend.prompting.truncate import layout_fields
 from backend.tasks.history import HISTORY_STATUSES, any_of
-from backend.tasks.models import Subtask, SubtaskStatus, Task
+from backend.tasks.models import TURNS, Subtask, SubtaskStatus, Task
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def transcripts_for(requests: Sequence[TranscriptRequest]) -> dict[int, Transcri
         ]
     )
     rows: dict[int, list[HistoryMessage]] = {}
-    turns = Subtask.objects.filter(condition, status__in=HISTORY_STATUSES)
+    turns = Subtask.objects.filter(condition, TURNS, status__in=HISTORY_STATUSES)
     for task_id, message in _messages(turns.order_by("task_id", "message_id")):
         rows.setdefault(task_id, []).append(message)
     return {
