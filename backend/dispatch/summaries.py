@@ -21,7 +21,8 @@ Scheduling, after a dispatch (`schedule_summaries`), per prompt that omitted tur
   executor, so model keys stay on the workers. Its prompt (`summary_job_prompts`) holds the
   summary it folds in (after an omission notice counting the turns that summary covers), its
   turns, each cut at the per-message cap and none dropped, and the request to write one
-  rolling summary. Its result is stored as an artifact with its token count
+  rolling summary. It carries no transcript pointer: the task's transcript file is the one its
+  turns' prompts point to, and the job needs only what it folds. Its result is stored as an artifact with its token count
   (`tasks.services.record_result`) and becomes the task's summary, which later prompts show
   until the omitted span grows past the threshold again.
 

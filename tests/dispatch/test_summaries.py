@@ -120,6 +120,13 @@ def test_a_200_turn_conversation_is_summarized_once_per_threshold_crossing(
                     assert block.artifact is not None
                     assert block.content.endswith("The end.")
                     assert block.artifact.artifact_id in {a["id"] for a in turn["artifacts"]}
+                    if not cut_to_fit:  # the worker holding the turn reads the whole summary
+                        whole = worker_api.get(
+                            f"/api/artifacts/{block.artifact.artifact_id}/content/"
+                        )
+                        assert whole.status_code == 200
+                        text = b"".join(whole.streaming_content).decode()
+                        assert text.startswith(block.content[:40]) and text.endswith("The end.")
                     cut_to_fit += 1
 
         for job in jobs:
@@ -213,11 +220,9 @@ def test_a_job_folds_the_previous_summary_into_the_turns_after_it(api, staff_api
     assert stored.history_tokens == count_tokens("summary 2")
     latest = Subtask.objects.get(task_id=task["id"], message_id=jobs[-1]["message_id"])
     assert Task.objects.get(pk=task["id"]).summary_id == latest.pk
-    # The worker holding a turn of the task can download the summary its prompt points to.
-    assert worker_api.get(f"/api/artifacts/{stored.artifact_id}/content/").status_code in (
-        200,
-        404,
-    )
+    # A task with summaries is deleted whole.
+    Task.objects.filter(pk=task["id"]).delete()
+    assert not Subtask.objects.filter(task_id=task["id"]).exists()
 
 
 def test_prompts_with_summaries_and_summary_jobs_replay_byte_for_byte(api, staff_api, worker_api):
