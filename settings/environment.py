@@ -171,6 +171,17 @@ class BatonEnvironment(BaseModel):
             )
         return self
 
+    @field_validator("history_summary_bot")
+    @classmethod
+    def _bot_name_fits_a_label(cls, value: str | None) -> str | None:
+        # What the prompt builder accepts as a bot name (`backend.prompting.inputs`): checked
+        # here so a bad name fails at startup, not at every dispatch.
+        if value is not None and not (
+            len(value) <= 64 and value.isprintable() and "[" not in value and "]" not in value
+        ):
+            raise ValueError("must be 1-64 printable characters without square brackets")
+        return value
+
     @model_validator(mode="after")
     def _summaries_name_their_bot(self) -> BatonEnvironment:
         if self.history_summaries_enabled and self.history_summary_bot is None:

@@ -131,6 +131,8 @@ def test_summaries_from_the_environment_name_their_bot():
     with pytest.raises(ConfigurationError, match="EXECUTOR_HISTORY_SUMMARY_THRESHOLD_TURNS"):
         load_environment({"EXECUTOR_HISTORY_SUMMARY_THRESHOLD_TURNS": "0"})
     assert load_environment({"EXECUTOR_HISTORY_SUMMARY_BOT": ""}).history_summary_bot is None
+    with pytest.raises(ConfigurationError, match="EXECUTOR_HISTORY_SUMMARY_BOT"):
+        load_environment({"EXECUTOR_HISTORY_SUMMARY_BOT": "bot[1]"})
 
 
 def test_allowed_hosts_are_a_comma_list():
