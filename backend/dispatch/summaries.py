@@ -22,9 +22,9 @@ Scheduling, after a dispatch (`schedule_summaries`), per prompt that omitted tur
   summary it folds in (after an omission notice counting the turns that summary covers), its
   turns, each cut at the per-message cap and none dropped, and the request to write one
   rolling summary. It carries no transcript pointer: the task's transcript file is the one its
-  turns' prompts point to, and the job needs only what it folds. Its result is stored as an artifact with its token count
-  (`tasks.services.record_result`) and becomes the task's summary, which later prompts show
-  until the omitted span grows past the threshold again.
+  turns' prompts point to, and the job needs only what it folds. Its result is stored as an
+  artifact with its token count (`tasks.services.record_result`) and becomes the task's
+  summary, which later prompts show until the omitted span grows past the threshold again.
 
 Costs: nothing for a policy with summaries off. Otherwise a dispatch reads which tasks have a
 job in flight (one query, only when some prompt could schedule), and each job it schedules
