@@ -21,6 +21,7 @@ import random
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +102,9 @@ class NativeSessionPayload(_Payload):
 class DispatchedTurn(_Payload):
     task_id: int
     subtask_id: int
+    # "turn", or "summary": a job whose answer is a rolling summary of earlier messages. The
+    # worker runs and reports both alike.
+    kind: str = "turn"
     message_id: int
     attempt: int
     task_type: str
@@ -243,12 +247,14 @@ class BackendClient:
 
         The bytes go to a temporary file beside the destination and are renamed into place
         only when the hash matches, so a partial or damaged download is never seen as the
-        artifact. Only URLs of this backend are fetched: the token must not go elsewhere.
+        artifact. The temporary file is this download's own: two runs in one task's workspace
+        (a turn and a summary job) may fetch the same artifact at once. Only URLs of this
+        backend are fetched: the token must not go elsewhere.
         """
         target = urljoin(self.base_url + "/", url)
         if _origin(target) != _origin(self.base_url):
             raise BackendError(f"artifact URL is not on this backend ({_origin(target)})")
-        partial = destination.with_name(f".{destination.name}.partial")
+        partial = destination.with_name(f".{destination.name}.{uuid.uuid4().hex[:12]}.partial")
 
         def attempt() -> None:
             digest = hashlib.sha256()

@@ -333,6 +333,7 @@ def _log_line(event: str, run: TurnRun, **fields: Any) -> str:
         "subtask": turn.subtask_id,
         "attempt": turn.attempt,
         "executor": turn.executor,
+        "kind": turn.kind,
         "run": run.marker,
         **fields,
     }

@@ -121,6 +121,10 @@ EXECUTOR_HISTORY_DEFAULTS = {
     "keep_first_user_message": BATON.history_keep_first_user_message,
     "previous_result_max_chars": BATON.history_previous_result_max_chars,
     "current_message_max_chars": BATON.history_current_message_max_chars,
+    "summaries_enabled": BATON.history_summaries_enabled,
+    "summary_bot": BATON.history_summary_bot,
+    "summary_threshold_turns": BATON.history_summary_threshold_turns,
+    "summary_max_chars": BATON.history_summary_max_chars,
 }
 # The defaults above that the operator set in the environment (the others are built in).
 EXECUTOR_HISTORY_FROM_ENVIRONMENT = BATON.history_fields_from_environment
@@ -176,6 +180,9 @@ SPECTACULAR_SETTINGS = {
         "StatusEnum": "backend.tasks.models.TaskStatus",
         "ReportedStatusEnum": ["COMPLETED", "FAILED", "RETRY", "RELEASE"],
         "ContextPassingEnum": "backend.tasks.models.CONTEXT_PASSING_CHOICES",
+        "SubtaskKindEnum": "backend.tasks.models.SubtaskKind",
+        # Artifacts keep the name their kinds had before turns had a kind too.
+        "KindEnum": "backend.artifacts.models.ARTIFACT_KIND_CHOICES",
     },
 }
 

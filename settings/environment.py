@@ -111,6 +111,15 @@ class BatonEnvironment(BaseModel):
     history_current_message_max_chars: int | None = Field(
         32_000, alias="EXECUTOR_HISTORY_CURRENT_MESSAGE_MAX_CHARS", gt=0, le=HISTORY_CAP_MAX
     )
+    # Summaries of omitted history (off unless a row or the environment turns them on).
+    history_summaries_enabled: bool = Field(False, alias="EXECUTOR_HISTORY_SUMMARIES_ENABLED")
+    history_summary_bot: str | None = Field(None, alias="EXECUTOR_HISTORY_SUMMARY_BOT")
+    history_summary_threshold_turns: int = Field(
+        20, alias="EXECUTOR_HISTORY_SUMMARY_THRESHOLD_TURNS", gt=0, le=10_000
+    )
+    history_summary_max_chars: int | None = Field(
+        4_000, alias="EXECUTOR_HISTORY_SUMMARY_MAX_CHARS", gt=0, le=HISTORY_CAP_MAX
+    )
     lease_seconds: int = Field(600, alias="BATON_LEASE_SECONDS", gt=0)
     max_attempts: int = Field(3, alias="BATON_MAX_ATTEMPTS", gt=0)
     retry_backoff_seconds: float = Field(10.0, alias="BATON_RETRY_BACKOFF_SECONDS", ge=0)
@@ -135,6 +144,8 @@ class BatonEnvironment(BaseModel):
         "history_previous_result_max_chars",
         "history_current_message_max_chars",
         "history_max_tokens_fraction",
+        "history_summary_max_chars",
+        "history_summary_bot",
         mode="before",
     )
     @classmethod
@@ -164,6 +175,25 @@ class BatonEnvironment(BaseModel):
             raise ValueError(
                 "BATON_PREVIEW_HEAD_CHARS + BATON_PREVIEW_TAIL_CHARS must be below "
                 "BATON_SPILL_THRESHOLD_CHARS"
+            )
+        return self
+
+    @field_validator("history_summary_bot")
+    @classmethod
+    def _bot_name_fits_a_label(cls, value: str | None) -> str | None:
+        # What the prompt builder accepts as a bot name (`backend.prompting.inputs`): checked
+        # here so a bad name fails at startup, not at every dispatch.
+        if value is not None and not (
+            len(value) <= 64 and value.isprintable() and "[" not in value and "]" not in value
+        ):
+            raise ValueError("must be 1-64 printable characters without square brackets")
+        return value
+
+    @model_validator(mode="after")
+    def _summaries_name_their_bot(self) -> BatonEnvironment:
+        if self.history_summaries_enabled and self.history_summary_bot is None:
+            raise ValueError(
+                "EXECUTOR_HISTORY_SUMMARIES_ENABLED=true needs EXECUTOR_HISTORY_SUMMARY_BOT"
             )
         return self
 

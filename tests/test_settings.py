@@ -88,6 +88,7 @@ HISTORY_CAPS = [
     "EXECUTOR_HISTORY_MAX_TOKENS",
     "EXECUTOR_HISTORY_PREVIOUS_RESULT_MAX_CHARS",
     "EXECUTOR_HISTORY_CURRENT_MESSAGE_MAX_CHARS",
+    "EXECUTOR_HISTORY_SUMMARY_MAX_CHARS",
 ]
 
 
@@ -122,6 +123,28 @@ def test_the_environment_bounds_history_caps_as_the_prompt_builder_does():
     from backend.prompting import MAX_CAP
 
     assert HISTORY_CAP_MAX == MAX_CAP
+
+
+def test_summaries_from_the_environment_name_their_bot():
+    with pytest.raises(ConfigurationError, match="EXECUTOR_HISTORY_SUMMARY_BOT"):
+        load_environment({"EXECUTOR_HISTORY_SUMMARIES_ENABLED": "true"})
+    environment = load_environment(
+        {
+            "EXECUTOR_HISTORY_SUMMARIES_ENABLED": "true",
+            "EXECUTOR_HISTORY_SUMMARY_BOT": "summarizer",
+            "EXECUTOR_HISTORY_SUMMARY_THRESHOLD_TURNS": "30",
+        }
+    )
+    assert environment.history_fields_from_environment >= {
+        "summaries_enabled",
+        "summary_bot",
+        "summary_threshold_turns",
+    }
+    with pytest.raises(ConfigurationError, match="EXECUTOR_HISTORY_SUMMARY_THRESHOLD_TURNS"):
+        load_environment({"EXECUTOR_HISTORY_SUMMARY_THRESHOLD_TURNS": "0"})
+    assert load_environment({"EXECUTOR_HISTORY_SUMMARY_BOT": ""}).history_summary_bot is None
+    with pytest.raises(ConfigurationError, match="EXECUTOR_HISTORY_SUMMARY_BOT"):
+        load_environment({"EXECUTOR_HISTORY_SUMMARY_BOT": "bot[1]"})
 
 
 def test_allowed_hosts_are_a_comma_list():

@@ -14,7 +14,7 @@ from backend.api.artifact_serializers import ArtifactManifestEntryOutput
 from backend.api.serializers import ResultField, StrictInput, UsageFields
 from backend.dispatch.claims import MAX_CLAIM_LIMIT
 from backend.dispatch.reports import REPORT_STATUSES
-from backend.tasks.models import ExecutorKind
+from backend.tasks.models import ExecutorKind, SubtaskKind
 
 ERROR_CODE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -141,9 +141,22 @@ class NativeSessionOutput(serializers.Serializer[dict[str, Any]]):
     seen_through_message_id = serializers.IntegerField()
 
 
+class SummaryRangeOutput(serializers.Serializer[dict[str, Any]]):
+    first_message_id = serializers.IntegerField()
+    last_message_id = serializers.IntegerField()
+
+
 class DispatchedTurnOutput(serializers.Serializer[dict[str, Any]]):
     task_id = serializers.IntegerField()
     subtask_id = serializers.IntegerField()
+    kind = serializers.ChoiceField(
+        choices=SubtaskKind.choices,
+        help_text=(
+            "turn, or summary: a job that writes a rolling summary of the messages in `summary` "
+            "(run and report it like a turn; its answer is the summary)."
+        ),
+    )
+    summary = SummaryRangeOutput(allow_null=True)
     message_id = serializers.IntegerField()
     attempt = serializers.IntegerField()
     task_type = serializers.CharField()

@@ -29,7 +29,7 @@ from backend.api.executor_serializers import (
 from backend.api.permissions import IsExecutorWorker, authenticated_user
 from backend.dispatch import claims, leases, reports
 from backend.dispatch.payload import ClaimedTurn
-from backend.tasks.models import Subtask
+from backend.tasks.models import Subtask, SubtaskKind
 
 
 def _turn_payload(turn: ClaimedTurn, *, heartbeat_interval: int) -> dict[str, Any]:
@@ -38,6 +38,15 @@ def _turn_payload(turn: ClaimedTurn, *, heartbeat_interval: int) -> dict[str, An
     return {
         "task_id": turn.task.pk,
         "subtask_id": subtask.pk,
+        "kind": subtask.kind,
+        "summary": (
+            {
+                "first_message_id": subtask.summary_first_message_id,
+                "last_message_id": subtask.summary_last_message_id,
+            }
+            if subtask.kind == SubtaskKind.SUMMARY
+            else None
+        ),
         "message_id": subtask.message_id,
         "attempt": subtask.attempts,
         "task_type": turn.task.task_type,
@@ -55,7 +64,7 @@ def _turn_payload(turn: ClaimedTurn, *, heartbeat_interval: int) -> dict[str, An
             "context_window": turn.prompt.budget.context_window,
             "context_passing": turn.prompt.context_passing,
             "pipeline_step": subtask.pipeline_step or 0,
-            "pipeline_length": len(turn.task.pipeline),
+            "pipeline_length": len(turn.task.pipeline) if subtask.kind == SubtaskKind.TURN else 1,
         },
         "prompt": turn.prompt.build.text,
         "prompt_report": turn.prompt.build.report.to_dict(),

@@ -30,7 +30,7 @@ from backend.dispatch.policies import (
     save_policy,
 )
 from backend.errors import InvalidInput, NotFound
-from backend.prompting.policy import CAP_RANGE, MAX_CAP
+from backend.prompting.policy import CAP_RANGE, MAX_CAP, MAX_SUMMARY_THRESHOLD_TURNS
 from backend.tasks.models import CONTEXT_PASSING_CHOICES, TASK_TYPE_PATTERN
 
 # How the default row (empty task type) is named in URLs.
@@ -123,6 +123,14 @@ class PolicyInput(StrictInput):
     context_passing = serializers.ChoiceField(choices=CONTEXT_PASSING_CHOICES, required=False)
     resume_native_sessions = serializers.BooleanField(required=False)
     resume_max_context_fraction = serializers.FloatField(required=False)
+    summaries_enabled = serializers.BooleanField(required=False)
+    summary_bot = serializers.CharField(
+        required=False, allow_null=True, max_length=64, help_text="A registered bot's name."
+    )
+    summary_threshold_turns = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_SUMMARY_THRESHOLD_TURNS
+    )
+    summary_max_chars = _optional_cap()
     inherit = serializers.ListField(
         child=serializers.ChoiceField(choices=list(POLICY_FIELDS)),
         required=False,

@@ -36,6 +36,7 @@ from backend.dispatch.models import HistoryPolicy, PromptReport
 from backend.dispatch.policies import (
     POLICY_FIELDS,
     builder_policy,
+    check_summary_bot,
     resolve_policy,
     row_effective_values,
     save_policy,
@@ -75,7 +76,9 @@ class PolicyValuesForm(forms.ModelForm[HistoryPolicy]):
         # would only repeat or guess.
         if not self.errors:
             try:
-                builder_policy({name: cleaned.get(name) for name in POLICY_FIELDS})
+                check_summary_bot(
+                    builder_policy({name: cleaned.get(name) for name in POLICY_FIELDS})
+                )
             except InvalidInput as error:
                 _attach_policy_error(self, error)
         return cleaned
@@ -217,6 +220,22 @@ class HistoryPolicyAdmin(admin.ModelAdmin[HistoryPolicy]):
                     "Codex CLI and Claude Code keep their own session on the worker; resuming "
                     "it with only the unseen turns saves the model from reading every earlier "
                     "turn again."
+                ),
+            },
+        ),
+        (
+            "Summaries of omitted history",
+            {
+                "fields": [
+                    "summaries_enabled",
+                    "summary_bot",
+                    "summary_threshold_turns",
+                    "summary_max_chars",
+                ],
+                "description": (
+                    "When prompts leave turns out, a summary job on the chosen bot writes a "
+                    "rolling summary; later prompts show it after the omission notice. A "
+                    "dispatch never waits for it."
                 ),
             },
         ),

@@ -6,7 +6,9 @@ PostgreSQL; a compare-and-set UPDATE per candidate on databases without it (SQLi
 IMMEDIATE transactions also serialize writers). A claim moves the turn to RUNNING under a new
 attempt (the lease's fencing token, see `leases`) and the claimed turns' payloads are built by
 `payload`. Turns wait out a retry backoff, and are held for a while for the worker that has
-the bot's native session, before anyone may claim them.
+the bot's native session, before anyone may claim them. Summary jobs (`summaries`) wait in the
+same queue and are claimed by the same query, exactly once; claiming one leaves its task's
+status alone, and a dispatch may schedule new ones (after its payloads are built).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from django.utils import timezone
 
 from backend.dispatch.leases import lease_until, reclaim_expired_leases
 from backend.dispatch.payload import ClaimedTurn, build_claimed_turns
+from backend.dispatch.summaries import schedule_summaries
 from backend.errors import InvalidInput
 from backend.prompting import Role
-from backend.tasks.models import Subtask, SubtaskStatus, Task, TaskStatus
+from backend.tasks.models import TURNS, Subtask, SubtaskStatus, Task, TaskStatus
 
 MAX_CLAIM_LIMIT = 100
 
@@ -46,7 +49,9 @@ def claim_turns(
     ids = _claim_ids(worker=worker, worker_id=worker_id, kinds=kinds, limit=limit)
     if not ids:
         return []
-    return build_claimed_turns(ids=ids, worker=worker, worker_id=worker_id)
+    claimed = build_claimed_turns(ids=ids, worker=worker, worker_id=worker_id)
+    schedule_summaries(prompts=[(turn.subtask, turn.prompt) for turn in claimed])
+    return claimed
 
 
 def next_ready_in_seconds(*, kinds: Sequence[str], worker_id: str) -> float | None:
@@ -109,9 +114,10 @@ def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int
         # After the claim commits, not inside it: the claim holds turn locks, and taking task
         # locks after them would invert the order of follow-ups and cancel (task, then turns).
         # A task cancelled meanwhile keeps its status.
-        Task.objects.filter(pk__in=Subtask.objects.filter(pk__in=ids).values("task_id")).exclude(
-            status=TaskStatus.CANCELLED
-        ).update(status=TaskStatus.RUNNING, updated_at=now)
+        # A summary job is no part of the conversation: it leaves the task's status alone.
+        Task.objects.filter(
+            pk__in=Subtask.objects.filter(TURNS, pk__in=ids).values("task_id")
+        ).exclude(status=TaskStatus.CANCELLED).update(status=TaskStatus.RUNNING, updated_at=now)
     return ids
 
 

@@ -4,7 +4,8 @@ A `HistoryPolicy` row holds every cap of the prompt builder's `backend.prompting
 for one task type (or, with an empty task type, the default for types without a row of their
 own). The spill threshold and preview sizes are not here: they apply once, at ingestion, to
 content-addressed artifacts shared across tasks, so they are service settings
-(BATON_SPILL_THRESHOLD_CHARS, BATON_PREVIEW_HEAD_CHARS, BATON_PREVIEW_TAIL_CHARS).
+(BATON_SPILL_THRESHOLD_CHARS, BATON_PREVIEW_HEAD_CHARS, BATON_PREVIEW_TAIL_CHARS). The
+summary fields say whether and how omitted history is summarized (backend/dispatch/summaries.py).
 Rows are validated by that same pydantic model, versioned on each change, and take effect on
 the next dispatch. A `PromptReport` records what one dispatch built — counts, sizes, ids,
 flags and timing, never the prompt text (docs/architecture.md, principle 7).
@@ -68,6 +69,24 @@ CAP_HELP = {
         "A session whose last turn used more than this share of the bot's context window "
         "starts fresh with the full prompt instead."
     ),
+    "summaries_enabled": (
+        "Summarize omitted history: when prompts leave turns out, a summary job on the summary "
+        "bot writes a rolling summary, which later prompts show after the omission notice. "
+        "A dispatch never waits for it."
+    ),
+    "summary_bot": (
+        "The registered bot that writes summaries (its executor, model and keys stay on the "
+        "workers). Required when summaries are on."
+    ),
+    "summary_threshold_turns": (
+        "A new summary job is scheduled when this many omitted turns are not covered by a "
+        "summary yet; it folds the previous summary in."
+    ),
+    "summary_max_chars": (
+        "A summary longer than this is cut head + tail in the prompt (its full text stays "
+        "stored). Not counted against max chars; counted against max tokens, after the "
+        "history messages. Empty: no cap."
+    ),
 }
 
 
@@ -117,6 +136,17 @@ class HistoryPolicy(models.Model):
     )
     resume_max_context_fraction = models.FloatField(
         default=0.8, help_text=CAP_HELP["resume_max_context_fraction"]
+    )
+    summaries_enabled = models.BooleanField(default=False, help_text=CAP_HELP["summaries_enabled"])
+    # None (not ""): no bot chosen, as the builder's policy says it.
+    summary_bot = models.CharField(
+        max_length=64, null=True, blank=True, help_text=CAP_HELP["summary_bot"]
+    )
+    summary_threshold_turns = models.PositiveIntegerField(
+        default=20, help_text=CAP_HELP["summary_threshold_turns"]
+    )
+    summary_max_chars = models.PositiveIntegerField(
+        null=True, blank=True, default=4_000, help_text=CAP_HELP["summary_max_chars"]
     )
     # The fields this row sets. Every other field is inherited: from the default row (for a
     # task type's row), then the EXECUTOR_HISTORY_* environment, then Baton's built-in default.
@@ -197,6 +227,11 @@ class PromptReport(models.Model):
     current_tokens = models.PositiveIntegerField()
     previous_result_tokens = models.PositiveIntegerField()
     note_tokens = models.PositiveIntegerField(default=0)  # the escape note's, when present
+    # The summary of omitted history the prompt showed: the messages it covers (null: none)
+    # and its block's tokens (part of history_tokens).
+    summary_first_message_id = models.PositiveIntegerField(null=True, blank=True)
+    summary_last_message_id = models.PositiveIntegerField(null=True, blank=True)
+    summary_tokens = models.PositiveIntegerField(default=0)
     token_encoding = models.CharField(max_length=64)
     # The budget from the bot's model (backend/dispatch/budgets.py): its context window (none
     # when the model is not known), the policy's share of it, the effective budget in the

@@ -2,9 +2,10 @@
 
 For every claimed turn: the bot, the resolved history policy, the full prompt and, when the
 claiming worker holds the bot's native session, a resume prompt; one artifact manifest for
-both; a PromptReport row per prompt and one `dispatch` log line per row. Built in batch: a
-fixed number of queries however many turns were claimed and however long their histories
-(tests/dispatch/test_claim_queries.py pins it).
+both; a PromptReport row per prompt and one `dispatch` log line per row. A claimed summary job
+gets the same, with its own prompt (`summaries.summary_job_prompts`) and never a resume. Built
+in batch: a fixed number of queries however many turns were claimed and however long their
+histories (tests/dispatch/test_claim_queries.py pins it).
 
 Invariants: a claimed turn whose payload cannot be built is released at once (requeued, or
 failed after its last attempt) rather than left RUNNING until its lease expires; and no prompt
@@ -39,11 +40,12 @@ from backend.dispatch.sessions import (
     resume_input,
     resume_reason,
 )
+from backend.dispatch.summaries import SUMMARY_JOB, summary_job_prompts
 from backend.events import EventValue, log_event, opaque_id
 from backend.prompting import BUILDER_VERSION, PromptBudgetError
 from backend.prompting.addressing import content_sha256
 from backend.tasks.history import input_snapshot, prompt_input_for, prompt_inputs_for
-from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus, Task
+from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskKind, SubtaskStatus, Task
 from backend.tasks.selectors import bots_for_turns
 from backend.tasks.services import lock_task, record_result
 from backend.tasks.transcripts import store_transcripts, transcripts_for
@@ -72,20 +74,23 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
 
     A turn whose payload cannot be built is released (see `_build_failed`) and left out.
     """
-    subtasks = list(
+    claimed_rows = list(
         Subtask.objects.filter(pk__in=ids)
-        .select_related("task")
+        .select_related("task", "summary_previous")
         .defer(
-            "result", "message", "history_text", "preview_head", "preview_tail", "preview_layout"
+            *_LONG_COLUMNS,
+            *(f"summary_previous__{column}" for column in _LONG_COLUMNS),
         )
         .order_by("pending_since", "id")
     )
-    bots = bots_for_turns(subtasks)
+    subtasks = [row for row in claimed_rows if row.kind == SubtaskKind.TURN]
+    jobs = [row for row in claimed_rows if row.kind == SubtaskKind.SUMMARY]
+    bots = bots_for_turns(claimed_rows)
     windows = model_windows_for(bots.values())
-    rows = policy_rows(task_types={subtask.task.task_type for subtask in subtasks})
+    rows = policy_rows(task_types={subtask.task.task_type for subtask in claimed_rows})
     resolved = {
         subtask.pk: resolve_from_rows(task_type=subtask.task.task_type, rows=rows)
-        for subtask in subtasks
+        for subtask in claimed_rows
     }
     budgets = {
         subtask.pk: effective_max_tokens(
@@ -104,7 +109,7 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
     try:
         sessions = native_sessions_for(subtasks)
     except Exception as error:  # noqa: BLE001 - any failure must release the claims
-        for subtask in subtasks:
+        for subtask in claimed_rows:
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)
         return []
     built: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]] = []
@@ -158,7 +163,16 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
     except Exception as error:  # noqa: BLE001 - any failure must release the claims
         for subtask, *_ in built:
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)
-        return []
+        built = []
+    if jobs:
+        job_prompts, job_failures = summary_job_prompts(jobs=jobs, resolved=resolved)
+        for job in jobs:
+            if job.pk in job_failures:
+                _build_failed(subtask=job, worker_id=worker_id, error=job_failures[job.pk])
+            elif job.pk not in bots:
+                _build_failed(subtask=job, worker_id=worker_id, error=LookupError("no bot"))
+        built += [(job, prompt, None, SUMMARY_JOB) for job, prompt in job_prompts if job.pk in bots]
+        built.sort(key=lambda item: (item[0].pending_since, item[0].pk))
     stored: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]] = []
     for subtask, prompt, resume, reason in built:
         try:
@@ -245,6 +259,17 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
     return claimed
 
 
+# Columns a payload never reads from the claimed rows (nor from a summary job's previous one).
+_LONG_COLUMNS = (
+    "result",
+    "message",
+    "history_text",
+    "preview_head",
+    "preview_tail",
+    "preview_layout",
+)
+
+
 def _with_transcripts(
     built: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]],
 ) -> tuple[
@@ -283,6 +308,8 @@ def _files_of(prompt: TurnPrompt, resume: TurnPrompt | None) -> list[tuple[str, 
             continue
         for section in turn_prompt.build.document.sections:
             pointers = [message.artifact for message in section.messages]
+            if section.summary is not None:
+                pointers.insert(0, section.summary.artifact)
             if section.notice is not None:
                 pointers.insert(0, section.notice.transcript)
             for pointer in pointers:
@@ -309,11 +336,11 @@ def _report_row(
         kind=kind,
         resume_reason=resume_reason,
         **overflow_columns(subtask),
-        **_build_columns(prompt),
+        **_build_columns(prompt, summary_job=subtask.kind == SubtaskKind.SUMMARY),
     )
 
 
-def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
+def _build_columns(prompt: TurnPrompt, *, summary_job: bool = False) -> dict[str, Any]:
     """The PromptReport columns a built prompt fills: the one place its report is copied.
 
     The row is made from these and the dispatch log line from the row's columns, so a column
@@ -348,6 +375,9 @@ def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
         "current_tokens": report.current_tokens,
         "previous_result_tokens": report.previous_result_tokens,
         "note_tokens": report.note_tokens,
+        "summary_first_message_id": report.summary_first_message_id,
+        "summary_last_message_id": report.summary_last_message_id,
+        "summary_tokens": report.summary_tokens,
         "token_encoding": report.token_encoding,
         **budget_columns(prompt.budget, counted_tokens=report.tokens),
         "artifacts": list(report.artifacts),
@@ -357,7 +387,7 @@ def _build_columns(prompt: TurnPrompt) -> dict[str, Any]:
         "builder_version": BUILDER_VERSION,
         "policy_snapshot": prompt.resolved.policy.model_dump(mode="json"),
         "input_snapshot": {
-            **input_snapshot(prompt.input),
+            **input_snapshot(prompt.input, summary_job=summary_job),
             "transcript": list(prompt.transcript.message_ids) if prompt.transcript else None,
         },
         "prompt_sha256": content_sha256(prompt.build.text),

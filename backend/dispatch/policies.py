@@ -13,7 +13,7 @@ EXECUTOR_HISTORY_ENABLED=false is the global kill switch: it turns history off w
 rows say.
 
 Every row is validated by the prompt builder's own pydantic `PromptPolicy`, so the admin, the
-API and the builder agree on what is valid.
+API and the builder agree on what is valid; a `summary_bot` must also name a registered bot.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from backend.dispatch.models import DEFAULT_TASK_TYPE, HistoryPolicy
 from backend.errors import InvalidInput
 from backend.prompting.policy import PromptPolicy
+from backend.tasks.models import Bot
 
 # The HistoryPolicy columns that are builder caps (everything an operator tunes).
 POLICY_FIELDS = (
@@ -47,6 +48,10 @@ POLICY_FIELDS = (
     "context_passing",
     "resume_native_sessions",
     "resume_max_context_fraction",
+    "summaries_enabled",
+    "summary_bot",
+    "summary_threshold_turns",
+    "summary_max_chars",
 )
 
 
@@ -107,6 +112,17 @@ def builder_policy(values: Mapping[str, Any]) -> PromptPolicy:
             field = next((name for name in POLICY_FIELDS if reason.startswith(name)), None)
         message = f"{field}: {reason}" if field else reason
         raise InvalidInput(message, field=field or "policy") from None
+
+
+def check_summary_bot(policy: PromptPolicy) -> None:
+    """InvalidInput naming `summary_bot` when it names no registered bot (one query, only when
+    a bot is named)."""
+    if policy.summary_bot is not None and not Bot.objects.filter(name=policy.summary_bot).exists():
+        raise InvalidInput(
+            f"summary_bot: bot {policy.summary_bot!r} is not registered (GET /api/bots/ lists "
+            "the bots).",
+            field="summary_bot",
+        )
 
 
 def row_values(row: HistoryPolicy) -> dict[str, Any]:
@@ -221,7 +237,7 @@ def save_policy(
         if row.is_default
         else HistoryPolicy.objects.filter(task_type=DEFAULT_TASK_TYPE).first()
     )
-    builder_policy(row_effective_values(row=draft, default_row=default_row)[0])
+    check_summary_bot(builder_policy(row_effective_values(row=draft, default_row=default_row)[0]))
     with transaction.atomic():
         for name, value in setting.items():
             setattr(row, name, value)

@@ -31,7 +31,7 @@ from backend.errors import InvalidInput, NotFound
 from backend.prompting.build import PromptBudgetError
 from backend.prompting.report import BuildReport
 from backend.tasks.history import HISTORY_STATUSES, HistoryUnavailable, prompt_input_for
-from backend.tasks.models import ROLE_CHOICES, NativeSession, Subtask, Task
+from backend.tasks.models import ROLE_CHOICES, TURNS, NativeSession, Subtask, Task
 
 # The history list under the prompt names turns by id and role only, but a task can have
 # thousands: list the newest ones (and any older turn the prompt includes, the pinned first
@@ -177,7 +177,10 @@ def _history_turns(
     if subtask.parent_message_id is None:
         return (), 0
     rows = Subtask.objects.filter(
-        task_id=task.pk, message_id__lt=subtask.parent_message_id, status__in=HISTORY_STATUSES
+        TURNS,
+        task_id=task.pk,
+        message_id__lt=subtask.parent_message_id,
+        status__in=HISTORY_STATUSES,
     ).order_by("-message_id")
     columns = ("message_id", "role", "status")
     listed = list(rows.values_list(*columns)[: HISTORY_LIST_LIMIT + 1])

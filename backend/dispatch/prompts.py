@@ -11,7 +11,7 @@ from backend.prompting import Role
 from backend.prompting.build import PromptBuild, build_prompt
 from backend.prompting.inputs import PromptInput
 from backend.tasks.history import prompt_input_for
-from backend.tasks.models import Subtask, SubtaskStatus, Task
+from backend.tasks.models import TURNS, Subtask, SubtaskStatus, Task
 from backend.tasks.transcripts import Transcript, TranscriptRequest, transcripts_for
 
 
@@ -105,7 +105,7 @@ def with_transcript(turn_prompt: TurnPrompt, transcript: Transcript) -> TurnProm
 def next_turn_to_dispatch(*, task: Task) -> Subtask | None:
     """The turn the next dispatch of this task would send, or, when none is waiting, the
     latest assistant turn (what a re-run would send)."""
-    turns = Subtask.objects.filter(task_id=task.pk, role=Role.ASSISTANT)
+    turns = Subtask.objects.filter(TURNS, task_id=task.pk, role=Role.ASSISTANT)
     waiting = (
         turns.filter(status__in=(SubtaskStatus.PENDING, SubtaskStatus.RUNNING))
         .order_by("message_id")

@@ -26,7 +26,7 @@ from backend.dispatch.models import PromptReport
 from backend.prompting.inputs import PromptInput
 from backend.prompting.policy import PromptPolicy
 from backend.tasks.history import any_of
-from backend.tasks.models import NativeSession, Subtask, SubtaskStatus
+from backend.tasks.models import NativeSession, Subtask, SubtaskKind, SubtaskStatus
 
 # Agno runs keep Baton's prompt: their sessions live in the runner's own store and replay
 # tool results of earlier runs, so a resume would not save what it does for the CLIs.
@@ -124,6 +124,7 @@ def resume_input(full_input: PromptInput, *, seen_through: int) -> PromptInput:
     data: dict[str, Any] = {field: getattr(full_input, field) for field in PromptInput.model_fields}
     data.update(
         history=tuple(m for m in full_input.history if m.message_id > seen_through),
+        summary=None,  # the session has seen what a summary would stand for
         first_user_message_id=None,
         earlier_user_messages=0,
         earlier_assistant_messages=0,
@@ -153,8 +154,12 @@ def record_session(
             default=F("resume_reason"),
         ),
     )
-    if not session_id or subtask.status != SubtaskStatus.COMPLETED:
-        return
+    if (
+        not session_id
+        or subtask.status != SubtaskStatus.COMPLETED
+        or subtask.kind != SubtaskKind.TURN
+    ):
+        return  # a summary job's session is of no use to the task's turns
     sent = reports.filter(kind=sent_kind).values_list("included_message_ids", flat=True).first()
     seen_now = {*(sent or []), subtask.parent_message_id, subtask.message_id}
     if subtask.pipeline_step:

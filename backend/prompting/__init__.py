@@ -10,13 +10,14 @@ each:
 * ``truncate`` — head + tail cuts with Codex's exact markers; the previews ingestion stores.
 * ``previews`` — kind-aware previews: valid JSON skeletons, evidence lines, line-bounded cuts.
 * ``policy`` — :class:`PromptPolicy`, every cap, validated; :class:`ContextPassing`.
-* ``inputs`` — the history, current message and previous result as frozen models.
+* ``inputs`` — the history, its summary, current message and previous result as frozen models.
 * ``document`` — the structure of a prompt (sections, messages, omission notice).
 * ``render`` — labels, escaping, pointer lines, the notice; document → text.
 * ``counting`` — exact token counts of a prompt's pieces, without encoding the prompt.
 * ``pieces`` — a rendered message piece with its size, the unit every cap budgets.
 * ``fixed`` — the Current Message and the Previous Result: cut at their caps, squeezed to fit.
 * ``selection`` — which history messages fit, newest first, and the notice for the rest.
+* ``summary`` — the summary block of omitted history, and the prompt of a summary job.
 * ``tally`` — a build's pieces counted into its :class:`BuildReport`.
 * ``build`` — :func:`build_prompt`: the sections put together under the caps, in their order.
 * ``parse`` — :func:`parse_prompt`: text → document, the inverse of rendering.
@@ -34,11 +35,13 @@ from backend.prompting.document import (
     RenderedMessage,
     RenderedSection,
     Section,
+    SummaryBlock,
 )
 from backend.prompting.inputs import (
     ArtifactPointer,
     CurrentMessage,
     HistoryMessage,
+    HistorySummary,
     PromptInput,
     Role,
 )
@@ -92,6 +95,7 @@ __all__ = [
     "ContextPassing",
     "CurrentMessage",
     "HistoryMessage",
+    "HistorySummary",
     "PromptPolicy",
     "OmissionNotice",
     "ParsedPrompt",
@@ -105,6 +109,7 @@ __all__ = [
     "RenderedSection",
     "Role",
     "Section",
+    "SummaryBlock",
     "TruncatedMessage",
     "Truncation",
     "Unit",

@@ -14,14 +14,18 @@ The contract is docs/architecture.md's "The prompt" and its caps:
    prompt fits ``max_tokens``: the walk goes newest first and stops at the first message that
    does not fit, so its cost grows with the budget, not with the history. One omission notice at
    the top of the history counts what was dropped, by role.
-5. If the fixed sections alone leave no room under ``max_tokens`` for the history header and its
+5. With messages omitted, the input's summary goes right after the notice, in the room the
+   history messages leave: cut at ``summary_max_chars``, cut further to fit ``max_tokens``,
+   dropped when nothing of it fits; it never changes which messages are included (``summary``).
+6. If the fixed sections alone leave no room under ``max_tokens`` for the history header and its
    notice, the Previous Result and then the Current Message are cut further (in chars, so the
    marker keeps counting code points of the original), and the history then carries only its
    header and notice. (Filling what the cut leaves over would let a larger budget, which cuts
    the fixed sections less, include fewer history messages.)
 
 What ``max_chars`` bounds: the characters of the history's message pieces (labels, content,
-markers, pointer lines and the blank line after each), not the section header or the notice.
+markers, pointer lines and the blank line after each), not the section header, the notice or the
+summary block (which ``summary_max_chars`` bounds).
 What ``max_tokens`` bounds: the whole prompt.
 
 Token counting is exact without encoding the prompt: for seam-safe encodings the pieces' counts
@@ -43,12 +47,13 @@ from backend.prompting.policy import ContextPassing, PromptPolicy
 from backend.prompting.render import escape_note_piece, header_piece, needs_escape, notice_piece
 from backend.prompting.report import BuildReport
 from backend.prompting.selection import HistorySection, Selection
+from backend.prompting.summary import SummarySection, fit_summary, summary_section
 from backend.prompting.tally import tally_build
 from backend.prompting.truncate import Preview
 
 _VERIFY_ROUNDS = 4
 
-BUILDER_VERSION = "2026.11.26.2"
+BUILDER_VERSION = "2026.11.26.3"
 """Names the rendering rules. Change it whenever the same input and policy would render to other
 bytes: a PromptReport records it, and a replay under another version says so instead of
 claiming the past prompt was different."""
@@ -230,6 +235,7 @@ class _Builder:
         )
 
         selected: list[tuple[int, SizedPiece]] = []
+        summary: SummarySection | None = None
         pinned = False
         history_tokens = 0
         sections: list[RenderedSection] = []
@@ -249,21 +255,39 @@ class _Builder:
             history_tokens = self.history.overhead(users, len(selected) - users) + sum(
                 piece.tokens(self.counter) for _, piece in selected
             )
+            noted = any(_escaped(f.piece) for f in fixed) or any(
+                _escaped(piece) for _, piece in selected
+            )
+            if notice is not None and not squeezed:
+                used = sum(fixed_tokens.values()) + history_tokens + (note_tokens if noted else 0)
+                summary = self._summary(
+                    room=self.max_tokens - used if self.max_tokens is not None else None,
+                    note_tokens=0 if noted else note_tokens,
+                )
+            if summary is not None:
+                history_tokens += summary.piece.tokens(self.counter)
             pieces.append(header_piece(Section.HISTORY))
             if notice is not None:
                 pieces.append(notice_piece(notice))
+            if summary is not None:
+                pieces.append(summary.piece.text)
             pieces.extend(piece.text for _, piece in selected)
             sections.append(
                 RenderedSection(
-                    Section.HISTORY, tuple(piece.message for _, piece in selected), notice
+                    Section.HISTORY,
+                    tuple(piece.message for _, piece in selected),
+                    notice,
+                    summary.block if summary is not None else None,
                 )
             )
         for f in fixed:
             pieces.append(header_piece(f.section))
             pieces.append(f.piece.text)
             sections.append(RenderedSection(f.section, (f.piece.message,)))
-        escape_note = any(_escaped(f.piece) for f in fixed) or any(
-            _escaped(piece) for _, piece in selected
+        escape_note = (
+            any(_escaped(f.piece) for f in fixed)
+            or any(_escaped(piece) for _, piece in selected)
+            or (summary is not None and _escaped(summary.piece))
         )
         if escape_note:
             pieces.insert(0, escape_note_piece())
@@ -279,6 +303,7 @@ class _Builder:
             fixed=fixed,
             fixed_tokens=fixed_tokens,
             note_tokens=used_note_tokens,
+            summary=summary,
             verbatim=False,
             context_passing=self.mode,
             token_encoding=self.policy.token_encoding,
@@ -291,6 +316,19 @@ class _Builder:
             document=document,
             whole_texts=_distinct(whole_texts),
         )
+
+    def _summary(self, *, room: int | None, note_tokens: int) -> SummarySection | None:
+        """The input's summary, cut to fit ``room`` tokens, or None (see ``summary``)."""
+        if self.input.summary is None:
+            return None
+        transcript = self.input.transcript
+        section = summary_section(
+            self.input.summary,
+            cap=self.policy.summary_max_chars,
+            transcript_path=transcript.workspace_path if transcript is not None else None,
+            counter=self.counter,
+        )
+        return fit_summary(section, room, note_tokens=note_tokens, counter=self.counter)
 
 
 def _distinct(whole_texts: list[WholeText | None]) -> tuple[WholeText, ...]:

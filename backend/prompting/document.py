@@ -1,4 +1,4 @@
-"""The structure of a prompt: sections, messages and the omission notice, before rendering.
+"""The structure of a prompt: sections, messages, the omission notice and the summary block.
 
 The builder decides *what* goes into a prompt as a :class:`PromptDocument`; ``render`` turns it
 into text and ``parse`` turns text back into the same document. Keeping the structure as plain
@@ -6,7 +6,9 @@ data is what lets the round trip be tested: ``parse_prompt(render_document(doc))
 
 A message's ``content`` is what the model sees after truncation (markers included) and before
 escaping; ``name`` is the bracketed part of its label (a group-chat sender, or a bot when the
-task has several), and ``artifact`` the pointer line that ends it, if any.
+task has several), and ``artifact`` the pointer line that ends it, if any. A history section
+that omits messages may carry a :class:`SummaryBlock` after its notice: a summary of earlier
+messages, shaped like a message whose label line says what it covers.
 """
 
 from __future__ import annotations
@@ -57,10 +59,30 @@ class RenderedMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class SummaryBlock:
+    """A summary of the messages ``first_message_id`` to ``last_message_id``, as the model
+    sees it (content after any cut, before escaping).
+
+    ``transcript_path`` is where the whole conversation is (the notice's transcript), when
+    there is one; ``artifact`` the pointer line to the whole summary, when it was cut.
+    """
+
+    first_message_id: int
+    last_message_id: int
+    content: str
+    transcript_path: str | None = None
+    artifact: ArtifactPointer | None = None
+    markers: tuple[tuple[int, int], ...] = field(default=(), compare=False)
+    """The spans in ``content`` of the markers of real cuts (see ``RenderedMessage``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RenderedSection:
     section: Section
     messages: tuple[RenderedMessage, ...] = ()
     notice: OmissionNotice | None = None
+    summary: SummaryBlock | None = None
+    """Only in the history, only after a notice."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from backend.prompting.document import RenderedMessage, Section
 from backend.prompting.inputs import ArtifactPointer, Role
 from backend.prompting.pieces import SizedPiece, cut_chars, sized_piece
 from backend.prompting.render import header_piece
-from backend.prompting.truncate import Preview
+from backend.prompting.truncate import Preview, Truncation
 
 
 @dataclass(slots=True)
@@ -75,9 +75,13 @@ class FixedSection:
         message = RenderedMessage(
             role=self.role, name=self.name, content=content, artifact=pointer, markers=markers
         )
-        self.piece = sized_piece(
-            message, tokens, last=self.last, cut=cut, whole_text=self.whole_text
-        )
+        self.piece = self._render(message, tokens, cut)
+
+    def _render(
+        self, message: RenderedMessage, tokens: int | None, cut: Truncation | None
+    ) -> SizedPiece:
+        """The piece for ``message`` (its cached count ``tokens``): a labelled message."""
+        return sized_piece(message, tokens, last=self.last, cut=cut, whole_text=self.whole_text)
 
     def _pointer(self) -> tuple[ArtifactPointer | None, WholeText | None]:
         # Computed once (a squeeze recuts several times); a stored preview is never addressed

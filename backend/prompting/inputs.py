@@ -16,6 +16,9 @@ queryset. Everything here is frozen and validated at construction, so the builde
   (:func:`count_tokens`); the builder trusts it instead of re-encoding.
 * A FAILED assistant turn has ``failed=True``; its ``error`` (or, when ``error`` is ``None``,
   its ``text``) is what the prompt shows, marked as failed.
+* ``summary``, when given, is a rolling summary of messages ``first_message_id`` to
+  ``last_message_id`` (all older than the current message), stored like a message (whole, or
+  its preview when it spilled) and always as an artifact, which a cut of it points to.
 * Names (``sender``, ``bot``) appear inside ``User[…]`` / ``Assistant[…]`` labels, so they are
   1–64 printable characters without square brackets.
 
@@ -94,16 +97,10 @@ class ArtifactPointer(_Frozen):
         return value
 
 
-class HistoryMessage(_Frozen):
-    """One COMPLETED or FAILED turn of the task, as ingestion stored it."""
+class _StoredText(_Frozen):
+    """A text as ingestion stored it: whole, or (when it spilled) as its bounded preview."""
 
-    message_id: int
-    role: Role
     text: str
-    sender: str | None = None
-    bot: str | None = None
-    failed: bool = False
-    error: str | None = None
     token_count: int | None = Field(default=None, ge=0)
     total_chars: int | None = Field(default=None, ge=0)
     preview_head: str | None = None
@@ -114,15 +111,8 @@ class HistoryMessage(_Frozen):
     :class:`~backend.prompting.truncate.Preview`); empty for a head + tail preview."""
     artifact: ArtifactPointer | None = None
 
-    @field_validator("sender", "bot")
-    @classmethod
-    def _names_fit_labels(cls, value: str | None) -> str | None:
-        return validate_name(value)
-
     @model_validator(mode="after")
-    def _is_consistent(self) -> HistoryMessage:
-        if self.failed and self.role is not Role.ASSISTANT:
-            raise ValueError("only assistant turns can be failed")
+    def _preview_is_consistent(self) -> _StoredText:
         if (self.preview_head is None) != (self.preview_tail is None):
             raise ValueError("preview_head and preview_tail come together")
         if self.preview_head is not None and self.preview_tail is not None:
@@ -153,6 +143,28 @@ class HistoryMessage(_Frozen):
             elisions=self.preview_elisions,
         )
 
+
+class HistoryMessage(_StoredText):
+    """One COMPLETED or FAILED turn of the task, as ingestion stored it."""
+
+    message_id: int
+    role: Role
+    sender: str | None = None
+    bot: str | None = None
+    failed: bool = False
+    error: str | None = None
+
+    @field_validator("sender", "bot")
+    @classmethod
+    def _names_fit_labels(cls, value: str | None) -> str | None:
+        return validate_name(value)
+
+    @model_validator(mode="after")
+    def _is_consistent(self) -> HistoryMessage:
+        if self.failed and self.role is not Role.ASSISTANT:
+            raise ValueError("only assistant turns can be failed")
+        return self
+
     @property
     def shows_error(self) -> bool:
         """A failed turn shows its error message instead of its text."""
@@ -164,6 +176,28 @@ class HistoryMessage(_Frozen):
         if self.shows_error:
             return len(self.error or "")
         return self.total_chars if self.total_chars is not None else len(self.text)
+
+
+class HistorySummary(_StoredText):
+    """A rolling summary of the task's messages ``first_message_id`` to ``last_message_id``:
+    a summary job's stored result (``text``, or its preview when it spilled), whole in
+    ``artifact``. The builder shows it right after the omission notice when the history omits
+    messages (see ``summary``)."""
+
+    first_message_id: int = Field(ge=1)
+    last_message_id: int = Field(ge=1)
+    artifact: ArtifactPointer
+    """Where the whole summary is: a cut of it points there."""
+    message_id: int | None = None
+    """The stored summary's own id (its summary job's), for the record; never shown."""
+
+    @model_validator(mode="after")
+    def _covers_a_range(self) -> HistorySummary:
+        if self.first_message_id > self.last_message_id:
+            raise ValueError("first_message_id must not be after last_message_id")
+        if not self.text:
+            raise ValueError("a summary has text")
+        return self
 
 
 class CurrentMessage(_Frozen):
@@ -215,6 +249,9 @@ class PromptInput(_Frozen):
     """Where the whole conversation before the current message is (a transcript rendered by
     ``backend.prompting.transcript``, also split into one file per turn by ``turn_files``):
     the omission notice points there."""
+    summary: HistorySummary | None = None
+    """The latest finished summary of earlier messages (all older than the current message):
+    shown after the omission notice when the history omits messages and it fits."""
 
     _user_messages: int = PrivateAttr(default=0)
     _assistant_messages: int = PrivateAttr(default=0)
@@ -264,6 +301,8 @@ class PromptInput(_Frozen):
                 users += 1
         if previous_id is not None and previous_id >= self.current.message_id:
             raise ValueError("history must be older than the current message")
+        if self.summary is not None and self.summary.last_message_id >= self.current.message_id:
+            raise ValueError("a summary covers messages older than the current message")
         self._user_messages = users + self.earlier_user_messages
         self._assistant_messages = len(self.history) - users + self.earlier_assistant_messages
         self._first_user_index = self._find_first_user_message()

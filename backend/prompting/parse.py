@@ -10,7 +10,9 @@ message, no label). Otherwise boundaries are lines that
 are exactly a section header or a role label line (``Assistant[bot]: [failed]`` for a failed
 turn); content lines that would look like either are escaped, so every such line is real
 structure. Every piece ends with a blank line except the last, which ends with a single
-newline. The last line of a message is its artifact pointer when it parses as one.
+newline. The last line of a message is its artifact pointer when it parses as one. After the
+history's omission notice (which never holds a blank line) may come a summary block: its header
+line, its escaped content and, when it was cut, its pointer line, up to the next boundary.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from backend.prompting.document import (
     RenderedMessage,
     RenderedSection,
     Section,
+    SummaryBlock,
 )
 from backend.prompting.inputs import ArtifactPointer, Role
 from backend.prompting.render import (
@@ -31,6 +34,7 @@ from backend.prompting.render import (
     escape_note_piece,
     parse_omission_notice,
     parse_pointer_line,
+    parse_summary_header,
     starts_with_header_line,
     unescape_with_markers,
 )
@@ -47,7 +51,8 @@ class PromptParseError(ValueError):
     """The text is not a prompt Baton renders."""
 
 
-def _message(role: str, name: str | None, failed: bool, raw: str) -> RenderedMessage:
+def _body(raw: str) -> tuple[str, tuple[tuple[int, int], ...], ArtifactPointer | None]:
+    """A message's or summary's content, its markers' spans and its ending pointer line."""
     artifact: ArtifactPointer | None = None
     last_break = raw.rfind("\n")
     if last_break != -1:
@@ -55,6 +60,11 @@ def _message(role: str, name: str | None, failed: bool, raw: str) -> RenderedMes
         if artifact is not None:
             raw = raw[:last_break]
     content, markers = unescape_with_markers(raw)
+    return content, markers, artifact
+
+
+def _message(role: str, name: str | None, failed: bool, raw: str) -> RenderedMessage:
+    content, markers, artifact = _body(raw)
     return RenderedMessage(
         role=Role.USER if role == "User" else Role.ASSISTANT,
         name=name,
@@ -65,15 +75,38 @@ def _message(role: str, name: str | None, failed: bool, raw: str) -> RenderedMes
     )
 
 
-def _notice(section: Section, rest: str) -> OmissionNotice | None:
+def _notice(section: Section, rest: str) -> tuple[OmissionNotice | None, SummaryBlock | None]:
+    """The notice and the summary block between a section's header and its first message."""
     if not rest:
-        return None
-    notice = None
+        return None, None
+    notice, summary = None, None
     if section is Section.HISTORY and rest.endswith(PIECE_END):
-        notice = parse_omission_notice(rest[: -len(PIECE_END)])
+        notice_text, _, summary_text = rest[: -len(PIECE_END)].partition(PIECE_END)
+        notice = parse_omission_notice(notice_text)
+        if notice is not None and summary_text:
+            summary = _summary(summary_text)
+            if summary is None:
+                notice = None
     if notice is None:
         raise PromptParseError(f"unexpected text after the {section.value!r} header")
-    return notice
+    return notice, summary
+
+
+def _summary(text: str) -> SummaryBlock | None:
+    header, newline, raw = text.partition("\n")
+    parsed = parse_summary_header(header)
+    if parsed is None or not newline:
+        return None
+    first, last, transcript_path = parsed
+    content, markers, artifact = _body(raw)
+    return SummaryBlock(
+        first_message_id=first,
+        last_message_id=last,
+        content=content,
+        transcript_path=transcript_path,
+        artifact=artifact,
+        markers=markers,
+    )
 
 
 def parse_prompt(text: str) -> PromptDocument:
@@ -97,13 +130,14 @@ def parse_prompt(text: str) -> PromptDocument:
     sections: list[RenderedSection] = []
     current: Section | None = None
     notice: OmissionNotice | None = None
+    summary: SummaryBlock | None = None
     messages: list[RenderedMessage] = []
 
     def close() -> None:
         if current is not None:
             if not messages and notice is None:
                 raise PromptParseError(f"empty {current.value!r} section")
-            sections.append(RenderedSection(current, tuple(messages), notice))
+            sections.append(RenderedSection(current, tuple(messages), notice, summary))
 
     for position, boundary in enumerate(boundaries):
         end = boundaries[position + 1].start() if position + 1 < len(boundaries) else len(body)
@@ -116,7 +150,8 @@ def parse_prompt(text: str) -> PromptDocument:
                 raise PromptParseError(f"section {section.value!r} out of order")
             if not chunk.startswith(PIECE_END):
                 raise PromptParseError(f"{section.value!r} header must be followed by a blank line")
-            current, notice, messages = section, _notice(section, chunk[len(PIECE_END) :]), []
+            notice, summary = _notice(section, chunk[len(PIECE_END) :])
+            current, messages = section, []
             continue
         if current is None or not chunk.endswith(PIECE_END):
             raise PromptParseError("a message must sit in a section and end with a blank line")

@@ -1,9 +1,9 @@
 """A message piece ready to be budgeted: its rendered text and its size.
 
-History selection and the fixed sections budget the same unit, one rendered message: its label
-line, its escaped content and its suffix (pointer line, blank line). :class:`SizedPiece` keeps
-these three apart so the counter can reuse the content's cached token count at the seams, and
-counts the piece's tokens once, when first asked.
+History selection, the fixed sections and the summary block budget the same unit, one rendered
+message: its label line (a summary's header line), its escaped content and its suffix (pointer
+line, blank line). :class:`SizedPiece` keeps these three apart so the counter can reuse the
+content's cached token count at the seams, and counts the piece's tokens once, when first asked.
 
 Invariant kept here: a cached count goes with a piece only while it counts the exact body that is
 rendered. Escaping that changes the content drops it here; a caller that cuts the content passes
@@ -64,12 +64,17 @@ def sized_piece(
     cut: Truncation | None = None,
     truncated: TruncatedMessage | None = None,
     whole_text: WholeText | None = None,
+    prefix: str | None = None,
 ) -> SizedPiece:
-    """Render ``message`` as a piece; ``content_tokens`` is the cached count of its content."""
+    """Render ``message`` as a piece; ``content_tokens`` is the cached count of its content.
+
+    ``prefix`` replaces the label line (a summary block's header line; it ends with a newline).
+    """
     body = escape_content(message.content, keep=message.markers)
     if body is not message.content:
         content_tokens = None  # escaping changed the text the cached count was for
-    prefix = message_prefix(message.role, message.name, failed=message.failed)
+    if prefix is None:
+        prefix = message_prefix(message.role, message.name, failed=message.failed)
     suffix = message_suffix(message.artifact, last=last)
     return SizedPiece(
         message=message,

@@ -20,6 +20,11 @@ Context passing decides what one pipeline step sees:
 ``original_and_previous``  history + Current Message + Previous Result
 =========================  ============================================================
 
+Summaries of omitted history: with ``summaries_enabled``, dispatch schedules a summary job on
+``summary_bot`` whenever the turns the history omits and no summary covers yet reach
+``summary_threshold_turns``; the builder shows the latest finished summary after the omission
+notice, cut at ``summary_max_chars`` (see ``summary``).
+
 With ``enabled=False`` the history is left out and the rest of the mode still applies. When a
 mode would show a Previous Result but there is none (the first step of a pipeline), the Current
 Message is shown instead, so a step never receives a prompt without its new input.
@@ -31,6 +36,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
+from backend.prompting.inputs import validate_name
 from backend.prompting.units import DEFAULT_TOKEN_ENCODING, UnknownEncodingError, load_encoding
 
 MIN_MAX_TOKENS = 1024
@@ -39,6 +45,9 @@ MIN_MAX_TOKENS = 1024
 MAX_CAP = 2**31 - 1
 """The largest integer cap: what the 32-bit integer columns storing a policy hold. No text Baton
 accepts comes near it, so a larger cap could only be a mistake."""
+
+MAX_SUMMARY_THRESHOLD_TURNS = 10_000
+"""The largest ``summary_threshold_turns``: a re-summary waits for at most this many turns."""
 
 CAP_RANGE = f"must be a positive integer of at most {MAX_CAP}, or null (no cap)"
 """Why an integer cap is refused (the admin and the API say the same)."""
@@ -72,6 +81,7 @@ _CAP_FIELDS = (
     "max_tokens",
     "previous_result_max_chars",
     "current_message_max_chars",
+    "summary_max_chars",
 )
 
 
@@ -102,6 +112,24 @@ class PromptPolicy(BaseModel):
     # seen. Past this share of the bot's context window, the session starts fresh instead.
     resume_native_sessions: bool = True
     resume_max_context_fraction: float = 0.8
+    # Summaries of omitted history. Dispatch reads the first three (whether to schedule a
+    # summary job, on which bot, when); the builder reads the cap.
+    summaries_enabled: bool = False
+    summary_bot: str | None = None
+    summary_threshold_turns: int = 20
+    summary_max_chars: int | None = 4_000
+
+    @field_validator("summary_bot")
+    @classmethod
+    def _bot_name_fits_labels(cls, value: str | None) -> str | None:
+        return validate_name(value)
+
+    @field_validator("summary_threshold_turns")
+    @classmethod
+    def _threshold_in_range(cls, value: int) -> int:
+        if not 0 < value <= MAX_SUMMARY_THRESHOLD_TURNS:
+            raise ValueError(f"must be a positive integer of at most {MAX_SUMMARY_THRESHOLD_TURNS}")
+        return value
 
     @field_validator("resume_max_context_fraction", "max_tokens_fraction")
     @classmethod
@@ -155,4 +183,6 @@ class PromptPolicy(BaseModel):
             raise ValueError(
                 "preview_head_chars + preview_tail_chars must be below spill_threshold_chars"
             )
+        if self.summaries_enabled and self.summary_bot is None:
+            raise ValueError("summary_bot must name the bot that writes summaries when enabled")
         return self

@@ -6,6 +6,9 @@ The exact text of a sectioned prompt::
     <blank>
     [omitted earlier messages: 12 (7 user, 5 assistant)]
     <blank>
+    [summary of messages 1 to 12]
+    what the conversation established so far…
+    <blank>
     User[alice]:
     first line of the content
     more lines…
@@ -40,7 +43,8 @@ not tell apart is folded away (:func:`model_eye`): format and other invisible ch
 become the Latin letters they imitate, case is folded and leading whitespace is skipped. On that
 folded line, structure is ``#``-headers naming a section (``### current message``), a speaker
 label with an optional bracketed name and a colon (``user:``, ``Human:``, ``System [x] :``,
-``**Assistant:**``), or a line opening with ``[artifact``, ``[omitted`` or ``[note``.
+``**Assistant:**``), or a line opening with ``[artifact``, ``[omitted``, ``[note`` or
+``[summary``.
 
 A prompt in which any line was escaped opens with one note line (``ESCAPE_NOTE``, then a blank
 line) telling the model that a line starting with a backslash is quoted message text.
@@ -63,6 +67,14 @@ plural-invariant so it stays one line of stable shape)::
 When the whole conversation is in the workspace, two more lines follow it: the pointer line of
 the transcript, and the note naming the per-turn history files
 (:func:`~backend.prompting.turn_files.history_files_note`).
+
+Summary block (after the notice; shaped like a message whose label line is its header, its
+content escaped like a message's, a pointer line to the whole summary when it was cut)::
+
+    [summary of messages <first> to <last> · full transcript: <workspace path>]
+    <escaped summary>
+
+(`` · full transcript: …`` only when the notice points to a transcript.)
 """
 
 from __future__ import annotations
@@ -72,7 +84,13 @@ import re
 import unicodedata
 from collections.abc import Iterator
 
-from backend.prompting.document import OmissionNotice, PromptDocument, RenderedMessage, Section
+from backend.prompting.document import (
+    OmissionNotice,
+    PromptDocument,
+    RenderedMessage,
+    Section,
+    SummaryBlock,
+)
 from backend.prompting.inputs import ArtifactPointer, Role
 from backend.prompting.turn_files import history_files_note
 
@@ -98,7 +116,7 @@ _FOLDED_STRUCTURE = (
     rf"#+{_SPACE}(?:conversation{_SPACE}history|current{_SPACE}message|previous{_SPACE}result)"
     rf"|(?:user|assistant|human|system|developer|ai|bot){_SPACE}"
     rf"(?:\[[^\]{_LINE_BREAKS}]*\]{_SPACE})?(?:[*_]+{_SPACE})?:"
-    rf"|\[{_SPACE}(?:artifact|omitted|note)(?![a-z])"
+    rf"|\[{_SPACE}(?:artifact|omitted|note|summary)(?![a-z])"
     r")"
 )
 _LOOKS_STRUCTURAL = re.compile(_FOLDED_STRUCTURE)
@@ -148,6 +166,10 @@ _POINTER = re.compile(
 _NOTICE = re.compile(
     r"\[omitted earlier messages: (?P<omitted>\d+) \((?P<user>\d+) user,"
     r" (?P<assistant>\d+) assistant\)\]"
+)
+_SUMMARY_HEADER = re.compile(
+    r"\[summary of messages (?P<first>\d+) to (?P<last>\d+)"
+    r"(?: · full transcript: (?P<path>.+))?\]"
 )
 
 
@@ -424,6 +446,38 @@ def parse_omission_notice(text: str) -> OmissionNotice | None:
     )
 
 
+def summary_header(first_message_id: int, last_message_id: int, transcript_path: str | None) -> str:
+    """The line that opens a summary block: which messages it covers and where the whole
+    conversation is. The one place its wording lives (``parse_summary_header`` reads it)."""
+    where = f" · full transcript: {transcript_path}" if transcript_path is not None else ""
+    return f"[summary of messages {first_message_id} to {last_message_id}{where}]"
+
+
+def parse_summary_header(line: str) -> tuple[int, int, str | None] | None:
+    """The (first, last, transcript path) of a :func:`summary_header` line, else None."""
+    match = _SUMMARY_HEADER.fullmatch(line)
+    if match is None:
+        return None
+    return int(match["first"]), int(match["last"]), match["path"]
+
+
+def summary_prefix(summary: SummaryBlock) -> str:
+    """What precedes a summary's escaped content: its header line."""
+    header = summary_header(
+        summary.first_message_id, summary.last_message_id, summary.transcript_path
+    )
+    return header + "\n"
+
+
+def summary_piece(summary: SummaryBlock) -> str:
+    """The summary block: header line, escaped content, the pointer line when it was cut."""
+    return (
+        summary_prefix(summary)
+        + escape_content(summary.content, keep=summary.markers)
+        + message_suffix(summary.artifact)
+    )
+
+
 def escape_note_piece() -> str:
     return ESCAPE_NOTE + PIECE_END
 
@@ -459,6 +513,8 @@ def render_document(document: PromptDocument) -> str:
         pieces.append(header_piece(rendered.section))
         if rendered.notice is not None:
             pieces.append(notice_piece(rendered.notice))
+        if rendered.summary is not None:
+            pieces.append(summary_piece(rendered.summary))
         pieces.extend(message_piece(message) for message in rendered.messages)
     # Every piece ends with a blank line; the prompt itself ends with a single newline.
     return "".join(pieces).removesuffix(PIECE_END) + PROMPT_END

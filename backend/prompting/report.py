@@ -50,7 +50,8 @@ class BuildReport(BaseModel):
     history_chars: int
     """Characters of the history's messages (labels, content, pointer lines, blank lines)."""
     history_tokens: int
-    """Tokens of the Conversation History section: header, omission notice and messages.
+    """Tokens of the Conversation History section: header, omission notice, summary block and
+    messages.
 
     ``history_tokens + current_tokens + previous_result_tokens + note_tokens == tokens`` for the
     encodings in ``SEAM_SAFE_ENCODINGS``; for others ``tokens`` is the exact count of the whole
@@ -60,6 +61,15 @@ class BuildReport(BaseModel):
     previous_result_tokens: int
     note_tokens: int = 0
     """Tokens of the escape note that opens the prompt when a line was escaped (else 0)."""
+    summary_included: bool = False
+    """The history shows a summary of earlier messages after its omission notice."""
+    summary_first_message_id: int | None = None
+    summary_last_message_id: int | None = None
+    """The messages the included summary covers (None without one)."""
+    summary_tokens: int = 0
+    """Tokens of the summary block (part of ``history_tokens``)."""
+    summary_removed_chars: int = 0
+    """Characters of the whole summary the block leaves out (0: shown whole)."""
     artifacts: tuple[str, ...]
     first_user_message_pinned: bool
     current_truncated: bool

@@ -18,6 +18,7 @@ from backend.prompting.pieces import SizedPiece
 from backend.prompting.policy import ContextPassing
 from backend.prompting.report import BuildReport
 from backend.prompting.selection import HistorySection
+from backend.prompting.summary import SummarySection
 
 
 def tally_build(
@@ -31,6 +32,7 @@ def tally_build(
     fixed: Sequence[FixedSection],
     fixed_tokens: Mapping[Section, int],
     note_tokens: int = 0,
+    summary: SummarySection | None = None,
     verbatim: bool,
     context_passing: ContextPassing,
     token_encoding: str,
@@ -42,7 +44,8 @@ def tally_build(
     notice = history.notice(users, len(selected) - users) if history.shown else None
     if notice is not None and notice.transcript is not None:
         artifacts.append(notice.transcript.artifact_id)
-    for piece in [piece for _, piece in selected] + [f.piece for f in fixed]:
+    summary_pieces = [summary.piece] if summary is not None else []
+    for piece in summary_pieces + [piece for _, piece in selected] + [f.piece for f in fixed]:
         artifact = piece.message.artifact
         if artifact is not None and artifact.artifact_id not in artifacts:
             artifacts.append(artifact.artifact_id)
@@ -73,6 +76,11 @@ def tally_build(
         current_tokens=fixed_tokens.get(Section.CURRENT, 0),
         previous_result_tokens=fixed_tokens.get(Section.PREVIOUS_RESULT, 0),
         note_tokens=note_tokens,
+        summary_included=summary is not None,
+        summary_first_message_id=summary.first_message_id if summary is not None else None,
+        summary_last_message_id=summary.last_message_id if summary is not None else None,
+        summary_tokens=summary.piece.tokens(history.counter) if summary is not None else 0,
+        summary_removed_chars=summary.removed_chars if summary is not None else 0,
         artifacts=tuple(artifacts),
         first_user_message_pinned=pinned,
         current_truncated=current is not None and current.truncated,

@@ -41,6 +41,7 @@ class SubtaskInline(ReadOnlyAdminMixin, admin.TabularInline[Subtask, Task]):
     fields = readonly_fields = (
         "message_id",
         "parent_message_id",
+        "kind",
         "role",
         "status",
         "sender",
@@ -105,15 +106,25 @@ class TaskAdmin(admin.ModelAdmin[Task]):
     list_filter = ["status", "task_type", "is_group_chat"]
     search_fields = ["title"]
     list_select_related = ["owner"]
-    readonly_fields = ["next_message_id", "created_at", "updated_at"]
+    readonly_fields = ["next_message_id", "summary", "created_at", "updated_at"]
     inlines = [SubtaskInline, ArtifactInline]
 
 
 @admin.register(Subtask)
 class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Subtask]):
     allow_delete = True
-    list_display = ["id", "task", "message_id", "role", "status", "bot", "executor", "created_at"]
-    list_filter = ["status", "role", "executor"]
+    list_display = [
+        "id",
+        "task",
+        "message_id",
+        "kind",
+        "role",
+        "status",
+        "bot",
+        "executor",
+        "created_at",
+    ]
+    list_filter = ["status", "kind", "role", "executor"]
     search_fields = ["task__title"]
     list_select_related = ["task"]
     ordering = ["-created_at"]

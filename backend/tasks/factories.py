@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from django.contrib.auth.models import User
 
 from backend.prompting import Role
-from backend.tasks.models import Subtask, SubtaskStatus, Task
+from backend.tasks.models import TURNS, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
 # One text that every step of the pipeline answers, or one text per step, in pipeline order.
@@ -26,7 +26,7 @@ CODEX = PipelineStep(executor="codex")
 def pending_assistant_turns(*, task: Task) -> list[Subtask]:
     """The task's PENDING assistant turns, in pipeline order."""
     return list(
-        task.subtasks.filter(role=Role.ASSISTANT, status=SubtaskStatus.PENDING).order_by(
+        task.subtasks.filter(TURNS, role=Role.ASSISTANT, status=SubtaskStatus.PENDING).order_by(
             "message_id"
         )
     )

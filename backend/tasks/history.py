@@ -9,6 +9,9 @@ same whether the task's results were 1 KB or 1 GB each.
 Which rows: the task's COMPLETED and FAILED turns older than the user message being answered,
 newest first up to the policy's `max_messages`, plus the task's first user message when the
 policy pins it. Older turns are only counted (by role) so the omission notice stays exact.
+Summary jobs are not turns and never part of a history; with summaries on, the task's latest
+finished summary comes with the anchors (no query of its own), and a summary job's own input is
+read by `summary_job_inputs_for` (two queries for a batch).
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from backend.prompting.inputs import (
     ArtifactPointer,
     CurrentMessage,
     HistoryMessage,
+    HistorySummary,
     PromptInput,
 )
 from backend.prompting.policy import PromptPolicy
+from backend.prompting.summary import summary_request
 from backend.prompting.truncate import layout_fields
 from backend.prompting.units import DEFAULT_TOKEN_ENCODING, O200K_ENCODING
-from backend.tasks.models import Subtask, SubtaskStatus, Task
+from backend.tasks.models import TURNS, Subtask, SubtaskKind, SubtaskStatus, Task
 
 HISTORY_STATUSES = (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED)
 
@@ -58,6 +63,13 @@ HISTORY_FIELDS = (
     "artifact__size_chars",
     "artifact__size_lines",
     "history_is_preview",
+)
+# A stored summary: its text as a history text, and the range it covers.
+SUMMARY_FIELDS = (
+    *HISTORY_FIELDS,
+    "kind",
+    "summary_first_message_id",
+    "summary_last_message_id",
 )
 
 
@@ -137,6 +149,57 @@ def history_message(turn: Subtask, encoding: str = DEFAULT_TOKEN_ENCODING) -> Hi
     )
 
 
+def history_summary(row: Subtask) -> HistorySummary | None:
+    """A completed summary job's stored summary as the builder's input (None when it has no
+    text or no artifact to point to)."""
+    pointer = _pointer(row.artifact)
+    if (
+        row.kind != SubtaskKind.SUMMARY
+        or row.status != SubtaskStatus.COMPLETED
+        or not row.history_text
+        or pointer is None
+        or row.summary_first_message_id is None
+        or row.summary_last_message_id is None
+    ):
+        return None
+    spilled = row.history_is_preview
+    return HistorySummary(
+        message_id=row.message_id,
+        first_message_id=row.summary_first_message_id,
+        last_message_id=row.summary_last_message_id,
+        text=row.history_text,
+        token_count=row.history_text_tokens,
+        total_chars=row.history_chars,
+        preview_head=row.preview_head if spilled else None,
+        preview_tail=row.preview_tail if spilled else None,
+        **{f"preview_{name}": value for name, value in _preview_parts(row).items()},
+        artifact=pointer,
+    )
+
+
+def _current_message(user_turn: Subtask, encoding: str) -> CurrentMessage:
+    return CurrentMessage(
+        message_id=user_turn.message_id,
+        text=user_turn.message,
+        sender=_name(user_turn.sender),
+        token_count=None if user_turn.history_is_preview else _cached_tokens(user_turn, encoding),
+        artifact=_pointer(user_turn.artifact),
+    )
+
+
+def _summary_request(job: Subtask, previous: Subtask | None) -> CurrentMessage:
+    """A summary job's Current Message: the request to write its summary."""
+    assert job.summary_first_message_id is not None and job.summary_last_message_id is not None
+    return CurrentMessage(
+        message_id=job.message_id,
+        text=summary_request(
+            first_message_id=job.summary_first_message_id,
+            last_message_id=job.summary_last_message_id,
+            folds=previous.summary_last_message_id if previous is not None else None,
+        ),
+    )
+
+
 @dataclass(frozen=True)
 class _Request:
     subtask: Subtask
@@ -170,6 +233,13 @@ class _Request:
     def wants_history(self) -> bool:
         return self.policy.enabled and self.current_id > FIRST_USER_MESSAGE_ID
 
+    @property
+    def summary_id(self) -> int | None:
+        """The task's latest summary, when the policy shows summaries."""
+        if not (self.wants_history and self.policy.summaries_enabled):
+            return None
+        return self.task.summary_id
+
 
 def any_of(conditions: list[Q]) -> Q:
     """The OR of `conditions` (matches nothing when there are none): one query per batch."""
@@ -199,14 +269,18 @@ def prompt_inputs_for(
         return {}
 
     anchor_rows = Subtask.objects.filter(
-        any_of([Q(task_id=request.task.pk, message_id__in=request.anchor_ids) for request in batch])
+        any_of(
+            [Q(task_id=request.task.pk, message_id__in=request.anchor_ids) for request in batch]
+            + [Q(pk=request.summary_id) for request in batch if request.summary_id is not None]
+        )
     )
     anchors = {
         (turn.task_id, turn.message_id): turn
         for turn in anchor_rows.select_related("artifact").only(
-            *HISTORY_FIELDS, "task_id", "message", "parent_message_id"
+            *SUMMARY_FIELDS, "task_id", "message", "parent_message_id"
         )
     }
+    summaries = {turn.pk: turn for turn in anchors.values() if turn.kind == SubtaskKind.SUMMARY}
 
     with_history = [request for request in batch if request.wants_history]
     windows, totals = _history_windows(with_history, anchors=anchors)
@@ -225,10 +299,16 @@ def prompt_inputs_for(
         newest = windows.get(request.subtask.pk, [])
         users, assistants = totals.get(request.subtask.pk, (0, 0))
         loaded_users = sum(1 for turn in newest if turn.role == Role.USER)
+        summary = summaries.get(request.summary_id) if request.summary_id is not None else None
+        if summary is not None and (summary.summary_last_message_id or 0) >= request.current_id:
+            summary = None  # a summary of later turns (a prompt built again for an older turn)
         inputs[request.subtask.pk] = _prompt_input(
             history=newest,
-            user_turn=user_turn,
+            current=_current_message(
+                user_turn, cached_counts_encoding(request.policy.token_encoding)
+            ),
             previous_turn=previous_turn,
+            summary_turn=summary,
             is_group_chat=task.is_group_chat,
             multi_bot=task.is_multi_bot,
             first_user_message_id=(
@@ -244,24 +324,18 @@ def prompt_inputs_for(
 def _prompt_input(
     *,
     history: Sequence[Subtask],
-    user_turn: Subtask,
+    current: CurrentMessage,
     previous_turn: Subtask | None,
+    summary_turn: Subtask | None = None,
     **fields: Any,
 ) -> PromptInput:
     """The builder input from the rows it is made of: the one place rows become an input,
-    for dispatch and for replay."""
+    for dispatch and for replay (of turns and of summary jobs)."""
     encoding = fields.get("token_count_encoding", DEFAULT_TOKEN_ENCODING)
     return PromptInput(
         history=tuple(history_message(turn, encoding) for turn in history),
-        current=CurrentMessage(
-            message_id=user_turn.message_id,
-            text=user_turn.message,
-            sender=_name(user_turn.sender),
-            token_count=(
-                None if user_turn.history_is_preview else _cached_tokens(user_turn, encoding)
-            ),
-            artifact=_pointer(user_turn.artifact),
-        ),
+        current=current,
+        summary=history_summary(summary_turn) if summary_turn is not None else None,
         previous_result=previous_turn.history_text if previous_turn is not None else None,
         previous_result_bot=_name(previous_turn.bot) if previous_turn is not None else None,
         previous_result_token_count=(
@@ -304,12 +378,16 @@ _SNAPSHOT_FIELDS = (
 )
 
 
-def input_snapshot(prompt_input: PromptInput) -> dict[str, Any]:
-    """The ids, counts and flags that rebuild `prompt_input` from the task's turns."""
+def input_snapshot(prompt_input: PromptInput, *, summary_job: bool = False) -> dict[str, Any]:
+    """The ids, counts and flags that rebuild `prompt_input` from the task's turns: its summary
+    named by its summary job's message id and, for a summary job's own prompt, that job's."""
+    summary = prompt_input.summary
     return {
         "history": [message.message_id for message in prompt_input.history],
         "current": prompt_input.current.message_id,
         "previous_result": prompt_input.previous_result_message_id,
+        "summary": summary.message_id if summary is not None else None,
+        "summary_job": summary_job,
         **{name: getattr(prompt_input, name) for name in _SNAPSHOT_FIELDS},
     }
 
@@ -319,26 +397,132 @@ def prompt_input_from_snapshot(*, task_id: int, snapshot: Mapping[str, Any]) -> 
     (one query). Raises HistoryUnavailable when a turn it names is gone."""
     history_ids: list[int] = list(snapshot["history"])
     previous_id: int | None = snapshot["previous_result"]
-    wanted = {*history_ids, snapshot["current"], *([previous_id] if previous_id else [])}
+    summary_id: int | None = snapshot.get("summary")
+    wanted = {
+        *history_ids,
+        snapshot["current"],
+        *([previous_id] if previous_id else []),
+        *([summary_id] if summary_id else []),
+    }
     rows = {
         turn.message_id: turn
         for turn in Subtask.objects.filter(task_id=task_id, message_id__in=wanted)
         .select_related("artifact")
-        .only(*HISTORY_FIELDS, "task_id", "message", "parent_message_id")
+        .only(*SUMMARY_FIELDS, "task_id", "message", "parent_message_id")
     }
     missing = sorted(wanted - rows.keys())
     if missing:
         raise HistoryUnavailable(f"turns {missing} of task {task_id} no longer exist")
+    summary_turn = rows[summary_id] if summary_id else None
+    if summary_id and history_summary(rows[summary_id]) is None:
+        raise HistoryUnavailable(f"summary {summary_id} of task {task_id} is not usable")
+    current_row = rows[snapshot["current"]]
+    current = (
+        _summary_request(current_row, summary_turn)
+        if snapshot.get("summary_job")
+        else _current_message(
+            current_row, snapshot.get("token_count_encoding", DEFAULT_TOKEN_ENCODING)
+        )
+    )
     return _prompt_input(
         history=[rows[message_id] for message_id in history_ids],
-        user_turn=rows[snapshot["current"]],
+        current=current,
         previous_turn=rows[previous_id] if previous_id else None,
+        summary_turn=summary_turn,
         **{name: snapshot[name] for name in _SNAPSHOT_FIELDS},
     )
 
 
+def summary_job_inputs_for(
+    *, jobs: Sequence[Subtask], tasks: Mapping[int, Task]
+) -> dict[int, PromptInput]:
+    """Builder inputs for summary jobs, keyed by subtask id: each job's turns (the ones after
+    the summary it folds in, up to the last message it covers), that summary, and the turns it
+    covers counted by role for the omission notice. Two queries for the batch (one without a
+    previous summary), whatever the jobs and however long the histories."""
+    if not jobs:
+        return {}
+    conditions = []
+    for job in jobs:
+        previous_last = _previous_last(job)
+        conditions.append(
+            TURNS
+            & Q(
+                task_id=job.task_id,
+                message_id__gt=previous_last,
+                message_id__lte=job.summary_last_message_id,
+                status__in=HISTORY_STATUSES,
+            )
+        )
+        if job.summary_previous_id is not None:
+            conditions.append(Q(pk=job.summary_previous_id))
+    rows = list(
+        Subtask.objects.filter(any_of(conditions))
+        .select_related("artifact")
+        .only(*SUMMARY_FIELDS, "task_id")
+        .order_by("task_id", "message_id")
+    )
+    earlier = _covered_by_role([job for job in jobs if job.summary_previous_id is not None])
+    inputs: dict[int, PromptInput] = {}
+    for job in jobs:
+        previous = next((row for row in rows if row.pk == job.summary_previous_id), None)
+        turns = [
+            row
+            for row in rows
+            if row.task_id == job.task_id
+            and row.kind == SubtaskKind.TURN
+            and _previous_last(job) < row.message_id <= (job.summary_last_message_id or 0)
+        ]
+        users, assistants = earlier.get(job.pk, (0, 0))
+        task = tasks[job.task_id]
+        inputs[job.pk] = _prompt_input(
+            history=turns,
+            current=_summary_request(job, previous),
+            previous_turn=None,
+            summary_turn=previous,
+            is_group_chat=task.is_group_chat,
+            multi_bot=task.is_multi_bot,
+            first_user_message_id=None,
+            earlier_user_messages=users,
+            earlier_assistant_messages=assistants,
+            token_count_encoding=DEFAULT_TOKEN_ENCODING,
+        )
+    return inputs
+
+
+def _previous_last(job: Subtask) -> int:
+    """The last message the summary a job folds in covers (0: a first summary). Callers load
+    jobs with their `summary_previous` (select_related), so this costs no query."""
+    previous = job.summary_previous
+    if previous is None or previous.summary_last_message_id is None:
+        return 0
+    return previous.summary_last_message_id
+
+
+def _covered_by_role(jobs: Sequence[Subtask]) -> dict[int, tuple[int, int]]:
+    """Per job id: the (user, assistant) turns its folded summary covers (one query)."""
+    if not jobs:
+        return {}
+    ends = {job.task_id: (job.pk, _previous_last(job)) for job in jobs}
+    counted = (
+        Subtask.objects.filter(
+            any_of(
+                [Q(task_id=task_id, message_id__lte=last) for task_id, (_, last) in ends.items()]
+            ),
+            TURNS,
+            status__in=HISTORY_STATUSES,
+        )
+        .values("task_id")
+        .annotate(
+            users=Count("id", filter=Q(role=Role.USER)),
+            assistants=Count("id", filter=Q(role=Role.ASSISTANT)),
+        )
+    )
+    return {ends[row["task_id"]][0]: (row["users"], row["assistants"]) for row in counted}
+
+
 def _history_condition(request: _Request) -> Q:
-    return Q(
+    return TURNS & Q(
         task_id=request.task.pk,
         message_id__lt=request.current_id,
         status__in=HISTORY_STATUSES,

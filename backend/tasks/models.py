@@ -1,7 +1,10 @@
 """Tasks, their turns and the bots that answer them.
 
 A `Task` is one conversation between a product's users and one or more agent bots. Each turn is a
-`Subtask`: a USER message, or an ASSISTANT turn that an executor worker will run. Turns are
+`Subtask`: a USER message, or an ASSISTANT turn that an executor worker will run. A summary job
+is a `Subtask` too (kind `summary`): an ASSISTANT row the dispatch queue claims, leases and
+fences like a turn, but which is no part of the conversation — it answers no message, holds no
+task's status, never blocks a follow-up and is never shown as a turn. Turns are
 numbered by `message_id`, unique within the task and allocated from the task row's counter so
 concurrent writers never collide (see `services.allocate_message_ids`). A `Bot` is a registered
 agent: which executor runs it and with which model, instructions, permissions and limits. A
@@ -76,6 +79,17 @@ class SubtaskStatus(models.TextChoices):
 
 
 ACTIVE_SUBTASK_STATUSES = (SubtaskStatus.PENDING, SubtaskStatus.RUNNING)
+
+
+class SubtaskKind(models.TextChoices):
+    """A turn of the conversation, or a job that summarizes some of its turns."""
+
+    TURN = "turn", "Turn"
+    SUMMARY = "summary", "Summary job"
+
+
+# The rows that are the task's conversation (summary jobs are not).
+TURNS = Q(kind=SubtaskKind.TURN)
 
 
 INSTRUCTIONS_MAX_CHARS = 32_000
@@ -276,6 +290,15 @@ class Task(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # The latest finished summary of the task's earlier turns (a completed summary job):
+    # prompts that omit turns show it after their omission notice (backend.dispatch.summaries).
+    summary = models.ForeignKey(
+        "tasks.Subtask",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
     # Not a column: the turns a task API response shows with the task, attached by the view
     # before serializing (see `TaskWithTurnsOutput`).
     turns_for_output: list[Subtask]
@@ -302,6 +325,7 @@ class Task(models.Model):
 
 class Subtask(models.Model):
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="subtasks")
+    kind = models.CharField(max_length=16, choices=SubtaskKind.choices, default=SubtaskKind.TURN)
     message_id = models.PositiveIntegerField()
     # For ASSISTANT turns: the USER message_id they answer.
     parent_message_id = models.PositiveIntegerField(null=True, blank=True)
@@ -399,6 +423,13 @@ class Subtask(models.Model):
     # of the database row, and `selectors.turn_result` puts the value back.
     result_value_in_artifact = models.BooleanField(default=False)
     recorded_at = models.DateTimeField(null=True, blank=True)
+    # Summary jobs: the messages the summary covers (a fixed range), and the summary it folds
+    # in (a rolling summary: the job reads that one and the turns after it, not all of them).
+    summary_first_message_id = models.PositiveIntegerField(null=True, blank=True)
+    summary_last_message_id = models.PositiveIntegerField(null=True, blank=True)
+    summary_previous = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+    )
     # Not columns: what `selectors.task_turns` reads in place of `message`, `error`, `result`
     # and the spilled `history_text` (empty where the column holds a text that spilled).
     shown_message: str
@@ -427,8 +458,25 @@ class Subtask(models.Model):
                 condition=Q(status__in=SubtaskStatus.values), name="subtask_status_valid"
             ),
             # At most one running turn per task: a pipeline's next step waits for the previous.
+            # A summary job runs beside it: a dispatch never waits for a summary.
             models.UniqueConstraint(
-                fields=["task"], condition=Q(status="RUNNING"), name="subtask_one_running_per_task"
+                fields=["task"],
+                condition=Q(status="RUNNING", kind="turn"),
+                name="subtask_one_running_turn_per_task",
+            ),
+            models.CheckConstraint(
+                condition=Q(kind__in=SubtaskKind.values), name="subtask_kind_valid"
+            ),
+            # A summary job is an assistant row that answers no message and covers a range.
+            models.CheckConstraint(
+                condition=Q(kind="turn")
+                | Q(
+                    role="ASSISTANT",
+                    parent_message_id__isnull=True,
+                    summary_first_message_id__isnull=False,
+                    summary_last_message_id__gte=F("summary_first_message_id"),
+                ),
+                name="subtask_summary_job_shape",
             ),
         ]
         indexes = [

@@ -14,7 +14,7 @@ from backend.errors import NotFound
 from backend.prompting import Role
 from backend.prompting.addressing import content_sha256
 from backend.tasks.fields import LosslessJSONField
-from backend.tasks.models import Bot, Subtask, SubtaskStatus, Task
+from backend.tasks.models import TURNS, Bot, Subtask, SubtaskStatus, Task
 
 
 def visible_tasks(*, user: User) -> QuerySet[Task]:
@@ -81,7 +81,8 @@ def _unless(spilled: Q, column: str, *, output_field: TextField[Any, Any]) -> Ca
 
 
 def task_turns(*, task: Task) -> QuerySet[Subtask]:
-    """The task's turns in message_id order, as the task views show them (one query).
+    """The task's turns in message_id order, as the task views show them (one query). Summary
+    jobs are not turns: they are left out.
 
     Views never read a spilled text, neither from its artifact nor from the row: `message`,
     `error` and `result` are deferred and come back as `shown_message`, `shown_error` and
@@ -91,7 +92,7 @@ def task_turns(*, task: Task) -> QuerySet[Subtask]:
     missing artifact cannot hide it.
     """
     turns = (
-        Subtask.objects.filter(task_id=task.pk)
+        Subtask.objects.filter(TURNS, task_id=task.pk)
         .select_related("artifact")
         .defer(
             "message",
@@ -124,7 +125,7 @@ def spilled_text_artifact(*, task: Task, subtask_id: int) -> Artifact:
     views show it whole).
     """
     turn = (
-        Subtask.objects.filter(task_id=task.pk, pk=subtask_id)
+        Subtask.objects.filter(TURNS, task_id=task.pk, pk=subtask_id)
         .select_related("artifact")
         .only("id", "history_is_preview", "artifact")
         .first()

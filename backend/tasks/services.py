@@ -18,18 +18,20 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from backend.artifacts.services import (
     atomic_storing_artifacts,
     locked_stored_artifact,
     restore_artifact_file,
+    store_artifact,
 )
 from backend.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge, UploadMissing
 from backend.events import log_event
 from backend.prompting import ContextPassing, Role
 from backend.prompting.inputs import validate_name
+from backend.prompting.kinds import classify_text
 from backend.tasks.fields import LONE_SURROGATE
 from backend.tasks.ingestion import (
     IngestedText,
@@ -39,10 +41,12 @@ from backend.tasks.ingestion import (
 )
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
+    TURNS,
     Bot,
     ExecutorKind,
     NativeSession,
     Subtask,
+    SubtaskKind,
     SubtaskStatus,
     Task,
     TaskStatus,
@@ -315,9 +319,10 @@ def create_task(
 def append_message(*, task: Task, message: str, sender: str = "") -> list[Subtask]:
     """Append a follow-up: a COMPLETED USER turn plus one PENDING ASSISTANT turn per step.
 
-    Refused with Conflict while any turn of the task is PENDING or RUNNING, and on a cancelled
-    task. The check runs under the task's lock (taken by allocate_message_ids), so of two
-    concurrent follow-ups exactly one is stored and the other gets a clear conflict.
+    Refused with Conflict while any turn of the task is PENDING or RUNNING (a summary job is
+    not a turn: it never holds up the conversation), and on a cancelled task. The check runs
+    under the task's lock (taken by allocate_message_ids), so of two concurrent follow-ups
+    exactly one is stored and the other gets a clear conflict.
     """
     validate_message_text(text=message)
     _validate_sender(is_group_chat=task.is_group_chat, sender=sender)
@@ -326,7 +331,7 @@ def append_message(*, task: Task, message: str, sender: str = "") -> list[Subtas
         if task.status == TaskStatus.CANCELLED:
             raise Conflict(f"Task {task.pk} is cancelled; it takes no more messages.")
         active = (
-            task.subtasks.filter(status__in=ACTIVE_SUBTASK_STATUSES)
+            task.subtasks.filter(TURNS, status__in=ACTIVE_SUBTASK_STATUSES)
             .order_by("message_id")
             .values_list("message_id", "status")
             .first()
@@ -372,7 +377,7 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
         task = lock_task(task_id=task.pk)
         subtask = (
             Subtask.objects.select_for_update()
-            .filter(pk=subtask_id, task_id=task.pk, role=Role.ASSISTANT)
+            .filter(TURNS, pk=subtask_id, task_id=task.pk, role=Role.ASSISTANT)
             .first()
         )
         if subtask is None:
@@ -508,7 +513,8 @@ def record_result(
 ) -> Subtask:
     """Record an ASSISTANT turn's outcome and, for pipelines, make the next step dispatchable.
 
-    A failed step fails the steps after it (they would have nothing to build on).
+    A failed step fails the steps after it (they would have nothing to build on). A summary
+    job's outcome is recorded the same way, and then `_finish_summary` applies.
 
     `value_upload` is the sha256 of a result value the worker uploaded as a stream (stored by
     `ingestion.store_uploaded_text`): the turn is recorded exactly as if `result.value` were
@@ -566,6 +572,9 @@ def record_result(
         # claimed_by and lease_owner stay: they name who delivered this result.
         subtask.lease_expires_at = None
         subtask.finished_at = now
+        if subtask.kind == SubtaskKind.SUMMARY:
+            _finish_summary(subtask=subtask, task=task)
+            return subtask
         subtask.save()
         later_steps = Subtask.objects.filter(
             task_id=task.pk,
@@ -610,6 +619,35 @@ def _ingest_uploaded_value(*, sha256: str, task: Task) -> IngestedText:
             field="result",
         )
     return ingest_stored_text(artifact=artifact, task=task)
+
+
+def _finish_summary(*, subtask: Subtask, task: Task) -> None:
+    """Store a summary job's outcome: a completed summary is stored as an artifact (whatever
+    its length: prompts point to it when they cut it) and becomes the task's summary when it
+    covers more than the one prompts show now. A failed job changes nothing else; the next
+    dispatch that omits enough turns schedules another."""
+    summary = subtask.history_text
+    if subtask.status == SubtaskStatus.COMPLETED and subtask.artifact is None and summary:
+        subtask.artifact = store_artifact(
+            text=summary, kind=classify_text(summary), task_id=task.pk
+        )
+    subtask.save()
+    if subtask.status != SubtaskStatus.COMPLETED or not summary.strip():
+        return
+    assert subtask.summary_last_message_id is not None  # a summary job covers a range
+    Task.objects.filter(pk=task.pk).filter(
+        Q(summary__isnull=True)
+        | Q(summary__summary_last_message_id__lt=subtask.summary_last_message_id)
+    ).update(summary=subtask)
+    log_event(
+        "summary_recorded",
+        task=task.pk,
+        subtask=subtask.pk,
+        first_message_id=subtask.summary_first_message_id,
+        last_message_id=subtask.summary_last_message_id,
+        chars=subtask.history_chars,
+        tokens=subtask.history_tokens,
+    )
 
 
 def restore_spilled_text(

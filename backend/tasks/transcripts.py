@@ -40,7 +40,7 @@ from backend.prompting.transcript import render_transcript, transcript_pointer
 from backend.prompting.truncate import layout_fields
 from backend.prompting.turn_files import TURN_INDEX_PATH, render_turn_index, turn_file_path
 from backend.tasks.history import HISTORY_STATUSES, any_of
-from backend.tasks.models import Subtask, SubtaskStatus, Task
+from backend.tasks.models import TURNS, Subtask, SubtaskStatus, Task
 
 _Item = TypeVar("_Item")
 
@@ -99,7 +99,7 @@ def transcripts_for(requests: Sequence[TranscriptRequest]) -> dict[int, Transcri
         ]
     )
     rows: dict[int, list[tuple[HistoryMessage, TurnFile]]] = {}
-    turns = Subtask.objects.filter(condition, status__in=HISTORY_STATUSES)
+    turns = Subtask.objects.filter(condition, TURNS, status__in=HISTORY_STATUSES)
     for task_id, message, turn_file in _turns(turns.order_by("task_id", "message_id")):
         rows.setdefault(task_id, []).append((message, turn_file))
     return {

@@ -16,7 +16,12 @@ are exactly ``## Conversation History``, ``## Current Message`` or ``## Previous
 messages that start with a label line (``User:``, ``User[alice]:``, ``Assistant:``,
 ``Assistant[bot]:``, optionally followed by `` [failed]``). Escaped content lines start with a
 backslash, so they never read as a label here either; a prompt that has any opens with one
-``[note: …]`` line, which is skipped.
+``[note: …]`` line, which is skipped. A history may hold a summary block after its notice: its
+``[summary of messages …]`` header line is named in the answer.
+
+A summary job's prompt (its Current Message opens with :data:`SUMMARY_REQUEST_OPENING`) gets a
+stand-in summary instead: one line per message it was asked to summarize, so ``make run``
+shows rolling summaries at work without a model.
 """
 
 from __future__ import annotations
@@ -28,6 +33,11 @@ from typing import Any
 
 STANDIN_LABEL = "[Baton stand-in model — not a real model]"
 QUOTE_MAX_CHARS = 200
+# How Baton's summary jobs open their request (backend.prompting.summary), and how many
+# messages a stand-in summary lists.
+SUMMARY_REQUEST_OPENING = "[Baton summary request]"
+SUMMARY_MAX_LINES = 20
+SUMMARY_QUOTE_MAX_CHARS = 80
 
 HISTORY = "Conversation History"
 CURRENT = "Current Message"
@@ -35,6 +45,7 @@ PREVIOUS_RESULT = "Previous Result"
 _SECTION_HEADERS = {f"## {title}": title for title in (HISTORY, CURRENT, PREVIOUS_RESULT)}
 _LABEL = re.compile(r"(?P<role>User|Assistant)(?:\[(?P<name>[^\[\]\n]+)\])?:(?: \[failed\])?")
 _OMISSION_NOTICE = re.compile(r"\[omitted earlier messages: \d+ \(.*\)\]")
+_SUMMARY_HEADER = re.compile(r"\[summary of messages \d+ to \d+.*\]")
 _ESCAPE_NOTE = re.compile(r"\[note: .*\]")
 
 
@@ -49,6 +60,8 @@ class _Message:
 class _Section:
     title: str
     notice: str | None = None
+    summary: str | None = None
+    """The summary block's header line, without where its transcript is."""
     messages: list[_Message] = field(default_factory=list)
 
 
@@ -73,6 +86,8 @@ def _sections(prompt: str) -> list[_Section]:
             section.messages[-1].lines.append(line)
         elif _OMISSION_NOTICE.fullmatch(line):
             section.notice = line
+        elif section.notice is not None and _SUMMARY_HEADER.fullmatch(line):
+            section.summary = line.split(" · ")[0].removesuffix("]") + "]"
     return sections
 
 
@@ -104,6 +119,8 @@ def _history_line(section: _Section | None) -> str:
     )
     if section.notice is not None:
         line += f", after {section.notice}"
+    if section.summary is not None:
+        line += f" and {section.summary}"
     return line + "."
 
 
@@ -144,6 +161,11 @@ def standin_answer(prompt: str, *, earlier_answers: int = 0) -> str:
             ]
         )
     by_title = {section.title: section for section in sections}
+    current = by_title.get(CURRENT)
+    if current is not None and current.messages:
+        request = "\n".join(current.messages[0].lines)
+        if request.startswith(SUMMARY_REQUEST_OPENING):
+            return _summary_answer(by_title.get(HISTORY))
     lines = [
         STANDIN_LABEL,
         f"Received a Baton prompt of {_plural(len(prompt), 'character')} with sections: "
@@ -155,6 +177,27 @@ def standin_answer(prompt: str, *, earlier_answers: int = 0) -> str:
     ]
     if PREVIOUS_RESULT in by_title:
         lines.append(_message_line("Previous result", by_title[PREVIOUS_RESULT]))
+    return "\n".join(lines)
+
+
+def _summary_answer(history: _Section | None) -> str:
+    """A stand-in summary: the messages shown, one short line each, after what it folds in."""
+    messages = history.messages if history is not None else []
+    users = sum(1 for message in messages if message.role == "User")
+    opening = (
+        f"Stand-in summary of {_plural(len(messages), 'message')} "
+        f"({users} user, {len(messages) - users} assistant)"
+    )
+    if history is not None and history.summary is not None:
+        opening += f", folding in {history.summary}"
+    lines = [STANDIN_LABEL, opening + "."]
+    for message in messages[:SUMMARY_MAX_LINES]:
+        flat = " ".join(" ".join(message.lines).split())
+        if len(flat) > SUMMARY_QUOTE_MAX_CHARS:
+            flat = flat[:SUMMARY_QUOTE_MAX_CHARS] + "…"
+        lines.append(f"- {message.label} {flat}")
+    if len(messages) > SUMMARY_MAX_LINES:
+        lines.append(f"- (and {_plural(len(messages) - SUMMARY_MAX_LINES, 'more message')})")
     return "\n".join(lines)
 
 

@@ -228,6 +228,28 @@ def test_a_cap_beyond_its_column_is_a_form_error(admin_client, field, value, rea
     assert (row.version, row_values(row)) == before
 
 
+def test_summaries_are_turned_on_with_a_registered_bot(admin_client):
+    row = HistoryPolicy.objects.get(task_type="code")
+    url = f"/admin/dispatch/historypolicy/{row.pk}/change/"
+    page = admin_client.get(url).content.decode()
+    assert "Summaries of omitted history" in page
+    response = admin_client.post(url, change_data(row, summaries_enabled=True, summary_bot="ghost"))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert "not registered" in errors["summary_bot"][0]
+    response = admin_client.post(url, change_data(row, summaries_enabled=True))
+    assert (
+        "summary_bot must name the bot"
+        in response.context["adminform"].form.errors["summary_bot"][0]
+    )
+    response = admin_client.post(
+        url, change_data(row, summaries_enabled=True, summary_bot="summarizer")
+    )
+    assert response.status_code == 302
+    policy = resolve_policy(task_type="code").policy
+    assert (policy.summaries_enabled, policy.summary_bot) == (True, "summarizer")
+
+
 def test_a_valid_save_bumps_the_version_and_records_the_admin(admin_client, superuser):
     row = HistoryPolicy.objects.get(task_type="code")
     url = f"/admin/dispatch/historypolicy/{row.pk}/change/"

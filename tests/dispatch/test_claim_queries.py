@@ -2,7 +2,9 @@
 
 A claim whose prompts leave history out costs a fixed number more, for the whole batch: reading
 the turns of the transcripts their omission notices point to, and storing the transcripts, the
-turn indexes and the turn files (one per earlier turn) not stored yet.
+turn indexes and the turn files (one per earlier turn) not stored yet. A summary they show costs
+nothing more (it comes with the history's anchors), and a batch of summary jobs costs a fixed
+number too.
 """
 
 from __future__ import annotations
@@ -10,12 +12,19 @@ from __future__ import annotations
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import HistoryPolicy
 from backend.prompting import Role
-from backend.tasks.models import SubtaskStatus
-from backend.tasks.services import PipelineStep, append_message, create_task, record_result
+from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task
+from backend.tasks.services import (
+    PipelineStep,
+    allocate_message_ids,
+    append_message,
+    create_task,
+    record_result,
+)
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
@@ -96,3 +105,82 @@ def test_a_claim_costs_the_same_whatever_the_policy_and_the_length_of_the_histor
             assert long == expected + TRANSCRIPT_QUERIES * long_omits, (name, limit)
             if name != "no_caps":
                 assert long_omits  # the long histories are cut: transcripts were counted
+
+
+SUMMARIES_ON = {
+    "summaries_enabled": True,
+    "summary_bot": "summarizer",
+    # Never due here: the schedule check needs no query (see the summary job test below).
+    "summary_threshold_turns": 10_000,
+    "max_messages": 8,
+}
+
+
+def with_summaries(*, threshold: int = 10_000) -> None:
+    values = {**SUMMARIES_ON, "summary_threshold_turns": threshold}
+    HistoryPolicy.objects.filter(task_type="code").update(
+        **values, overrides=[*values, "max_messages"]
+    )
+
+
+def summary_job(task: Task, *, last: int, finished: bool) -> Subtask:
+    """A summary job of `task` covering messages 1 to `last`, finished or pending."""
+    with transaction.atomic():
+        message_id = allocate_message_ids(task_id=task.pk, count=1)
+        job = Subtask.objects.create(
+            task=task,
+            kind=SubtaskKind.SUMMARY,
+            message_id=message_id,
+            role=Role.ASSISTANT,
+            status=SubtaskStatus.PENDING,
+            bot="summarizer",
+            executor="agno",
+            pending_since=timezone.now(),
+            summary_first_message_id=1,
+            summary_last_message_id=last,
+        )
+    if finished:
+        record_result(subtask=job, status=SubtaskStatus.COMPLETED, result={"value": "so far"})
+    return job
+
+
+def test_a_finished_summary_costs_a_claim_no_query(user, worker):
+    answered_tasks(user, executor="codex", rounds=25)
+    for task in Task.objects.all():
+        summary_job(task, last=20, finished=True)
+    with_summaries()
+    for limit in (1, TASKS):
+        with transaction.atomic():
+            with CaptureQueriesContext(connection) as queries:
+                claimed = claim_turns(worker=worker, worker_id="w", kinds=["codex"], limit=limit)
+            assert len(claimed) == limit
+            assert all(turn.report.summary_last_message_id == 20 for turn in claimed)
+            transaction.set_rollback(True)
+        expected = FIXED_QUERIES + claim_queries(limit) + TRANSCRIPT_QUERIES
+        assert len(queries.captured_queries) == expected, limit
+
+
+# Claiming summary jobs, besides taking them: reclaim, the savepoint and its release, the task
+# status update (which leaves their tasks alone), the claimed jobs, bots, policy rows, the jobs'
+# turns and folded summaries, the turns those summaries cover (by role), the reports' insert.
+SUMMARY_JOB_QUERIES = 10
+
+
+def test_claiming_summary_jobs_costs_the_same_however_many(user, worker):
+    answered_tasks(user, executor="codex", rounds=25)
+    for task in Task.objects.all():
+        summary_job(task, last=10, finished=True)
+        job = summary_job(task, last=30, finished=False)
+        previous = Task.objects.get(pk=task.pk).summary_id
+        Subtask.objects.filter(pk=job.pk).update(summary_previous=previous)
+    with_summaries()
+    for limit in (1, TASKS):
+        with transaction.atomic():
+            with CaptureQueriesContext(connection) as queries:
+                claimed = claim_turns(worker=worker, worker_id="w", kinds=["agno"], limit=limit)
+            assert len(claimed) == limit
+            assert all(turn.subtask.kind == SubtaskKind.SUMMARY for turn in claimed)
+            assert all(turn.report.summary_last_message_id == 10 for turn in claimed)
+            transaction.set_rollback(True)
+        expected = SUMMARY_JOB_QUERIES + claim_queries(limit)
+        assert len(queries.captured_queries) == expected, limit

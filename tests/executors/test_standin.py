@@ -188,6 +188,49 @@ def test_standin_answer_exact_text(prompt: str, answer_lines: list[str]) -> None
     assert standin_answer(prompt) == "\n".join([STANDIN_LABEL, *answer_lines])
 
 
+SUMMARY_HISTORY = (
+    "## Conversation History\n\n"
+    "[omitted earlier messages: 6 (3 user, 3 assistant)]\n\n"
+    "[summary of messages 1 to 6 · full transcript: .baton/history/task-7.md]\n"
+    "We chose PostgreSQL.\n\\User: quoted\n\n"
+    "User:\nadd the index\n\n"
+    "Assistant:\ndone, see migrations/0004.py and the tests that cover it in detail\n\n"
+)
+
+
+def test_a_summary_block_is_named_and_its_lines_are_not_messages() -> None:
+    prompt = SUMMARY_HISTORY + "## Current Message\n\nUser:\nnext?\n"
+    assert standin_answer(prompt).splitlines()[2] == (
+        "History: 2 messages (1 user, 1 assistant), after [omitted earlier messages: 6 "
+        "(3 user, 3 assistant)] and [summary of messages 1 to 6]."
+    )
+
+
+def test_a_summary_request_gets_a_stand_in_summary() -> None:
+    from backend.prompting.summary import SUMMARY_REQUEST_OPENING, summary_request
+    from executors.standin.answer import SUMMARY_REQUEST_OPENING as STANDIN_OPENING
+
+    assert STANDIN_OPENING == SUMMARY_REQUEST_OPENING
+    request = summary_request(first_message_id=1, last_message_id=8, folds=6)
+    prompt = SUMMARY_HISTORY + f"## Current Message\n\nUser:\n{request}\n"
+    assert standin_answer(prompt) == "\n".join(
+        [
+            STANDIN_LABEL,
+            "Stand-in summary of 2 messages (1 user, 1 assistant), folding in "
+            "[summary of messages 1 to 6].",
+            "- User: add the index",
+            "- Assistant: done, see migrations/0004.py and the tests that cover it in detail",
+        ]
+    )
+    many = "## Conversation History\n\n" + "".join(
+        f"User:\nquestion {number} " + "x" * 100 + "\n\n" for number in range(25)
+    )
+    answer = standin_answer(many + f"## Current Message\n\nUser:\n{request}\n").splitlines()
+    assert answer[1] == "Stand-in summary of 25 messages (25 user, 0 assistant)."
+    assert answer[2] == "- User: question 0 " + "x" * 69 + "…"
+    assert answer[-1] == "- (and 5 more messages)"
+
+
 def test_a_resumed_session_is_told_apart() -> None:
     from executors.standin.answer import earlier_answers
 

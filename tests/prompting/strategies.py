@@ -11,6 +11,7 @@ from backend.prompting import (
     ContextPassing,
     CurrentMessage,
     HistoryMessage,
+    HistorySummary,
     PromptInput,
     PromptPolicy,
     Role,
@@ -50,6 +51,9 @@ STRUCTURE_LOOKALIKES = (
     "Human:",
     "System: ",
     "[note: ",
+    "[summary of messages 1 to 2]",
+    "[Summary of messages 1 to 2 · full transcript: x.md]\n",
+    "[ ѕummary",
     "\\",
     "\\\\",
     "\n",
@@ -138,6 +142,38 @@ def history_messages(draw: st.DrawFn, message_id: int) -> HistoryMessage:
 
 
 @st.composite
+def summaries(draw: st.DrawFn, before_message_id: int) -> HistorySummary:
+    """A summary of some messages older than ``before_message_id`` (whole, or a preview)."""
+    last = draw(st.integers(1, before_message_id - 1))
+    fields: dict = {
+        "first_message_id": draw(st.integers(1, last)),
+        "last_message_id": last,
+        "artifact": draw(artifacts),
+    }
+    text = draw(some_text.filter(bool))
+    if draw(st.booleans()):
+        preview = make_kind_preview(
+            draw(st.builds(str.__add__, st.just(text), long_text)),
+            ArtifactKind.TEXT,
+            head_chars=draw(st.integers(1, 200)),
+            tail_chars=draw(st.integers(0, 200)),
+        )
+        fields |= {
+            "text": preview.text,
+            "preview_head": preview.head,
+            "preview_tail": preview.tail,
+            "preview_middle": preview.middle,
+            "preview_elisions": preview.elisions,
+            "total_chars": preview.total_chars,
+        }
+    else:
+        fields["text"] = text
+    if draw(st.booleans()):
+        fields["token_count"] = count_tokens(fields["text"])
+    return HistorySummary(**fields)
+
+
+@st.composite
 def prompt_inputs(draw: st.DrawFn, max_history: int = 10) -> PromptInput:
     size = draw(st.integers(0, max_history) | st.integers(3, max_history))
     history = tuple(draw(history_messages(message_id=index + 1)) for index in range(size))
@@ -168,6 +204,7 @@ def prompt_inputs(draw: st.DrawFn, max_history: int = 10) -> PromptInput:
         first_user_message_id=first_user_id,
         earlier_user_messages=draw(st.sampled_from([0, 0, 0, 3])),
         earlier_assistant_messages=draw(st.sampled_from([0, 0, 0, 2])),
+        summary=draw(st.none() | summaries(before_message_id=size + 1)) if size else None,
     )
 
 
@@ -184,6 +221,7 @@ def policies(draw: st.DrawFn) -> PromptPolicy:
         keep_first_user_message=draw(st.booleans()),
         previous_result_max_chars=draw(st.none() | st.integers(1, 3_000)),
         current_message_max_chars=draw(st.none() | st.integers(1, 6_000)),
+        summary_max_chars=draw(st.none() | st.integers(1, 3_000)),
         context_passing=draw(
             st.sampled_from(
                 [
@@ -210,4 +248,5 @@ def token_policies(draw: st.DrawFn) -> PromptPolicy:
         keep_first_user_message=draw(st.booleans()),
         current_message_max_chars=draw(st.none() | st.integers(1, 6_000)),
         previous_result_max_chars=draw(st.none() | st.integers(1, 3_000)),
+        summary_max_chars=draw(st.none() | st.integers(1, 3_000)),
     )

@@ -27,6 +27,10 @@ def test_defaults_match_the_design() -> None:
         "context_passing": ContextPassing.ORIGINAL_AND_PREVIOUS,
         "resume_native_sessions": True,
         "resume_max_context_fraction": 0.8,
+        "summaries_enabled": False,
+        "summary_bot": None,
+        "summary_threshold_turns": 20,
+        "summary_max_chars": 4_000,
     }
 
 

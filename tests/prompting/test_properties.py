@@ -117,6 +117,26 @@ def test_output_is_within_every_cap_and_markers_are_exact(
         tail_of = preview.tail if preview is not None else source
         assert _is_exact_cut(shown.content, entry.removed_chars, entry.kept_chars, head_of, tail_of)
 
+    block = history.summary if history is not None else None
+    assert (block is not None) == report.summary_included
+    if block is not None:
+        summary = prompt_input.summary
+        assert summary is not None and history is not None and history.notice is not None
+        assert (block.first_message_id, block.last_message_id) == (
+            summary.first_message_id,
+            summary.last_message_id,
+        )
+        whole = summary.total_chars if summary.total_chars is not None else len(summary.text)
+        kept = whole - report.summary_removed_chars
+        assert kept > 0 and (policy.summary_max_chars is None or kept <= policy.summary_max_chars)
+        assert (block.artifact is not None) == (report.summary_removed_chars > 0)
+        if report.summary_removed_chars == 0:
+            assert block.content == summary.text
+        elif summary.preview is None:
+            assert _is_exact_cut(
+                block.content, report.summary_removed_chars, kept, summary.text, summary.text
+            )
+
     current = build.document.section(Section.CURRENT)
     if current is not None and "Current Message" in report.sections:
         text = prompt_input.current.text
@@ -164,10 +184,13 @@ def test_report_counts_are_consistent(prompt_input: PromptInput, policy: PromptP
     included = _included(prompt_input, build)
     assert report.included_message_ids == tuple(sorted(report.included_message_ids))
     shown = [
-        message.artifact.artifact_id
+        pointer.artifact_id
         for section in build.document.sections
-        for message in section.messages
-        if message.artifact is not None
+        for pointer in [
+            section.summary.artifact if section.summary is not None else None,
+            *(message.artifact for message in section.messages),
+        ]
+        if pointer is not None
     ]
     assert report.artifacts == tuple(dict.fromkeys(shown))
     first = prompt_input.first_user_index
@@ -211,7 +234,7 @@ _READER_HOMOGLYPHS = str.maketrans("аеорсухАЕОРСУХіІѕЅԁοαΟ
 _READER_STRUCTURE = re.compile(
     r"(?:#+\s*(?:conversation history|current message|previous result)"
     r"|(?:user|assistant|human|system)\s*(?:\[[^\]]*\])?\s*:"
-    r"|\[(?:artifact|omitted|note)\b)"
+    r"|\[\s*(?:artifact|omitted|note|summary)\b)"
 )
 
 
@@ -238,6 +261,7 @@ def test_a_reader_sees_exactly_the_real_structure(
         real = int(document.escape_note) + sum(
             1  # the header
             + (section.notice is not None)
+            + (0 if section.summary is None else 1 + (section.summary.artifact is not None))
             + sum(1 + (message.artifact is not None) for message in section.messages)
             for section in document.sections
         )
@@ -299,6 +323,10 @@ def test_every_cut_points_to_the_whole_text(
         if prompt_input.current.artifact is None:
             key = (message.artifact.artifact_id, prompt_input.current.message_id)
             assert whole[key].text == prompt_input.current.text
+    if report.summary_removed_chars:
+        assert history is not None and history.summary is not None
+        assert prompt_input.summary is not None
+        assert history.summary.artifact == prompt_input.summary.artifact
     previous = build.document.section(Section.PREVIOUS_RESULT)
     if report.previous_result_truncated and (
         prompt_input.previous_result_artifact or prompt_input.previous_result_message_id
@@ -326,7 +354,29 @@ def test_only_real_cuts_read_as_truncation_markers(
         assert not render.typed_markers(section.messages[0].content)
         return
     for section in build.document.sections:
-        for message in section.messages:
+        bodies = [*section.messages, *([section.summary] if section.summary else [])]
+        for message in bodies:
             body = escape_content(message.content, keep=message.markers)
             unescaped = [m for m in render.typed_markers(body) if not m.group("escapes")]
             assert len(unescaped) <= len(message.markers)
+
+
+@BUILD_SETTINGS
+@given(prompt_input=prompt_inputs(), policy=policies() | token_policies())
+def test_a_summary_never_changes_which_messages_are_included(
+    prompt_input: PromptInput, policy: PromptPolicy
+) -> None:
+    """The summary gives way first: with or without it, a build includes the same messages,
+    and it appears only after an omission notice."""
+    try:
+        build = build_prompt(prompt_input, policy)
+    except PromptBudgetError:
+        return
+    without = build_prompt(prompt_input.model_copy(update={"summary": None}), policy)
+    assert build.report.included_message_ids == without.report.included_message_ids
+    history = build.document.section(Section.HISTORY)
+    if history is not None and history.summary is not None:
+        assert history.notice is not None
+        assert build.report.summary_tokens <= build.report.history_tokens
+    else:
+        assert build.text == without.text
