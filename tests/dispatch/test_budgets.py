@@ -75,6 +75,7 @@ def test_every_shipped_bot_has_its_model_in_the_table():
         "codex": "gpt-5.5",
         "claude-code": "claude-sonnet-4-5",
         "agno": "gpt-5.5",
+        "summarizer": "gpt-5.5",
     }
 
 
@@ -240,3 +241,24 @@ def test_usage_that_does_not_exceed_the_prompt_teaches_nothing(input_tokens):
     assert not learn_overhead(bot=bot, input_tokens=input_tokens, prompt_tokens=3_000)
     bot.refresh_from_db()
     assert bot.overhead_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("model", "turn_cap", "effective", "builder_max_tokens"),
+    [
+        (GPT_4O, 10_000, 10_000, 10_000),  # the turn's cap is under the model's share
+        (GPT_4O, 60_000, 48_000, 48_000),  # over it: the share wins
+        (SONNET, 20_000, 32_000, 20_000),  # counted tokens (cl100k); Claude's are 1.6x that
+        (None, 2_000, 2_000, 2_000),  # no known model: the policy's cap and the turn's
+        (None, 8_000, 4_096, 4_096),
+    ],
+)
+def test_a_turn_cap_from_a_context_overflow_is_one_more_bound(
+    model, turn_cap, effective, builder_max_tokens
+):
+    """What a context overflow taught (`Subtask.token_cap`, in the tokens the builder counts)
+    bounds the budget like the policy's caps do: the smallest wins."""
+    policy = PromptPolicy(max_tokens_fraction=0.5, max_tokens=None if model is not None else 4_096)
+    budget = effective_max_tokens(policy=policy, window=model, turn_cap=turn_cap)
+    assert budget.policy.max_tokens == builder_max_tokens
+    assert budget.effective_max_tokens == effective
