@@ -161,9 +161,10 @@ def test_a_finished_summary_costs_a_claim_no_query(user, worker):
 
 
 # Claiming summary jobs, besides taking them: reclaim, the savepoint and its release, the task
-# status update (which leaves their tasks alone), the claimed jobs, bots, policy rows, the jobs'
-# turns and folded summaries, the turns those summaries cover (by role), the reports' insert.
-SUMMARY_JOB_QUERIES = 10
+# status update (which leaves their tasks alone), the claimed jobs, bots, the bots' models (the
+# model table), policy rows, the jobs' turns and folded summaries, the turns those summaries
+# cover (by role), the reports' insert.
+SUMMARY_JOB_QUERIES = 11
 
 
 def test_claiming_summary_jobs_costs_the_same_however_many(user, worker):

@@ -94,7 +94,8 @@ def test_a_200_turn_conversation_is_summarized_once_per_threshold_crossing(
 
         # Every prompt holds its budget, counted exactly.
         prompt_report = turn["prompt_report"]
-        assert prompt_report["tokens"] == count_tokens(turn["prompt"]) <= MAX_TOKENS
+        encoding = prompt_report["token_encoding"]  # the bot's model's (o200k for OpenAI's)
+        assert prompt_report["tokens"] == count_tokens(turn["prompt"], encoding) <= MAX_TOKENS
         document = parse_prompt(turn["prompt"])
         history = document.section(Section.HISTORY)
         current_id = turn["message_id"] - 1

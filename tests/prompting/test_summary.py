@@ -18,6 +18,7 @@ from backend.prompting import (
     SummaryBlock,
     build_prompt,
     count_tokens,
+    history_files_note,
     make_preview,
     parse_prompt,
 )
@@ -115,7 +116,8 @@ def test_the_summary_sits_right_after_the_notice() -> None:
         "## Conversation History\n\n"
         "[omitted earlier messages: 7 (3 user, 4 assistant)]\n"
         "[artifact 7e7e7e7e7e7e7e7e · transcript · 900 chars, 40 lines · "
-        "full text: .baton/history/task-7.md]\n\n"
+        "full text: .baton/history/task-7.md]\n"
+        f"{history_files_note()}\n\n"
         "[summary of messages 1 to 6 · full transcript: .baton/history/task-7.md]\n"
         "We chose PostgreSQL.\n\n"
         "User:\nturn 1\n\n"
