@@ -1,12 +1,16 @@
-# Baton: `make run` serves the demo on http://127.0.0.1:8000, `make test` runs the whole suite.
+# Baton: `make run` serves the demo on http://127.0.0.1:8000, `make serve` runs production,
+# `make test` runs the whole suite.
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 HOST ?= 127.0.0.1
 PORT ?= 8000
+# `make serve`: gunicorn processes, and the requests each serves at once (one per thread).
+BATON_WEB_WORKERS ?= 2
+BATON_WEB_THREADS ?= 8
 
-.PHONY: run test lint format bench install install-test clean
+.PHONY: run serve test lint format bench install install-test clean
 
 $(PY):
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "Baton needs $(PYTHON) on PATH (or run make PYTHON=/path/to/python3.11)"; exit 1; }
@@ -35,6 +39,17 @@ run: install
 	  $(PY) -m executors --standin-model auto & worker=$$!; \
 	  trap 'kill -TERM $$worker 2>/dev/null; wait $$worker' EXIT INT TERM; \
 	  $(PY) manage.py runserver $(HOST):$(PORT)
+
+# Production: BATON_ENV=production (unless set otherwise), gunicorn with gthread workers
+# (backend/gunicorn_conf.py), JSON log lines, static files from var/static. Needs SECRET_KEY and
+# ALLOWED_HOSTS; behind a TLS proxy that sets X-Forwarded-Proto (README, "Production").
+serve: install
+	@test -n "$$SECRET_KEY" || { echo "make serve needs SECRET_KEY (python -c 'import secrets; print(secrets.token_urlsafe(50))')"; exit 1; }
+	BATON_ENV=$${BATON_ENV:-production} $(PY) manage.py migrate --noinput
+	BATON_ENV=$${BATON_ENV:-production} $(PY) manage.py collectstatic --noinput --verbosity 0
+	BATON_ENV=$${BATON_ENV:-production} exec $(PY) -m gunicorn backend.wsgi \
+	  --config python:backend.gunicorn_conf --bind $(HOST):$(PORT) \
+	  --workers $(BATON_WEB_WORKERS) --threads $(BATON_WEB_THREADS)
 
 test: install-test
 	@bash .ci/install-browser || echo "note: chromium/chromedriver missing and not installable here; the admin browser test will be skipped"

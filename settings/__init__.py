@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import django_stubs_ext
 
-from settings.environment import REPO_ROOT, load_environment
+from settings.environment import REPO_ROOT, LogFormat, load_environment
 
 # Lets Django's generic classes be subscripted where they are used as bases
 # (`admin.ModelAdmin[Task]`, `forms.ModelForm[HistoryPolicy]`), as django-stubs types them.
@@ -19,6 +19,21 @@ VAR_DIR.mkdir(parents=True, exist_ok=True)
 SECRET_KEY = BATON.effective_secret_key
 DEBUG = BATON.effective_debug
 ALLOWED_HOSTS = BATON.effective_allowed_hosts
+
+# Production serves HTTPS only, behind a proxy that terminates TLS and says so in a header
+# (BATON_PROXY_SSL_HEADER). The health endpoint answers plain HTTP too: a load balancer probes
+# the server directly.
+SECURE_PROXY_SSL_HEADER = BATON.secure_proxy_ssl_header
+SECURE_SSL_REDIRECT = BATON.effective_ssl_redirect
+SECURE_REDIRECT_EXEMPT = [r"^api/health/$"]
+SECURE_HSTS_SECONDS = BATON.hsts_seconds if BATON.is_production else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = BATON.is_production
+SECURE_HSTS_PRELOAD = BATON.hsts_preload
+SESSION_COOKIE_SECURE = BATON.is_production
+CSRF_COOKIE_SECURE = BATON.is_production
+# Asking browsers to preload HSTS is a commitment an operator makes for the whole domain
+# (BATON_HSTS_PRELOAD=true); without it, `check --deploy` would warn on every run.
+SILENCED_SYSTEM_CHECKS = [] if BATON.hsts_preload else ["security.W021"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -41,6 +56,8 @@ MIDDLEWARE = [
     # First, so that its check runs before any other middleware's view hook could read a body.
     "backend.api.body_limits.RequestBodyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the admin's, the API docs') from STATIC_ROOT, without DEBUG.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -82,10 +99,20 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# `collectstatic` fills it (make serve); WhiteNoise serves what it finds there.
+STATIC_ROOT.mkdir(exist_ok=True)
 
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    # Production stores static files compressed, under names that carry their hash, so they
+    # can be cached for ever; elsewhere they are served as they are, without collectstatic.
+    "staticfiles": {
+        "BACKEND": (
+            "whitenoise.storage.CompressedManifestStaticFilesStorage"
+            if BATON.is_production
+            else "django.contrib.staticfiles.storage.StaticFilesStorage"
+        )
+    },
     "artifacts": BATON.artifact_storage(),
 }
 
@@ -183,13 +210,19 @@ SPECTACULAR_SETTINGS = {
         "SubtaskKindEnum": "backend.tasks.models.SubtaskKind",
         # Artifacts keep the name their kinds had before turns had a kind too.
         "KindEnum": "backend.artifacts.models.ARTIFACT_KIND_CHOICES",
+        # Each part of GET /api/health/.
+        "HealthPartEnum": ["ok", "failed"],
     },
 }
+
+# JSON lines (backend.log_format) in production, readable lines in development.
+LOG_FORMATTER = "json" if BATON.effective_log_format is LogFormat.JSON else "plain"
 
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
+        "json": {"()": "backend.log_format.JsonLineFormatter"},
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "django.server": {
             "()": "django.utils.log.ServerFormatter",
@@ -199,11 +232,11 @@ LOGGING = {
     },
     "filters": {"quiet_worker_polling": {"()": "backend.api.log_filters.QuietWorkerPolling"}},
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMATTER},
         # runserver's access log, without the successful polling of a worker beside it.
         "django.server": {
             "class": "logging.StreamHandler",
-            "formatter": "django.server",
+            "formatter": "json" if LOG_FORMATTER == "json" else "django.server",
             "filters": ["quiet_worker_polling"],
         },
     },

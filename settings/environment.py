@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
@@ -37,6 +38,11 @@ class ConfigurationError(RuntimeError):
 class Mode(StrEnum):
     DEVELOPMENT = "development"
     PRODUCTION = "production"
+
+
+class LogFormat(StrEnum):
+    JSON = "json"
+    PLAIN = "plain"
 
 
 def _split_csv(value: object) -> object:
@@ -75,6 +81,19 @@ class BatonEnvironment(BaseModel):
         3600, alias="BATON_ARTIFACT_ORPHAN_GRACE_SECONDS", gt=0
     )
     log_level: str = Field("INFO", alias="BATON_LOG_LEVEL")
+    # `json`: one JSON object per log line (`backend.log_format`); `plain`: readable lines.
+    # Unset: JSON in production, plain in development.
+    log_format: LogFormat | None = Field(None, alias="BATON_LOG_FORMAT")
+    # Production serves behind a TLS-terminating proxy. The header the proxy sets to say the
+    # client's request was HTTPS (it must overwrite a client's own); `none`: no proxy, Django
+    # sees HTTPS only if it terminates TLS itself.
+    proxy_ssl_header: str | None = Field("X-Forwarded-Proto", alias="BATON_PROXY_SSL_HEADER")
+    # Redirect plain HTTP to HTTPS (unset: on in production). The health endpoint is exempt, so
+    # a load balancer can probe the server directly.
+    ssl_redirect: bool | None = Field(None, alias="BATON_SSL_REDIRECT")
+    # Strict-Transport-Security in production: how long browsers keep to HTTPS (0: no header).
+    hsts_seconds: int = Field(31_536_000, alias="BATON_HSTS_SECONDS", ge=0)
+    hsts_preload: bool = Field(False, alias="BATON_HSTS_PRELOAD")
     # History policy used when the database has no HistoryPolicy row for a task type and no
     # default row. EXECUTOR_HISTORY_ENABLED=false is also the global kill switch: it turns
     # history injection off for every task type, whatever the rows say.
@@ -204,6 +223,20 @@ class BatonEnvironment(BaseModel):
             options = {"location": str(self.var_dir / "artifacts")}
         return {"BACKEND": self.artifact_storage_backend, "OPTIONS": options or {}}
 
+    @field_validator("proxy_ssl_header", mode="before")
+    @classmethod
+    def _none_means_no_proxy(cls, value: object) -> object:
+        if isinstance(value, str) and value.strip().lower() in ("", "none"):
+            return None
+        return value
+
+    @field_validator("proxy_ssl_header")
+    @classmethod
+    def _header_is_a_token(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9-]{1,64}", value):
+            raise ValueError("must be an HTTP header name such as X-Forwarded-Proto, or none")
+        return value
+
     @field_validator("secret_key", "database_url", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
@@ -225,6 +258,29 @@ class BatonEnvironment(BaseModel):
         if self.debug is not None:
             return self.debug
         return self.mode is Mode.DEVELOPMENT
+
+    @property
+    def is_production(self) -> bool:
+        return self.mode is Mode.PRODUCTION
+
+    @property
+    def effective_log_format(self) -> LogFormat:
+        if self.log_format is not None:
+            return self.log_format
+        return LogFormat.JSON if self.is_production else LogFormat.PLAIN
+
+    @property
+    def effective_ssl_redirect(self) -> bool:
+        if self.ssl_redirect is not None:
+            return self.ssl_redirect
+        return self.is_production
+
+    @property
+    def secure_proxy_ssl_header(self) -> tuple[str, str] | None:
+        """Django's SECURE_PROXY_SSL_HEADER: the proxy's header as a WSGI key, and `https`."""
+        if not self.is_production or self.proxy_ssl_header is None:
+            return None
+        return ("HTTP_" + self.proxy_ssl_header.upper().replace("-", "_"), "https")
 
     @property
     def effective_secret_key(self) -> str:

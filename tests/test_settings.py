@@ -182,3 +182,33 @@ def test_a_request_warning_is_logged_once_by_the_dev_server(tmp_path):
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
     assert done.stderr.count("Not Found: /nowhere") == 1, done.stderr
+
+
+def test_production_serves_https_behind_a_proxy_by_default():
+    env = load_environment({"BATON_ENV": "production", "SECRET_KEY": "x" * 50})
+    assert env.secure_proxy_ssl_header == ("HTTP_X_FORWARDED_PROTO", "https")
+    assert env.effective_ssl_redirect is True
+    assert env.effective_log_format == "json"
+
+
+def test_development_trusts_no_proxy_header_and_logs_plain_lines():
+    env = load_environment({"BATON_PROXY_SSL_HEADER": "X-Forwarded-Proto"})
+    assert env.secure_proxy_ssl_header is None
+    assert env.effective_ssl_redirect is False
+    assert env.effective_log_format == "plain"
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [("X-Scheme", ("HTTP_X_SCHEME", "https")), ("none", None), ("", None)],
+)
+def test_the_proxy_header_is_named_or_none(header, expected):
+    env = load_environment(
+        {"BATON_ENV": "production", "SECRET_KEY": "x" * 50, "BATON_PROXY_SSL_HEADER": header}
+    )
+    assert env.secure_proxy_ssl_header == expected
+
+
+def test_a_proxy_header_that_is_not_a_header_name_is_refused():
+    with pytest.raises(ConfigurationError, match="BATON_PROXY_SSL_HEADER"):
+        load_environment({"BATON_PROXY_SSL_HEADER": "X-Forwarded-Proto: https"})

@@ -3,6 +3,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from backend.api import executor_views, policy_views, views
 from backend.api.artifact_views import ArtifactContentApi, ArtifactDetailApi
+from backend.api.health_views import HealthApi
 
 urlpatterns = [
     path("tasks/", views.TaskListCreateApi.as_view(), name="task-list"),
@@ -56,6 +57,7 @@ urlpatterns = [
     ),
     path("policies/", policy_views.PolicyListApi.as_view(), name="policy-list"),
     path("policies/<str:name>/", policy_views.PolicyDetailApi.as_view(), name="policy-detail"),
+    path("health/", HealthApi.as_view(), name="health"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),

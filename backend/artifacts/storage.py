@@ -9,9 +9,10 @@ Text that arrives as a stream of UTF-8 (a result value a worker uploads) is neve
 stored as it is, and `read_text_ends` reads back only the two ends of a stored text.
 
 Only the storage API is used here (exists, open, save, delete, listdir, size, modified time),
-never a local path. This module knows nothing of rows: which writer may write a key, and when
-a file may be removed, is decided by whoever holds the key's artifact row
-(`backend.artifacts.services`, `backend.artifacts.retention`).
+never a local path; `probe_storage` checks that the storage works at all. This module knows
+nothing of rows: which writer may write a key, and when a file may be removed, is decided by
+whoever holds the key's artifact row (`backend.artifacts.services`,
+`backend.artifacts.retention`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import errno
 import hashlib
 import logging
 import re
+import secrets
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from typing import IO, Protocol
 
 from django.core.files import File
+from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 
 from backend.errors import InvalidInput, PayloadTooLarge
@@ -356,3 +359,27 @@ def _read_chunks(storage: Storage, key: str) -> Iterator[bytes]:
     with storage.open(key, "rb") as stored:
         while chunk := stored.read(READ_CHUNK_BYTES):
             yield chunk
+
+
+# Where `probe_storage` writes: outside the sha256 shards, so no listing of stored files sees it.
+PROBE_DIRECTORY = "health"
+
+
+def probe_storage() -> None:
+    """Write a small random file to the artifact storage, read it back and delete it.
+
+    Proves that the storage takes writes and serves reads (the health endpoint asks); raises
+    what the backend raises when it does not, and ArtifactIntegrityError when the file reads
+    back different. Each probe has a name of its own, so concurrent probes never meet; a probe
+    file a crash left behind is a few bytes under `health/`.
+    """
+    storage = artifact_storage()
+    token = secrets.token_hex(8)
+    name = storage.save(f"{PROBE_DIRECTORY}/probe-{token}.txt", ContentFile(token.encode()))
+    try:
+        with storage.open(name, "rb") as file:
+            read_back = file.read()
+    finally:
+        storage.delete(name)
+    if read_back != token.encode():
+        raise ArtifactIntegrityError(f"the probe file {name} read back different")

@@ -1,0 +1,45 @@
+"""gunicorn's configuration for `make serve` (`gunicorn -c python:backend.gunicorn_conf`).
+
+Workers are `gthread`: each process serves `--threads` requests at once, one per thread.
+Executor workers poll for turns and heartbeat their claims all the time, and a sync worker
+would spend a whole process on each of those connections (and on each slow client); threads
+keep them cheap while Baton's views stay plain synchronous Django. gthread keeps connections
+alive between requests; a body Baton refused unread (413, `backend.api.body_limits`) is
+drained by gunicorn up to 64 KiB and a few seconds, else the connection is closed.
+
+`--bind`, `--workers` and `--threads` come from the command line (the Makefile). Every log
+line, gunicorn's own and its access log, is one JSON object (`backend.log_format`).
+"""
+
+worker_class = "gthread"
+# Under gthread `timeout` bounds a worker process's silence, not a request: a slow request
+# keeps its thread, and the process still checks in.
+timeout = 30
+# Seconds an idle kept-alive connection waits for its next request (a polling worker's next
+# poll comes within about one).
+keepalive = 5
+
+logconfig_dict = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"json": {"()": "backend.log_format.JsonLineFormatter"}},
+    "handlers": {
+        "stdout": {
+            "class": "logging.StreamHandler",
+            "formatter": "json",
+            "stream": "ext://sys.stdout",
+        },
+        "stderr": {
+            "class": "logging.StreamHandler",
+            "formatter": "json",
+            "stream": "ext://sys.stderr",
+        },
+    },
+    # Configuring the access logger turns the access log on, to stdout; Django's LOGGING takes
+    # over the root logger once a worker loads the app.
+    "root": {"handlers": ["stderr"], "level": "INFO"},
+    "loggers": {
+        "gunicorn.error": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+        "gunicorn.access": {"handlers": ["stdout"], "level": "INFO", "propagate": False},
+    },
+}
