@@ -182,3 +182,60 @@ def test_a_request_warning_is_logged_once_by_the_dev_server(tmp_path):
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
     assert done.stderr.count("Not Found: /nowhere") == 1, done.stderr
+
+
+def test_artifacts_are_stored_on_the_local_disk_by_default(tmp_path):
+    storage = load_environment({"BATON_VAR_DIR": str(tmp_path)}).artifact_storage()
+    assert storage == {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(tmp_path / "artifacts")},
+    }
+
+
+def test_s3_storage_names_its_bucket_endpoint_and_region():
+    storage = load_environment(
+        {
+            "BATON_ARTIFACT_STORAGE": "s3",
+            "BATON_S3_BUCKET": "baton-artifacts",
+            "BATON_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
+            "BATON_S3_REGION": "eu-west-1",
+            "BATON_ARTIFACT_STORAGE_OPTIONS": '{"location": "prod", "max_memory_size": 1024}',
+        }
+    ).artifact_storage()
+    assert storage == {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": "baton-artifacts",
+            "endpoint_url": "http://127.0.0.1:9000",
+            "region_name": "eu-west-1",
+            "location": "prod",
+            "max_memory_size": 1024,
+        },
+    }
+    # Reads spool to disk past a bound unless the options say otherwise.
+    bare = load_environment({"BATON_ARTIFACT_STORAGE": "s3", "BATON_S3_BUCKET": "b"})
+    assert bare.artifact_storage()["OPTIONS"] == {
+        "bucket_name": "b",
+        "max_memory_size": 4 * 1024 * 1024,
+    }
+
+
+@pytest.mark.parametrize(
+    ("environ", "fragment"),
+    [
+        ({"BATON_ARTIFACT_STORAGE": "s3"}, "needs BATON_S3_BUCKET"),
+        ({"BATON_ARTIFACT_STORAGE": "s3", "BATON_S3_BUCKET": " "}, "needs BATON_S3_BUCKET"),
+        (
+            {
+                "BATON_ARTIFACT_STORAGE": "s3",
+                "BATON_S3_BUCKET": "b",
+                "BATON_ARTIFACT_STORAGE_BACKEND": "storages.backends.s3.S3Storage",
+            },
+            "leave BATON_ARTIFACT_STORAGE_BACKEND unset",
+        ),
+        ({"BATON_ARTIFACT_STORAGE": "gcs"}, "BATON_ARTIFACT_STORAGE"),
+    ],
+)
+def test_an_incomplete_s3_configuration_refuses_to_start(environ, fragment):
+    with pytest.raises(ConfigurationError, match=fragment):
+        load_environment(environ)
