@@ -46,11 +46,8 @@ class ArtifactStore(StrEnum):
     S3 = "s3"
 
 
-S3_STORAGE_BACKEND = "storages.backends.s3.S3Storage"
-# An object read from S3 is downloaded into a spooled temporary file: past this many bytes it
-# moves to disk, so reading a 50 MB artifact never holds it whole in memory (django-storages'
-# default, 0, never moves it).
-S3_READ_SPOOL_MAX_BYTES = 4 << 20
+# django-storages' S3Storage, with objects read as streams (ranged GETs), never downloaded whole.
+S3_STORAGE_BACKEND = "backend.artifacts.object_store.ArtifactS3Storage"
 
 
 def _split_csv(value: object) -> object:
@@ -231,7 +228,8 @@ class BatonEnvironment(BaseModel):
     def artifact_storage(self) -> dict[str, object]:
         """Django's STORAGES['artifacts'] for this environment.
 
-        With BATON_ARTIFACT_STORAGE=s3, django-storages' S3Storage on BATON_S3_BUCKET (at
+        With BATON_ARTIFACT_STORAGE=s3, django-storages' S3Storage (`ArtifactS3Storage`) on
+        BATON_S3_BUCKET (at
         BATON_S3_ENDPOINT_URL for a store other than AWS); credentials come from boto3's own
         chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, an instance role), never
         from Baton's settings. BATON_ARTIFACT_STORAGE_OPTIONS adds to or overrides the options.
@@ -244,10 +242,7 @@ class BatonEnvironment(BaseModel):
         return {"BACKEND": self.artifact_storage_backend, "OPTIONS": options or {}}
 
     def _s3_options(self) -> dict[str, object]:
-        options: dict[str, object] = {
-            "bucket_name": self.s3_bucket,
-            "max_memory_size": S3_READ_SPOOL_MAX_BYTES,
-        }
+        options: dict[str, object] = {"bucket_name": self.s3_bucket}
         if self.s3_endpoint_url is not None:
             options["endpoint_url"] = self.s3_endpoint_url
         if self.s3_region is not None:

@@ -199,25 +199,20 @@ def test_s3_storage_names_its_bucket_endpoint_and_region():
             "BATON_S3_BUCKET": "baton-artifacts",
             "BATON_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
             "BATON_S3_REGION": "eu-west-1",
-            "BATON_ARTIFACT_STORAGE_OPTIONS": '{"location": "prod", "max_memory_size": 1024}',
+            "BATON_ARTIFACT_STORAGE_OPTIONS": '{"location": "prod", "region_name": "us-east-2"}',
         }
     ).artifact_storage()
     assert storage == {
-        "BACKEND": "storages.backends.s3.S3Storage",
+        "BACKEND": "backend.artifacts.object_store.ArtifactS3Storage",
         "OPTIONS": {
             "bucket_name": "baton-artifacts",
             "endpoint_url": "http://127.0.0.1:9000",
-            "region_name": "eu-west-1",
+            "region_name": "us-east-2",
             "location": "prod",
-            "max_memory_size": 1024,
         },
     }
-    # Reads spool to disk past a bound unless the options say otherwise.
     bare = load_environment({"BATON_ARTIFACT_STORAGE": "s3", "BATON_S3_BUCKET": "b"})
-    assert bare.artifact_storage()["OPTIONS"] == {
-        "bucket_name": "b",
-        "max_memory_size": 4 * 1024 * 1024,
-    }
+    assert bare.artifact_storage()["OPTIONS"] == {"bucket_name": "b"}
 
 
 @pytest.mark.parametrize(

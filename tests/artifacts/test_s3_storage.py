@@ -16,7 +16,14 @@ from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from backend.artifacts.models import Artifact
-from backend.artifacts.storage import artifact_storage, content_address, storage_key_for
+from backend.artifacts.storage import (
+    READ_CHUNK_BYTES,
+    ArtifactIntegrityError,
+    artifact_storage,
+    content_address,
+    read_text_ends,
+    storage_key_for,
+)
 from backend.tasks.models import Subtask
 from executors.client import BackendClient, BackendError
 from executors.workspace import materialize_artifacts
@@ -231,3 +238,32 @@ def test_the_worker_downloads_a_manifest_artifact_from_the_bucket(
     with pytest.raises(BackendError, match="HTTP 500"):
         materialize_artifacts(client=client, workspace=workspace, manifest=manifest)
     assert list(workspace.rglob("*.txt")) == []
+
+
+BIG = "".join(f"row {n:07d} ünïcödé ✓\n" for n in range(300_000))  # about 8 MB
+
+
+def test_the_two_ends_of_an_object_are_read_without_the_rest(s3_bucket: Bucket) -> None:
+    key = content_address(BIG).storage_key
+    s3_bucket.put(key, BIG.encode())
+    size = len(BIG.encode())
+    assert size > 6 * READ_CHUNK_BYTES
+
+    with artifact_storage().open(key, "rb") as stored:
+        head, tail = read_text_ends(stored, size_bytes=size, chars=50)
+        received = stored.file.raw.received
+
+    assert (head, tail) == (BIG[:50], BIG[-50:])
+    assert received <= 2 * READ_CHUNK_BYTES
+
+
+def test_an_object_replaced_while_it_is_read_is_an_integrity_error(s3_bucket: Bucket) -> None:
+    key = content_address(BIG).storage_key
+    s3_bucket.put(key, BIG.encode())
+
+    with artifact_storage().open(key, "rb") as stored:
+        assert stored.read(10) == BIG.encode()[:10]
+        s3_bucket.put(key, BIG.encode().replace(b"row", b"XXX"))
+        stored.seek(5 * READ_CHUNK_BYTES)
+        with pytest.raises(ArtifactIntegrityError, match="replaced or removed"):
+            stored.read(10)
