@@ -6,6 +6,7 @@ with nothing written to the local disk."""
 from __future__ import annotations
 
 import hashlib
+import socket
 from datetime import timedelta
 from io import StringIO
 from pathlib import Path
@@ -267,3 +268,36 @@ def test_an_object_replaced_while_it_is_read_is_an_integrity_error(s3_bucket: Bu
         stored.seek(5 * READ_CHUNK_BYTES)
         with pytest.raises(ArtifactIntegrityError, match="replaced or removed"):
             stored.read(10)
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.parametrize("fault", ["bucket_missing", "store_unreachable"])
+def test_a_store_that_takes_no_write_records_nothing_and_a_retry_succeeds(
+    api, worker_api, s3_bucket: Bucket, settings, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    working = settings.STORAGES
+    if fault == "bucket_missing":
+        s3_bucket.client.delete_bucket(Bucket=s3_bucket.name)
+    else:
+        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # no retries with backoff against a closed port
+        options = {**working["artifacts"]["OPTIONS"]}
+        options["endpoint_url"] = f"http://127.0.0.1:{closed_port()}"
+        settings.STORAGES = {**working, "artifacts": {**working["artifacts"], "OPTIONS": options}}
+    create(api)
+    turn = dispatch(worker_api)
+
+    response = report(worker_api, turn, result={"value": LOG})
+
+    assert_error(response, 503, "storage_unavailable")
+    assert not Artifact.objects.exists()
+    assert Subtask.objects.get(pk=turn["subtask_id"]).status == "RUNNING"
+    if fault == "bucket_missing":
+        s3_bucket.client.create_bucket(Bucket=s3_bucket.name)
+    settings.STORAGES = working
+    assert report(worker_api, turn, result={"value": LOG}).status_code == 200
+    assert s3_bucket.get(Artifact.objects.get().storage_key) == LOG_BYTES
