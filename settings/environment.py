@@ -45,6 +45,17 @@ class LogFormat(StrEnum):
     PLAIN = "plain"
 
 
+class ArtifactStore(StrEnum):
+    """Where artifact content is kept: a local directory, or an S3-compatible bucket."""
+
+    FILESYSTEM = "filesystem"
+    S3 = "s3"
+
+
+# django-storages' S3Storage, with objects read as streams (ranged GETs), never downloaded whole.
+S3_STORAGE_BACKEND = "backend.artifacts.object_store.ArtifactS3Storage"
+
+
 def _split_csv(value: object) -> object:
     if isinstance(value, str):
         return [item.strip() for item in value.split(",") if item.strip()]
@@ -71,6 +82,10 @@ class BatonEnvironment(BaseModel):
     max_pipeline_steps: int = Field(
         16, alias="BATON_MAX_PIPELINE_STEPS", ge=1, le=PIPELINE_STEPS_CEILING
     )
+    artifact_store: ArtifactStore = Field(ArtifactStore.FILESYSTEM, alias="BATON_ARTIFACT_STORAGE")
+    s3_bucket: str | None = Field(None, alias="BATON_S3_BUCKET")
+    s3_endpoint_url: str | None = Field(None, alias="BATON_S3_ENDPOINT_URL")
+    s3_region: str | None = Field(None, alias="BATON_S3_REGION")
     artifact_storage_backend: str = Field(
         "django.core.files.storage.FileSystemStorage", alias="BATON_ARTIFACT_STORAGE_BACKEND"
     )
@@ -216,12 +231,42 @@ class BatonEnvironment(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _s3_names_its_bucket(self) -> BatonEnvironment:
+        if self.artifact_store is not ArtifactStore.S3:
+            return self
+        if self.s3_bucket is None:
+            raise ValueError("BATON_ARTIFACT_STORAGE=s3 needs BATON_S3_BUCKET")
+        if "artifact_storage_backend" in self.model_fields_set:
+            raise ValueError(
+                "BATON_ARTIFACT_STORAGE=s3 chooses the storage backend; leave "
+                "BATON_ARTIFACT_STORAGE_BACKEND unset"
+            )
+        return self
+
     def artifact_storage(self) -> dict[str, object]:
-        """Django's STORAGES['artifacts'] for this environment."""
+        """Django's STORAGES['artifacts'] for this environment.
+
+        With BATON_ARTIFACT_STORAGE=s3, django-storages' S3Storage (`ArtifactS3Storage`) on
+        BATON_S3_BUCKET (at
+        BATON_S3_ENDPOINT_URL for a store other than AWS); credentials come from boto3's own
+        chain (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, a profile, an instance role), never
+        from Baton's settings. BATON_ARTIFACT_STORAGE_OPTIONS adds to or overrides the options.
+        """
+        if self.artifact_store is ArtifactStore.S3:
+            return {"BACKEND": S3_STORAGE_BACKEND, "OPTIONS": self._s3_options()}
         options = self.artifact_storage_options
         if options is None and self.artifact_storage_backend.endswith("FileSystemStorage"):
             options = {"location": str(self.var_dir / "artifacts")}
         return {"BACKEND": self.artifact_storage_backend, "OPTIONS": options or {}}
+
+    def _s3_options(self) -> dict[str, object]:
+        options: dict[str, object] = {"bucket_name": self.s3_bucket}
+        if self.s3_endpoint_url is not None:
+            options["endpoint_url"] = self.s3_endpoint_url
+        if self.s3_region is not None:
+            options["region_name"] = self.s3_region
+        return {**options, **(self.artifact_storage_options or {})}
 
     @field_validator("proxy_ssl_header", mode="before")
     @classmethod
@@ -237,7 +282,9 @@ class BatonEnvironment(BaseModel):
             raise ValueError("must be an HTTP header name such as X-Forwarded-Proto, or none")
         return value
 
-    @field_validator("secret_key", "database_url", mode="before")
+    @field_validator(
+        "secret_key", "database_url", "s3_bucket", "s3_endpoint_url", "s3_region", mode="before"
+    )
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         if isinstance(value, str) and not value.strip():

@@ -212,3 +212,55 @@ def test_the_proxy_header_is_named_or_none(header, expected):
 def test_a_proxy_header_that_is_not_a_header_name_is_refused():
     with pytest.raises(ConfigurationError, match="BATON_PROXY_SSL_HEADER"):
         load_environment({"BATON_PROXY_SSL_HEADER": "X-Forwarded-Proto: https"})
+
+
+def test_artifacts_are_stored_on_the_local_disk_by_default(tmp_path):
+    storage = load_environment({"BATON_VAR_DIR": str(tmp_path)}).artifact_storage()
+    assert storage == {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(tmp_path / "artifacts")},
+    }
+
+
+def test_s3_storage_names_its_bucket_endpoint_and_region():
+    storage = load_environment(
+        {
+            "BATON_ARTIFACT_STORAGE": "s3",
+            "BATON_S3_BUCKET": "baton-artifacts",
+            "BATON_S3_ENDPOINT_URL": "http://127.0.0.1:9000",
+            "BATON_S3_REGION": "eu-west-1",
+            "BATON_ARTIFACT_STORAGE_OPTIONS": '{"location": "prod", "region_name": "us-east-2"}',
+        }
+    ).artifact_storage()
+    assert storage == {
+        "BACKEND": "backend.artifacts.object_store.ArtifactS3Storage",
+        "OPTIONS": {
+            "bucket_name": "baton-artifacts",
+            "endpoint_url": "http://127.0.0.1:9000",
+            "region_name": "us-east-2",
+            "location": "prod",
+        },
+    }
+    bare = load_environment({"BATON_ARTIFACT_STORAGE": "s3", "BATON_S3_BUCKET": "b"})
+    assert bare.artifact_storage()["OPTIONS"] == {"bucket_name": "b"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "fragment"),
+    [
+        ({"BATON_ARTIFACT_STORAGE": "s3"}, "needs BATON_S3_BUCKET"),
+        ({"BATON_ARTIFACT_STORAGE": "s3", "BATON_S3_BUCKET": " "}, "needs BATON_S3_BUCKET"),
+        (
+            {
+                "BATON_ARTIFACT_STORAGE": "s3",
+                "BATON_S3_BUCKET": "b",
+                "BATON_ARTIFACT_STORAGE_BACKEND": "storages.backends.s3.S3Storage",
+            },
+            "leave BATON_ARTIFACT_STORAGE_BACKEND unset",
+        ),
+        ({"BATON_ARTIFACT_STORAGE": "gcs"}, "BATON_ARTIFACT_STORAGE"),
+    ],
+)
+def test_an_incomplete_s3_configuration_refuses_to_start(environ, fragment):
+    with pytest.raises(ConfigurationError, match=fragment):
+        load_environment(environ)

@@ -249,24 +249,26 @@ def ensure_stored(*, text: str | SpooledText, address: ContentAddress) -> bool:
     transaction, `services.store_artifacts`): then no other writer and no removal touches the key
     meanwhile, so a damaged file found there may be replaced, and a half-written one removed.
     An existing file is trusted only after its hash is checked. A write that fails (a full disk,
-    an unreachable object store) raises ArtifactStorageError and leaves no file at the key.
+    an unreachable object store) raises ArtifactStorageError and leaves no file at the key; so
+    does a storage that cannot even be asked what the key holds.
     """
     storage = artifact_storage()
     key = address.storage_key
-    if storage.exists(key):
-        if stored_sha256(storage, key) == address.sha256:
-            return False
-        logger.warning("artifact content at %s is damaged; rewriting it", key)
-        storage.delete(key)
+    try:
+        if storage.exists(key):
+            if stored_sha256(storage, key) == address.sha256:
+                return False
+            logger.warning("artifact content at %s is damaged; rewriting it", key)
+            storage.delete(key)
+    except Exception as error:
+        _log_write_failed(address=address, error=error)
+        raise _storage_unavailable(address=address, error=error) from error
     with _spooled(text) as spool:
         try:
             saved_key = storage.save(key, File(spool, name=key))
         except Exception as error:
             _write_failed(storage, address=address, error=error)
-            raise ArtifactStorageError(
-                f"Artifact storage could not take a {address.size_bytes}-byte write "
-                f"({_error_name(error)}); nothing was recorded. Retry later."
-            ) from error
+            raise _storage_unavailable(address=address, error=error) from error
     if saved_key != key:
         # Only a writer that did not hold the address can have put a file at the key since the
         # check; keep theirs if it is whole, and drop our duplicate either way.
@@ -298,8 +300,14 @@ def _error_name(error: Exception) -> str:
     return type(error).__name__
 
 
-def _write_failed(storage: Storage, *, address: ContentAddress, error: Exception) -> None:
-    """Remove what a failed save left at the key (FileSystemStorage keeps a partial file)."""
+def _storage_unavailable(*, address: ContentAddress, error: Exception) -> ArtifactStorageError:
+    return ArtifactStorageError(
+        f"Artifact storage could not take a {address.size_bytes}-byte write "
+        f"({_error_name(error)}); nothing was recorded. Retry later."
+    )
+
+
+def _log_write_failed(*, address: ContentAddress, error: Exception) -> None:
     log_event(
         "artifact_write_failed",
         level=logging.ERROR,
@@ -307,6 +315,11 @@ def _write_failed(storage: Storage, *, address: ContentAddress, error: Exception
         size_bytes=address.size_bytes,
         error=_error_name(error),
     )
+
+
+def _write_failed(storage: Storage, *, address: ContentAddress, error: Exception) -> None:
+    """Remove what a failed save left at the key (FileSystemStorage keeps a partial file)."""
+    _log_write_failed(address=address, error=error)
     try:
         storage.delete(address.storage_key)
     except Exception:  # noqa: BLE001 - the orphan sweep removes what is left

@@ -8,6 +8,7 @@ from backend.artifacts.models import Artifact
 from backend.prompting import Role
 from backend.tasks.factories import answered_task
 from backend.tasks.models import Task
+from tests.artifacts.s3 import s3_bucket, s3_endpoint  # noqa: F401 - fixtures for these tests
 
 # Over the 16,000-char spill threshold, multibyte UTF-8 on every line, and a last line without
 # a trailing newline.
