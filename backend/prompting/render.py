@@ -207,19 +207,24 @@ _CONFUSABLES = str.maketrans(
 )
 # Blank letters: Hangul fillers and the braille blank render as nothing, like format characters.
 _BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
-_INVISIBLE_CATEGORIES = frozenset({"Cf", "Cc", "Cs", "Co", "Cn", "Mn", "Me"})
+_INVISIBLE_CATEGORIES = frozenset({"Cf", "Cc", "Cs", "Mn", "Me"})
+# Unassigned and private-use code points show as a box (or nothing a reader can name): they
+# separate words like a blank does, so ``[note`` + a box + ``A`` still opens like a note.
+_BOX_CATEGORIES = frozenset({"Co", "Cn"})
 
 
 def model_eye(line: str) -> str:
     """``line`` as a reader takes it in: what ``_FOLDED_STRUCTURE`` is matched against.
 
     Compatibility forms are decomposed (full-width letters, ligatures, ``…`` into ``...``),
-    invisible characters and combining marks dropped, homoglyphs mapped to Latin, case folded
-    and leading whitespace skipped.
+    invisible characters and combining marks dropped, unassigned and private-use code points
+    read as a blank, homoglyphs mapped to Latin, case folded and leading whitespace skipped.
     """
     decomposed = unicodedata.normalize("NFKD", line)
     visible = "".join(
-        char
+        " "
+        if unicodedata.category(char) in _BOX_CATEGORIES
+        else char
         for char in decomposed
         if not (
             (unicodedata.category(char) in _INVISIBLE_CATEGORIES and not char.isspace())
