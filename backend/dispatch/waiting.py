@@ -67,14 +67,19 @@ def claim_or_wait(
             pause = remaining if ready_in is None else min(remaining, max(ready_in, POLL_SECONDS))
             BELL.wait(mark, kinds=kinds, timeout=pause)
         else:
-            _poll_until_claimable(mark, kinds=kinds, worker_id=worker_id, deadline=deadline)
+            _poll_until_claimable(
+                mark, kinds=kinds, worker_id=worker_id, deadline=deadline, listening=listening
+            )
 
 
 def _poll_until_claimable(
-    mark: tuple[int, ...], *, kinds: Sequence[str], worker_id: str, deadline: float
+    mark: tuple[int, ...], *, kinds: Sequence[str], worker_id: str, deadline: float, listening: bool
 ) -> None:
+    """Until a turn is claimable, the bell rings, the wait ends or the listener (re)connects."""
     while (remaining := deadline - time.monotonic()) > 0:
         if BELL.wait(mark, kinds=kinds, timeout=min(POLL_SECONDS, remaining)):
+            return
+        if listening and LISTENER.connected:
             return
         if claimable_exists(kinds=kinds, worker_id=worker_id, now=timezone.now()):
             return
@@ -147,9 +152,10 @@ class PendingListener:
     def _set_connected(self, connected: bool) -> None:
         changed = connected != self.connected
         self.connected = connected
-        self._attempted.set()
         if changed:
             BELL.ring_all()
+        # After the ring: a waiter that `start` let through misses no notification.
+        self._attempted.set()
 
 
 LISTENER = PendingListener()

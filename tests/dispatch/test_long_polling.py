@@ -1,0 +1,177 @@
+"""Long polling over HTTP: an idle worker's dispatch waits for a turn (`dispatch.waiting`).
+
+The waiting tests run real concurrent requests (one thread each, its own connection) on a
+transactional database, on SQLite and on PostgreSQL (DATABASE_URL=postgres://...). Times
+are only ever checked as "it waited at least the wait"; latency is measured in
+bench/bench_long_polling.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection, transaction
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from backend.dispatch.waiting import LISTENER
+from backend.tasks.models import Subtask
+from backend.tasks.services import PipelineStep, create_task
+from backend.tasks.wakeups import BELL, PENDING_CHANNEL
+from tests.conftest import make_worker, token_client
+
+DISPATCH = "/api/executor/dispatch/"
+# Long enough for a loaded machine to start every request before the turn is created.
+SETTLE_SECONDS = 0.5
+
+
+def dispatch(client: APIClient, *, worker_id: str, wait_seconds: object, kinds=("codex",)):
+    return client.post(
+        DISPATCH,
+        {"kinds": list(kinds), "limit": 1, "worker_id": worker_id, "wait_seconds": wait_seconds},
+        format="json",
+    )
+
+
+@pytest.fixture(autouse=True)
+def listener_stopped_after_each_test() -> Iterator[None]:
+    """The listener's own connection would keep PostgreSQL from dropping the test database."""
+    yield
+    LISTENER.stop()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("wait_seconds", "error"),
+    [
+        ("1", "Must be a number."),
+        (True, "Must be a number."),
+        ([1], "Must be a number."),
+        (-0.5, "greater than or equal to 0"),
+        (30.5, "at most 30 seconds"),
+    ],
+)
+def test_wait_seconds_must_be_a_number_within_the_limit(worker_api, wait_seconds, error):
+    response = dispatch(worker_api, worker_id="w1", wait_seconds=wait_seconds)
+    assert response.status_code == 400
+    assert error in str(response.json()), response.json()
+    assert "wait_seconds" in str(response.json())
+
+
+@pytest.mark.django_db
+def test_the_limit_is_the_setting(worker_api, settings):
+    settings.BATON_DISPATCH_MAX_WAIT_SECONDS = 2
+    assert dispatch(worker_api, worker_id="w1", wait_seconds=2.5).status_code == 400
+    assert dispatch(worker_api, worker_id="w1", wait_seconds=0).status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_nothing_pending_the_dispatch_waits_then_answers_empty(worker_api):
+    started = time.monotonic()
+    response = dispatch(worker_api, worker_id="w1", wait_seconds=0.3)
+    waited = time.monotonic() - started
+    assert response.status_code == 200
+    assert response.json() == {"turns": [], "next_ready_in_seconds": None}
+    assert waited >= 0.3
+
+
+def _waiting_dispatches(
+    count: int, *, wait_seconds: float
+) -> tuple[list[threading.Thread], list[dict], Callable[[], None]]:
+    """`count` workers (accounts of their own) dispatching with `wait_seconds`, each in a
+    thread; their answers land in the returned list; call the function to join them."""
+    clients = [token_client(make_worker(f"waiter-{index}")) for index in range(count)]
+    answers: list[dict] = [{} for _ in range(count)]
+
+    def wait(index: int) -> None:
+        try:
+            response = dispatch(clients[index], worker_id=f"w{index}", wait_seconds=wait_seconds)
+            answers[index] = {"status": response.status_code, **response.json()}
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=wait, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+
+    def join() -> None:
+        for thread in threads:
+            thread.join(timeout=wait_seconds + 60)
+
+    return threads, answers, join
+
+
+def _new_task(number: int = 0) -> Subtask:
+    owner = get_user_model().objects.get_or_create(username="owner")[0]
+    task = create_task(
+        owner=owner,
+        title=f"t{number}",
+        task_type="code",
+        message="CI is red.",
+        pipeline=[PipelineStep(executor="codex")],
+    )
+    return Subtask.objects.get(task=task, role="ASSISTANT")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_a_turn_created_while_two_workers_wait_reaches_exactly_one_of_them():
+    wait_seconds = 5.0
+    _, answers, join = _waiting_dispatches(2, wait_seconds=wait_seconds)
+    time.sleep(SETTLE_SECONDS)
+    turn = _new_task()
+    join()
+    assert [answer["status"] for answer in answers] == [200, 200]
+    delivered = [t["subtask_id"] for answer in answers for t in answer["turns"]]
+    assert delivered == [turn.pk]  # one waiter got it, the other none
+    turn.refresh_from_db()
+    assert turn.status == "RUNNING"
+    winner = next(index for index, answer in enumerate(answers) if answer["turns"])
+    assert turn.lease_owner == f"w{winner}"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_a_waiter_gets_a_turn_whose_backoff_ends_during_the_wait():
+    """The announcement comes before the turn is claimable: the waiter looks again when the
+    backoff ends (its clock, or the poll), not only when it is woken."""
+    _, answers, join = _waiting_dispatches(1, wait_seconds=5.0)
+    time.sleep(SETTLE_SECONDS)
+    with transaction.atomic():
+        turn = _new_task()
+        Subtask.objects.filter(pk=turn.pk).update(
+            not_before=timezone.now() + timedelta(seconds=0.5)
+        )
+    join()
+    assert [t["subtask_id"] for t in answers[0]["turns"]] == [turn.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_waiting_workers_of_another_kind_get_nothing():
+    _, answers, join = _waiting_dispatches(1, wait_seconds=1.0)
+    # The waiter serves codex; this worker serves claude_code and waits for its kind only.
+    other = token_client(make_worker("claude-worker"))
+    time.sleep(SETTLE_SECONDS)
+    turn = _new_task()
+    response = dispatch(other, worker_id="c1", wait_seconds=0.2, kinds=("claude_code",))
+    join()
+    assert response.json()["turns"] == []
+    assert [t["subtask_id"] for t in answers[0]["turns"]] == [turn.pk]
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_the_listener_rings_the_bell_on_a_notify_from_another_connection():
+    """The NOTIFY path alone: a notification sent on some other connection (as another server
+    process would) wakes this process's waiters of that kind."""
+    assert LISTENER.start()
+    mark = BELL.mark(["agno"])
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [PENDING_CHANNEL, "agno"])
+    assert BELL.wait(mark, kinds=["agno"], timeout=30)
