@@ -8,7 +8,8 @@ wake for one turn.
 How a waiter learns that a turn may be there:
 - PostgreSQL: one listener thread per server process keeps a connection of its own that
   `LISTEN`s on the channel writers `NOTIFY` (`backend.tasks.wakeups`), and rings the
-  process's bell; the waiters sleep on the bell and cost nothing while nothing happens. A
+  process's bell, which wakes one waiter per announcement (a woken waiter that claimed
+  something wakes the next); the waiters sleep and cost nothing while nothing happens. A
   waiter also wakes when a turn it saw pending becomes claimable by the clock (a retry
   backoff or a session hold ends, `claims.next_ready_in_seconds`).
 - SQLite, or PostgreSQL while the listener is not connected: every POLL_SECONDS a cheap
@@ -32,7 +33,7 @@ from django.utils import timezone
 from backend.dispatch.claims import claim_turns, claimable_exists, next_ready_in_seconds
 from backend.dispatch.payload import ClaimedTurn
 from backend.events import log_event
-from backend.tasks.wakeups import BELL, PENDING_CHANNEL
+from backend.tasks.wakeups import BELL, PENDING_CHANNEL, Doorbell
 
 # How often a waiter without a listener looks for a claimable turn.
 POLL_SECONDS = 0.05
@@ -54,35 +55,52 @@ def claim_or_wait(
     and claim it. Empty when the wait ended with nothing claimed."""
     deadline = time.monotonic() + wait_seconds
     listening = wait_seconds > 0 and connection.vendor == "postgresql" and LISTENER.start()
+    woken = False
     while True:
-        # Marked before the claim, so a turn announced after it wakes the wait below.
-        mark = BELL.mark(kinds)
-        claimed = claim_turns(worker=worker, worker_id=worker_id, kinds=kinds, limit=limit)
-        remaining = deadline - time.monotonic()
-        if claimed or remaining <= 0:
-            return claimed
-        if listening and LISTENER.connected:
-            ready_in = next_ready_in_seconds(kinds=kinds, worker_id=worker_id)
-            # A turn claimable now that another worker took first: look again shortly.
-            pause = remaining if ready_in is None else min(remaining, max(ready_in, POLL_SECONDS))
-            BELL.wait(mark, kinds=kinds, timeout=pause)
-        else:
-            _poll_until_claimable(
-                mark, kinds=kinds, worker_id=worker_id, deadline=deadline, listening=listening
-            )
+        # At the bell before the claim, so a turn announced after it wakes the wait below.
+        with BELL.doorbell(kinds) as doorbell:
+            claimed = claim_turns(worker=worker, worker_id=worker_id, kinds=kinds, limit=limit)
+            remaining = deadline - time.monotonic()
+            if claimed or remaining <= 0:
+                if (claimed and woken) or doorbell.rung.is_set():
+                    # One announcement may stand for more turns: the next waiter looks.
+                    BELL.ring(kinds)
+                return claimed
+            if listening and LISTENER.connected:
+                ready_in = next_ready_in_seconds(kinds=kinds, worker_id=worker_id)
+                # A turn claimable now that another worker took first: look again shortly.
+                pause = (
+                    remaining if ready_in is None else min(remaining, max(ready_in, POLL_SECONDS))
+                )
+                woken = doorbell.wait(pause)
+            else:
+                woken = _poll_until_claimable(
+                    doorbell,
+                    kinds=kinds,
+                    worker_id=worker_id,
+                    deadline=deadline,
+                    listening=listening,
+                )
 
 
 def _poll_until_claimable(
-    mark: tuple[int, ...], *, kinds: Sequence[str], worker_id: str, deadline: float, listening: bool
-) -> None:
-    """Until a turn is claimable, the bell rings, the wait ends or the listener (re)connects."""
+    doorbell: Doorbell,
+    *,
+    kinds: Sequence[str],
+    worker_id: str,
+    deadline: float,
+    listening: bool,
+) -> bool:
+    """Until a turn is claimable, the bell rings, the wait ends or the listener (re)connects;
+    True when the bell rang."""
     while (remaining := deadline - time.monotonic()) > 0:
-        if BELL.wait(mark, kinds=kinds, timeout=min(POLL_SECONDS, remaining)):
-            return
+        if doorbell.wait(min(POLL_SECONDS, remaining)):
+            return True
         if listening and LISTENER.connected:
-            return
+            return False
         if claimable_exists(kinds=kinds, worker_id=worker_id, now=timezone.now()):
-            return
+            return False
+    return False
 
 
 class PendingListener:

@@ -171,7 +171,26 @@ def test_the_listener_rings_the_bell_on_a_notify_from_another_connection():
     """The NOTIFY path alone: a notification sent on some other connection (as another server
     process would) wakes this process's waiters of that kind."""
     assert LISTENER.start()
-    mark = BELL.mark(["agno"])
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [PENDING_CHANNEL, "agno"])
-    assert BELL.wait(mark, kinds=["agno"], timeout=30)
+    with BELL.doorbell(["codex"]) as other_kind, BELL.doorbell(["agno"]) as doorbell:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [PENDING_CHANNEL, "agno"])
+        assert doorbell.wait(30)
+        assert not other_kind.rung.is_set()
+
+
+def test_an_announcement_wakes_one_waiter_of_its_kind_the_longest_waiting():
+    with (
+        BELL.doorbell(["codex"]) as first,
+        BELL.doorbell(["agno"]) as other_kind,
+        BELL.doorbell(["codex", "agno"]) as second,
+    ):
+        BELL.ring(["codex"])
+        assert (first.rung.is_set(), other_kind.rung.is_set(), second.rung.is_set()) == (
+            True,
+            False,
+            False,
+        )
+        BELL.ring(["codex"])  # the first is busy looking: the next one wakes
+        assert second.rung.is_set()
+        BELL.ring_all()
+        assert other_kind.rung.is_set()
