@@ -167,14 +167,15 @@ def main() -> None:
     )
     print(
         f"{'mode':<22} {'latency p50':>12} {'p90':>9} {'max':>9} {'after answer p50':>17} "
-        f"{'idle server CPU':>16}"
+        f"{'idle server CPU':>16} {'slowest round':>14}"
     )
     for name, latencies, after_answer, idle_cpu in rows:
         ordered = sorted(latencies)
         print(
             f"{name:<22} {statistics.median(ordered):>9.1f} ms "
             f"{ordered[int(0.9 * (len(ordered) - 1))]:>6.1f} ms {ordered[-1]:>6.1f} ms "
-            f"{statistics.median(after_answer):>14.1f} ms {idle_cpu:>15.1%}"
+            f"{statistics.median(after_answer):>14.1f} ms {idle_cpu:>15.1%} "
+            f"{latencies.index(ordered[-1]) + 1:>14}"
         )
     print("\ntarget: latency p50 under 100 ms; idle CPU near zero (% of one core)")
 
