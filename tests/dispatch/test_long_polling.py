@@ -19,10 +19,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from backend.dispatch.leases import reclaim_expired_leases
 from backend.dispatch.waiting import LISTENER
 from backend.tasks.models import Subtask
 from backend.tasks.services import PipelineStep, create_task
-from backend.tasks.wakeups import BELL, PENDING_CHANNEL
+from backend.tasks.wakeups import BELL, PENDING_CHANNEL, announce_pending
 from tests.conftest import make_worker, token_client
 
 DISPATCH = "/api/executor/dispatch/"
@@ -163,6 +164,134 @@ def test_waiting_workers_of_another_kind_get_nothing():
     join()
     assert response.json()["turns"] == []
     assert [t["subtask_id"] for t in answers[0]["turns"]] == [turn.pk]
+
+
+def _claim(kinds=("codex",)) -> Callable[[str], Subtask]:
+    """A worker of its own claims a pending turn over HTTP; call the result to report its
+    outcome (`status`)."""
+    client = token_client(make_worker("runner"))
+    body = {"kinds": list(kinds), "limit": 1, "worker_id": "runner"}
+    [turn] = client.post(DISPATCH, body, format="json").json()["turns"]
+
+    def report(status: str) -> Subtask:
+        report = {"worker_id": "runner", "attempt": turn["attempt"], "status": status}
+        if status == "COMPLETED":
+            report["result"] = {"value": "Done."}
+        if status == "RETRY":
+            report.update(error="HTTP 503 from the model", error_code="upstream_error")
+        path = f"/api/executor/subtasks/{turn['subtask_id']}/result/"
+        assert client.post(path, report, format="json").status_code == 200
+        return Subtask.objects.get(pk=turn["subtask_id"])
+
+    return report
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_the_next_pipeline_step_reaches_a_waiter_of_its_kind():
+    owner = get_user_model().objects.create_user(username="owner")
+    task = create_task(
+        owner=owner,
+        title="two steps",
+        task_type="code",
+        message="Fix it, then review.",
+        pipeline=[PipelineStep(executor="codex"), PipelineStep(executor="claude_code")],
+    )
+    body = {"kinds": ["claude_code"], "limit": 1, "worker_id": "reviewer", "wait_seconds": 10}
+    reviewer = token_client(make_worker("reviewer"))
+    answer: dict = {}
+
+    def wait() -> None:
+        try:
+            answer.update(reviewer.post(DISPATCH, body, format="json").json())
+        finally:
+            connection.close()
+
+    report = _claim()
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(SETTLE_SECONDS)
+    report("COMPLETED")
+    thread.join(timeout=60)
+    second = Subtask.objects.get(task=task, pipeline_step=1)
+    assert [t["subtask_id"] for t in answer["turns"]] == [second.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_a_released_turn_reaches_a_waiting_worker():
+    turn = _new_task()
+    report = _claim()
+    _, answers, join = _waiting_dispatches(1, wait_seconds=10.0)
+    time.sleep(SETTLE_SECONDS)
+    released = report("RELEASE")
+    join()
+    assert released.pk == turn.pk
+    assert [t["subtask_id"] for t in answers[0]["turns"]] == [turn.pk]
+
+
+@pytest.fixture
+def bell_rung_by_commits(transactional_db):
+    """A doorbell of these kinds at this process's bell, rung by committed announcements:
+    directly on SQLite, through NOTIFY and the listener on PostgreSQL (listening on the test
+    database, hence after it is set up)."""
+    if connection.vendor == "postgresql":
+        assert LISTENER.start()
+    return BELL.doorbell
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_every_way_a_turn_becomes_pending_is_announced(bell_rung_by_commits):
+    with bell_rung_by_commits(["codex"]) as new_task:
+        turn = _new_task()
+        assert new_task.wait(30)
+    report = _claim()
+    with bell_rung_by_commits(["codex"]) as released:
+        report("RELEASE")
+        assert released.wait(30)
+    report = _claim()
+    with bell_rung_by_commits(["codex"]) as retried:
+        report("RETRY")  # requeued after a backoff
+        assert retried.wait(30)
+    Subtask.objects.filter(pk=turn.pk).update(not_before=None)
+    _claim()
+    Subtask.objects.filter(pk=turn.pk).update(lease_expires_at=timezone.now() - timedelta(1))
+    with bell_rung_by_commits(["codex"]) as reclaimed:
+        assert reclaim_expired_leases().requeued == 1
+        assert reclaimed.wait(30)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_the_next_pipeline_step_is_announced_to_its_kind(bell_rung_by_commits):
+    owner = get_user_model().objects.create_user(username="owner")
+    create_task(
+        owner=owner,
+        title="two steps",
+        task_type="code",
+        message="Fix it, then review.",
+        pipeline=[PipelineStep(executor="codex"), PipelineStep(executor="claude_code")],
+    )
+    report = _claim()
+    with bell_rung_by_commits(["claude_code"]) as next_step:
+        report("COMPLETED")
+        assert next_step.wait(30)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_a_write_that_rolls_back_announces_nothing(bell_rung_by_commits):
+    with bell_rung_by_commits(["codex"]) as doorbell:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            _new_task()
+            raise RuntimeError("rolled back")
+        # Something else commits and is announced after it, so the bell would have rung by now.
+        with bell_rung_by_commits(["agno"]) as later:
+            announce_pending(executors=["agno"])
+            # Waited for at the bell: a ring after the waiter left would find nobody.
+            assert later.wait(30)
+        assert not doorbell.rung.is_set()
 
 
 @pytest.mark.postgres_only
