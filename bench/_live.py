@@ -60,9 +60,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def live_baton(*, workers: int = 4) -> Iterator[LiveBaton]:
-    """Baton under gunicorn (`workers` sync workers) on the database `bench_database`
-    configured, with a product account and a worker account."""
+def live_baton(*, workers: int = 4, threads: int = 0) -> Iterator[LiveBaton]:
+    """Baton under gunicorn (`workers` sync workers, or with `threads` that many threads each)
+    on the database `bench_database` configured, with a product account and a worker account."""
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
@@ -76,6 +76,7 @@ def live_baton(*, workers: int = 4) -> Iterator[LiveBaton]:
     env = {**os.environ, "ALLOWED_HOSTS": "127.0.0.1", "BATON_LOG_LEVEL": "WARNING"}
     server = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "backend.wsgi", "--workers", str(workers)]
+        + (["--worker-class", "gthread", "--threads", str(threads)] if threads else [])
         + ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"],
         cwd=REPO_ROOT,
         env=env,

@@ -34,6 +34,8 @@ from pydantic import BaseModel, ConfigDict
 logger = logging.getLogger("baton.worker")
 
 RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+# A waiting dispatch's read timeout: the wait plus this, for the answer to come back.
+DISPATCH_WAIT_MARGIN_SECONDS = 15.0
 # A result value longer than this, in UTF-8, is uploaded on its own before the report.
 VALUE_UPLOAD_MIN_BYTES = 1 << 20
 _ENCODE_CHUNK_CHARS = 1 << 18
@@ -165,9 +167,15 @@ class BackendClient:
 
     # -- the executor API -------------------------------------------------------------------
 
-    def dispatch(self, *, kinds: Sequence[str], limit: int) -> Dispatch:
-        body = {"kinds": list(kinds), "limit": limit, "worker_id": self.worker_id}
-        return Dispatch.model_validate(self._post("/api/executor/dispatch/", body))
+    def dispatch(self, *, kinds: Sequence[str], limit: int, wait_seconds: float = 0) -> Dispatch:
+        """Claim up to `limit` turns; with `wait_seconds`, the backend holds the request that
+        long for a turn when none is pending (the read timeout allows for it)."""
+        body: dict[str, Any] = {"kinds": list(kinds), "limit": limit, "worker_id": self.worker_id}
+        timeout = None
+        if wait_seconds > 0:
+            body["wait_seconds"] = wait_seconds
+            timeout = httpx.Timeout(wait_seconds + DISPATCH_WAIT_MARGIN_SECONDS, connect=5.0)
+        return Dispatch.model_validate(self._post("/api/executor/dispatch/", body, timeout=timeout))
 
     def heartbeat(self, claims: Sequence[tuple[int, int]]) -> list[ClaimState]:
         """The state of each (subtask_id, attempt) claim; renews the running ones when due."""
@@ -279,9 +287,18 @@ class BackendClient:
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _post(self, path: str, body: dict[str, Any], *, budget: float | None = None) -> Any:
+    def _post(
+        self,
+        path: str,
+        body: dict[str, Any],
+        *,
+        budget: float | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> Any:
+        """POST with retries; `timeout` replaces the client's own for this call."""
+
         def attempt() -> Any:
-            response = self._http.post(path, json=body)
+            response = self._http.post(path, json=body, timeout=timeout or self._http.timeout)
             _raise_for(response)
             return response.json()
 

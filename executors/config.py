@@ -68,6 +68,9 @@ class WorkerSettings(BaseModel):
     # How often an idle worker asks for work, and how often a busy one checks its claims
     # (cancellation reaches the executor within about this long).
     poll_seconds: float = Field(1.0, gt=0)
+    # How long an idle worker's dispatch waits at the backend for a turn (long polling), at most
+    # the backend's BATON_DISPATCH_MAX_WAIT_SECONDS; 0 polls every poll_seconds instead.
+    dispatch_wait_seconds: float = Field(20.0, ge=0, le=3600)
     claim_check_seconds: float = Field(0.5, gt=0)
     # Retries inside an executor for one model call; Baton retries whole turns itself.
     model_retries: int = Field(2, ge=0, le=10)
@@ -194,6 +197,7 @@ def load_settings(
         "slots": pick(args.slots, "BATON_WORKER_SLOTS"),
         "grace_seconds": pick(args.grace_seconds, "BATON_WORKER_GRACE_SECONDS"),
         "poll_seconds": env.get("BATON_WORKER_POLL_SECONDS"),
+        "dispatch_wait_seconds": env.get("BATON_WORKER_WAIT_SECONDS"),
         "claim_check_seconds": env.get("BATON_WORKER_CLAIM_CHECK_SECONDS"),
         "model_retries": env.get("BATON_MODEL_RETRIES"),
         "standin": pick(args.standin_model, "BATON_STANDIN_MODEL"),

@@ -106,13 +106,20 @@ class Worker:
     # -- claiming ---------------------------------------------------------------------------
 
     def _claim_loop(self) -> int:
+        """Ask for turns while slots are free. After an answer with nothing in it, the next
+        dispatch waits at the backend (long polling) instead of the worker sleeping and asking
+        again; `--once` never waits, since it ends when nothing is pending."""
         settings = self.settings
+        dispatch_wait = settings.dispatch_wait_seconds if not settings.once else 0.0
+        wait_now = 0.0
         while not self._stopping.is_set():
             free = settings.slots - self._running_count()
             wait = settings.poll_seconds
             if free > 0:
                 try:
-                    dispatch = self.client.dispatch(kinds=settings.kinds, limit=free)
+                    dispatch = self.client.dispatch(
+                        kinds=settings.kinds, limit=free, wait_seconds=wait_now
+                    )
                 except BackendUnavailable as error:
                     logger.warning(
                         json.dumps({"event": "dispatch_unavailable", "error": str(error)})
@@ -121,6 +128,11 @@ class Worker:
                     self._wake.clear()
                     continue
                 except BackendError as error:
+                    if wait_now and error.status == 400:
+                        # A backend whose limit is below our wait: poll as before.
+                        logger.warning(json.dumps({"event": "dispatch_wait_refused"}))
+                        dispatch_wait = wait_now = 0.0
+                        continue
                     # Not transient: a wrong URL, token or version. Say so and stop.
                     hint = {
                         401: "is the token right?",
@@ -129,18 +141,44 @@ class Worker:
                     }.get(error.status or 0, "")
                     logger.error("the backend refused to dispatch: %s %s", error, hint)
                     return 2
+                if self._stopping.is_set() and dispatch.turns:
+                    # Claimed while a long poll outlived the signal: give them back at once.
+                    self._release(dispatch.turns)
+                    break
                 for turn in dispatch.turns:
                     self._start(turn)
                 if dispatch.turns:
+                    wait_now = 0.0
                     continue  # there may be more
                 idle = self._running_count() == 0 and dispatch.next_ready_in_seconds is None
                 if settings.once and idle:
                     return 0
+                if dispatch_wait:
+                    # The backend waited (or, the first time, will): ask again at once.
+                    wait_now = dispatch_wait
+                    continue
                 if dispatch.next_ready_in_seconds is not None:
                     wait = min(wait, max(0.05, dispatch.next_ready_in_seconds))
             self._wake.wait(wait)
             self._wake.clear()
         return 0
+
+    def _release(self, turns: list[DispatchedTurn]) -> None:
+        for turn in turns:
+            try:
+                self.client.report(
+                    subtask_id=turn.subtask_id,
+                    attempt=turn.attempt,
+                    status="RELEASE",
+                    error="The worker shut down.",
+                    error_code="shutdown",
+                )
+            except BackendError as error:  # its lease runs out and Baton requeues it then
+                logger.warning(
+                    json.dumps(
+                        {"event": "release_failed", "subtask": turn.subtask_id, "error": str(error)}
+                    )
+                )
 
     def _start(self, turn: DispatchedTurn) -> None:
         run = TurnRun(

@@ -169,6 +169,9 @@ BATON_CONTEXT_OVERFLOW_RETRIES = BATON.context_overflow_retries
 # A turn whose bot has a live native session on worker W waits this long for W to claim it
 # (W can resume the session); after that any worker may run it fresh.
 BATON_SESSION_AFFINITY_SECONDS = BATON.session_affinity_seconds
+# An idle worker's dispatch may wait up to this long for a turn (its `wait_seconds`); each
+# waiting request holds one server thread meanwhile.
+BATON_DISPATCH_MAX_WAIT_SECONDS = BATON.dispatch_max_wait_seconds
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -160,6 +160,9 @@ class BatonEnvironment(BaseModel):
     retry_backoff_max_seconds: float = Field(300.0, alias="BATON_RETRY_BACKOFF_MAX_SECONDS", ge=0)
     context_overflow_retries: int = Field(2, alias="BATON_CONTEXT_OVERFLOW_RETRIES", ge=0)
     session_affinity_seconds: float = Field(5.0, alias="BATON_SESSION_AFFINITY_SECONDS", ge=0)
+    dispatch_max_wait_seconds: float = Field(
+        30.0, alias="BATON_DISPATCH_MAX_WAIT_SECONDS", ge=0, le=3600
+    )
 
     @property
     def history_fields_from_environment(self) -> frozenset[str]:

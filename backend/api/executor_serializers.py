@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from rest_framework import serializers
 
 from backend.api.artifact_serializers import ArtifactManifestEntryOutput
@@ -26,6 +27,20 @@ class DispatchInput(StrictInput):
     )
     limit = serializers.IntegerField(min_value=1, max_value=MAX_CLAIM_LIMIT, default=1)
     worker_id = serializers.CharField(max_length=200)
+    wait_seconds = serializers.FloatField(
+        min_value=0,
+        default=0,
+        help_text=(
+            "With nothing to claim, hold the request up to this many seconds (at most "
+            "BATON_DISPATCH_MAX_WAIT_SECONDS) until a turn can be claimed; 0 answers at once."
+        ),
+    )
+
+    def validate_wait_seconds(self, value: float) -> float:
+        limit = settings.BATON_DISPATCH_MAX_WAIT_SECONDS
+        if value > limit:
+            raise serializers.ValidationError(f"Ensure this value is at most {limit:g} seconds.")
+        return value
 
 
 class ClaimInput(StrictInput):

@@ -27,7 +27,7 @@ from backend.api.executor_serializers import (
     ValueUploadOutput,
 )
 from backend.api.permissions import IsExecutorWorker, authenticated_user
-from backend.dispatch import claims, leases, reports
+from backend.dispatch import claims, leases, reports, waiting
 from backend.dispatch.payload import ClaimedTurn
 from backend.tasks.models import Subtask, SubtaskKind
 
@@ -111,11 +111,12 @@ class DispatchApi(ExecutorApi):
         payload = DispatchInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        claimed = claims.claim_turns(
+        claimed = waiting.claim_or_wait(
             worker=authenticated_user(request),
             worker_id=data["worker_id"],
             kinds=data["kinds"],
             limit=data["limit"],
+            wait_seconds=data["wait_seconds"],
         )
         interval = leases.heartbeat_interval_seconds()
         turns = [_turn_payload(turn, heartbeat_interval=interval) for turn in claimed]

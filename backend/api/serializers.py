@@ -95,6 +95,10 @@ def _wrong_json_type(field: serializers.Field[Any, Any, Any, Any], value: Any) -
         not isinstance(value, int) or isinstance(value, bool)
     ):
         return "Must be an integer."
+    if isinstance(field, serializers.FloatField) and (
+        not isinstance(value, int | float) or isinstance(value, bool)
+    ):
+        return "Must be a number."
     if isinstance(field, serializers.CharField | serializers.ChoiceField) and not isinstance(
         value, str
     ):

@@ -78,6 +78,12 @@ def next_ready_in_seconds(*, kinds: Sequence[str], worker_id: str) -> float | No
     return max(0.0, (min(end for end in ends if end is not None) - now).total_seconds())
 
 
+def claimable_exists(*, kinds: Sequence[str], worker_id: str, now: datetime) -> bool:
+    """Whether a turn of these kinds is claimable by this worker now: one cheap EXISTS query,
+    for a waiting dispatch that polls (`waiting`)."""
+    return _dispatchable(kinds=kinds).filter(_claimable_by(worker_id=worker_id, now=now)).exists()
+
+
 def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int) -> list[int]:
     now = timezone.now()
     claim = {

@@ -45,6 +45,7 @@ from backend.prompting import Role
 from backend.tasks.ingestion import replace_unstorable_chars
 from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.services import lock_task, record_result, refresh_task_status
+from backend.tasks.wakeups import announce_pending
 
 RECLAIM_BATCH = 200
 # The error code of a turn whose lease ran out; Baton's own, no worker may report it.
@@ -163,6 +164,7 @@ def requeue(
         error_code=error_code,
         updated_at=now,
     )
+    announce_pending(executors=[subtask.executor])
     refresh_task_status(task=Task.objects.get(pk=subtask.task_id))
 
 

@@ -61,6 +61,7 @@ from backend.tasks.models import (
     TaskStatus,
 )
 from backend.tasks.services import allocate_message_ids, lock_task
+from backend.tasks.wakeups import announce_pending
 
 MAX_TURNS_PER_JOB = 50
 """Turns one summary job reads at most (each cut at the per-message cap): a longer span is
@@ -188,6 +189,7 @@ def _schedule(candidate: _Candidate) -> Subtask | None:
             summary_last_message_id=taken[-1],
             summary_previous_id=task.summary_id if candidate.covered_last else None,
         )
+        announce_pending(executors=[job.executor])
     log_event(
         "summary_scheduled",
         task=task.pk,

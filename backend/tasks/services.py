@@ -52,6 +52,7 @@ from backend.tasks.models import (
     TaskStatus,
     task_type_validator,
 )
+from backend.tasks.wakeups import announce_pending
 
 
 @dataclass(frozen=True)
@@ -260,6 +261,7 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
             )
         )
     Subtask.objects.bulk_create(turns)
+    announce_pending(executors=[steps[0]["executor"]] if steps else [])
     Task.objects.filter(pk=task.pk).update(status=TaskStatus.PENDING, updated_at=now)
     task.status = TaskStatus.PENDING
     return turns
@@ -588,6 +590,7 @@ def record_result(
             if next_step is not None:
                 next_step.pending_since = now
                 next_step.save(update_fields=["pending_since", "updated_at"])
+                announce_pending(executors=[next_step.executor])
         else:
             # The steps that never ran show the model why, like any failed turn.
             reason = f"Not run: pipeline step {subtask.pipeline_step} ({subtask.bot}) failed."

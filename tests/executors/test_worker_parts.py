@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,6 +29,7 @@ from executors.config import ConfigurationError, StandinMode, load_settings
 from executors.events import MessageCompleted, MessageDelta, ToolStarted
 from executors.progress import MAX_EVENTS_PER_POST, MAX_PARTIAL_TEXT_BYTES, ProgressBuffer
 from executors.runner import TurnRun
+from executors.worker import Worker
 from executors.workspace import (
     ArtifactRefused,
     artifact_destination,
@@ -388,3 +390,60 @@ def test_workspaces_are_per_task_and_reused(tmp_path):
     assert (first / "notes.txt").read_text() == "kept"
     assert task_workspace(root=tmp_path, task_id=4) != first
     assert isinstance(first, Path)
+
+
+# --- long polling ----------------------------------------------------------------------------
+
+NOTHING = {"turns": [], "next_ready_in_seconds": None}
+
+
+def _idle_worker(backend: ThreadingHTTPServer, tmp_path: Path, **env: str) -> Worker:
+    host, port = backend.server_address
+    settings = load_settings(
+        ["--kinds", "codex", "--workspace-root", str(tmp_path)],
+        {**BASE_ENV, "BATON_URL": f"http://{host}:{port}", **env},
+    )
+    client = BackendClient(base_url=settings.backend_url, token="t0k", worker_id="w")
+    return Worker(settings=settings, client=client, adapters={}, endpoints={})
+
+
+def _dispatches_until(backend: ThreadingHTTPServer, worker: Worker, count: int) -> list[dict]:
+    """Run the worker until it has sent `count` requests; their bodies."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while len(backend.seen) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    worker.stop()
+    thread.join(timeout=30)
+    return [json.loads(body) for _, _, _, body in backend.seen[:count]]
+
+
+def test_an_idle_worker_waits_at_the_backend_instead_of_polling(backend, tmp_path):
+    backend.script = [(200, NOTHING)] * 1000  # the worker goes on until it sees the stop
+    worker = _idle_worker(backend, tmp_path, BATON_WORKER_WAIT_SECONDS="7")
+    bodies = _dispatches_until(backend, worker, 3)
+    # The first asks at once; once it found nothing, each dispatch waits at the backend.
+    assert [body.get("wait_seconds") for body in bodies] == [None, 7.0, 7.0]
+
+
+def test_a_worker_polls_when_the_backend_refuses_its_wait(backend, tmp_path):
+    refused = (400, {"code": "invalid", "detail": "wait_seconds: at most 5 seconds"})
+    backend.script = [(200, NOTHING), refused, *[(200, NOTHING)] * 1000]
+    worker = _idle_worker(backend, tmp_path, BATON_WORKER_POLL_SECONDS="0.01")
+    bodies = _dispatches_until(backend, worker, 4)
+    assert [body.get("wait_seconds") for body in bodies] == [None, 20.0, None, None]
+
+
+def test_a_worker_that_must_end_when_idle_never_waits(backend, tmp_path):
+    backend.script = [(200, NOTHING)]
+    host, port = backend.server_address
+    settings = load_settings(
+        ["--kinds", "codex", "--workspace-root", str(tmp_path), "--once"],
+        {**BASE_ENV, "BATON_URL": f"http://{host}:{port}"},
+    )
+    client = BackendClient(base_url=settings.backend_url, token="t0k", worker_id="w")
+    assert Worker(settings=settings, client=client, adapters={}, endpoints={}).run() == 0
+    assert [json.loads(body) for _, _, _, body in backend.seen] == [
+        {"kinds": ["codex"], "limit": 2, "worker_id": "w"}
+    ]

@@ -1,0 +1,179 @@
+"""Long polling: an idle worker's dispatch waits for a turn instead of the worker polling.
+
+A dispatch with `wait_seconds` that claims nothing holds the request until it claims a turn or
+the wait ends (at most BATON_DISPATCH_MAX_WAIT_SECONDS), and then answers like any dispatch.
+Every claim goes through `claims.claim_turns`, so exactly-once holds however many waiters
+wake for one turn.
+
+How a waiter learns that a turn may be there:
+- PostgreSQL: one listener thread per server process keeps a connection of its own that
+  `LISTEN`s on the channel writers `NOTIFY` (`backend.tasks.wakeups`), and rings the
+  process's bell, which wakes one waiter per announcement (a woken waiter that claimed
+  something wakes the next); the waiters sleep and cost nothing while nothing happens. A
+  waiter also wakes when a turn it saw pending becomes claimable by the clock (a retry
+  backoff or a session hold ends, `claims.next_ready_in_seconds`).
+- SQLite, or PostgreSQL while the listener is not connected: every POLL_SECONDS a cheap
+  EXISTS query (woken early by writes of the same process).
+A lease that runs out during a wait is reclaimed by the next dispatch call, as before: at
+the latest when some waiter's wait ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import connection
+from django.utils import timezone
+
+from backend.dispatch.claims import claim_turns, claimable_exists, next_ready_in_seconds
+from backend.dispatch.payload import ClaimedTurn
+from backend.events import log_event
+from backend.tasks.wakeups import BELL, PENDING_CHANNEL, Doorbell
+
+# How often a waiter without a listener looks for a claimable turn.
+POLL_SECONDS = 0.05
+# How long a waiter lets the listener connect before it polls instead.
+LISTEN_CONNECT_SECONDS = 2.0
+# Pause before the listener reconnects after losing its connection.
+LISTEN_RETRY_SECONDS = 1.0
+
+
+def claim_or_wait(
+    *,
+    worker: User,
+    worker_id: str,
+    kinds: Sequence[str],
+    limit: int,
+    wait_seconds: float,
+) -> list[ClaimedTurn]:
+    """Claim like `claim_turns`; with nothing to claim, wait up to `wait_seconds` for a turn
+    and claim it. Empty when the wait ended with nothing claimed."""
+    deadline = time.monotonic() + wait_seconds
+    listening = wait_seconds > 0 and connection.vendor == "postgresql" and LISTENER.start()
+    woken = False
+    while True:
+        # At the bell before the claim, so a turn announced after it wakes the wait below.
+        with BELL.doorbell(kinds) as doorbell:
+            claimed = claim_turns(worker=worker, worker_id=worker_id, kinds=kinds, limit=limit)
+            remaining = deadline - time.monotonic()
+            if claimed or remaining <= 0:
+                if (claimed and woken) or doorbell.rung.is_set():
+                    # One announcement may stand for more turns: the next waiter looks.
+                    BELL.ring(kinds)
+                return claimed
+            if listening and LISTENER.connected:
+                ready_in = next_ready_in_seconds(kinds=kinds, worker_id=worker_id)
+                # A turn claimable now that another worker took first: look again shortly.
+                pause = (
+                    remaining if ready_in is None else min(remaining, max(ready_in, POLL_SECONDS))
+                )
+                woken = doorbell.wait(pause)
+            else:
+                woken = _poll_until_claimable(
+                    doorbell,
+                    kinds=kinds,
+                    worker_id=worker_id,
+                    deadline=deadline,
+                    listening=listening,
+                )
+
+
+def _poll_until_claimable(
+    doorbell: Doorbell,
+    *,
+    kinds: Sequence[str],
+    worker_id: str,
+    deadline: float,
+    listening: bool,
+) -> bool:
+    """Until a turn is claimable, the bell rings, the wait ends or the listener (re)connects;
+    True when the bell rang."""
+    while (remaining := deadline - time.monotonic()) > 0:
+        if doorbell.wait(min(POLL_SECONDS, remaining)):
+            return True
+        if listening and LISTENER.connected:
+            return False
+        if claimable_exists(kinds=kinds, worker_id=worker_id, now=timezone.now()):
+            return False
+    return False
+
+
+class PendingListener:
+    """The process's PostgreSQL listener: a daemon thread with its own autocommit connection
+    that LISTENs on PENDING_CHANNEL and rings `BELL` with each notification's executor kind.
+
+    Started by the first waiter. After a lost connection it reconnects; on connecting and on
+    losing the connection it rings every waiter, since notifications may have been missed
+    (the waiters look again, and poll while it is away).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._attempted = threading.Event()
+        self._stop = threading.Event()
+        self.connected = False
+
+    def start(self) -> bool:
+        """Start the thread unless it runs; True once it listens (waiting a little for it)."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._attempted.clear()
+                self._thread = threading.Thread(
+                    target=self._run,
+                    args=(connection.get_connection_params(),),
+                    name="baton-pending-listener",
+                    daemon=True,
+                )
+                self._thread.start()
+        self._attempted.wait(LISTEN_CONNECT_SECONDS)
+        return self.connected
+
+    def stop(self) -> None:
+        """Close the connection and end the thread (a test database is about to be dropped)."""
+        with self._lock:
+            thread, self._thread = self._thread, None
+            self._stop.set()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def _run(self, params: dict[str, Any]) -> None:
+        import psycopg
+
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(**params, autocommit=True) as listening:
+                    listening.execute(f"LISTEN {PENDING_CHANNEL}")
+                    self._set_connected(True)
+                    log_event("dispatch_listener_connected")
+                    while not self._stop.is_set():
+                        # The timeout only lets the thread see a stop.
+                        for notify in listening.notifies(timeout=1.0):
+                            BELL.ring([notify.payload])
+            except psycopg.Error as error:
+                if not self._stop.is_set():
+                    log_event(
+                        "dispatch_listener_lost",
+                        level=logging.WARNING,
+                        error=type(error).__name__,
+                    )
+            finally:
+                self._set_connected(False)
+            self._stop.wait(LISTEN_RETRY_SECONDS)
+
+    def _set_connected(self, connected: bool) -> None:
+        changed = connected != self.connected
+        self.connected = connected
+        if changed:
+            BELL.ring_all()
+        # After the ring: a waiter that `start` let through misses no notification.
+        self._attempted.set()
+
+
+LISTENER = PendingListener()
