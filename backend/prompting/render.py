@@ -222,9 +222,7 @@ def model_eye(line: str) -> str:
     """
     decomposed = unicodedata.normalize("NFKD", line)
     visible = "".join(
-        " "
-        if unicodedata.category(char) in _BOX_CATEGORIES
-        else char
+        " " if unicodedata.category(char) in _BOX_CATEGORIES else char
         for char in decomposed
         if not (
             (unicodedata.category(char) in _INVISIBLE_CATEGORIES and not char.isspace())
