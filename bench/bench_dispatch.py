@@ -71,7 +71,7 @@ def seed(turns: int) -> None:
                         status=SubtaskStatus.COMPLETED,
                         bot="" if user else "assistant",
                         executor="" if user else "codex",
-                        prompt=texts[key] if user else "",
+                        message=texts[key] if user else "",
                         result=None if user else {"value": texts[key]},
                         history_text=ingested.history_text,
                         history_text_tokens=ingested.history_text_tokens,
