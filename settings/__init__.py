@@ -172,10 +172,15 @@ BATON_SESSION_AFFINITY_SECONDS = BATON.session_affinity_seconds
 # An idle worker's dispatch may wait up to this long for a turn (its `wait_seconds`); each
 # waiting request holds one server thread meanwhile.
 BATON_DISPATCH_MAX_WAIT_SECONDS = BATON.dispatch_max_wait_seconds
+# A server process remembers an API token's account (and whether it is a worker) this long,
+# so a busy worker's requests skip the token and group lookups. A token deleted, an account
+# deactivated or moved out of the worker group takes effect at once in the process that made
+# the change and within this many seconds in the others; 0 looks the token up every time.
+BATON_TOKEN_CACHE_SECONDS = BATON.token_cache_seconds
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        "backend.api.authentication.CachedTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],

@@ -163,6 +163,7 @@ class BatonEnvironment(BaseModel):
     dispatch_max_wait_seconds: float = Field(
         30.0, alias="BATON_DISPATCH_MAX_WAIT_SECONDS", ge=0, le=3600
     )
+    token_cache_seconds: float = Field(10.0, alias="BATON_TOKEN_CACHE_SECONDS", ge=0, le=300)
 
     @property
     def history_fields_from_environment(self) -> frozenset[str]:

@@ -171,7 +171,7 @@ def requeue(
 def claimed_turn(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
     """The turn, locked, if this worker account holds or last held its claim, or once held the
     claim (worker_id, attempt) it names; else NotFound, so an account learns nothing of turns
-    it never held.
+    it never held. Its `task` is the task row read under the task's lock.
 
     A claim another account has since taken over is known by its dispatch's PromptReport
     (attempt, worker_id, claimed_by). Locks the task row first, then the turn: the order every
@@ -185,9 +185,10 @@ def claimed_turn(*, worker: User, worker_id: str, attempt: int, subtask_id: int)
     ):
         task_id = turns.values_list("task_id", flat=True).first()
     if task_id is not None:
-        lock_task(task_id=task_id)
+        task = lock_task(task_id=task_id)
         subtask = Subtask.objects.select_for_update().filter(pk=subtask_id).first()
         if subtask is not None:
+            subtask.task = task  # the locked row, read under the lock
             return subtask
     raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
 

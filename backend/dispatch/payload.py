@@ -21,6 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import Prefetch, prefetch_related_objects
 
 from backend.artifacts.selectors import ManifestEntry, manifest_artifacts
 from backend.dispatch.budgets import budget_columns, effective_max_tokens, model_windows_for
@@ -76,15 +77,18 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
     """
     claimed_rows = list(
         Subtask.objects.filter(pk__in=ids)
-        .select_related("task", "summary_previous")
-        .defer(
-            *_LONG_COLUMNS,
-            *(f"summary_previous__{column}" for column in _LONG_COLUMNS),
-        )
+        .select_related("task")
+        .defer(*_LONG_COLUMNS)
         .order_by("pending_since", "id")
     )
     subtasks = [row for row in claimed_rows if row.kind == SubtaskKind.TURN]
     jobs = [row for row in claimed_rows if row.kind == SubtaskKind.SUMMARY]
+    if jobs:
+        # Only a summary job builds on an earlier summary: the turns' query stays narrow.
+        prefetch_related_objects(
+            jobs,
+            Prefetch("summary_previous", queryset=Subtask.objects.defer(*_LONG_COLUMNS)),
+        )
     bots = bots_for_turns(claimed_rows)
     windows = model_windows_for(bots.values())
     rows = policy_rows(task_types={subtask.task.task_type for subtask in claimed_rows})

@@ -417,6 +417,7 @@ def _apply_report(
                 f"{error}\n(attempt {attempts_used(subtask=subtask)} of "
                 f"{settings.BATON_MAX_ATTEMPTS}; Baton gave up on this turn)"
             )
+        # Under the locks `claimed_turn` took; the turn is recorded in place (no reread).
         record_result(
             subtask=subtask,
             status=status,
@@ -426,8 +427,8 @@ def _apply_report(
             usage=usage,
             native_session_id=native_session_id,
             value_upload=value_upload,
+            locked=subtask.task,
         )
-        subtask.refresh_from_db()
         record_session(
             subtask=subtask,
             worker_id=worker_id,
@@ -437,6 +438,7 @@ def _apply_report(
         )
         if subtask.status == SubtaskStatus.COMPLETED and not session_resumed:
             learn_from_usage(subtask=subtask, usage=usage)
+        return
     subtask.refresh_from_db()
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -512,6 +513,7 @@ def record_result(
     usage: dict[str, Any] | None = None,
     native_session_id: str = "",
     value_upload: str = "",
+    locked: Task | None = None,
 ) -> Subtask:
     """Record an ASSISTANT turn's outcome and, for pipelines, make the next step dispatchable.
 
@@ -522,6 +524,9 @@ def record_result(
     `ingestion.store_uploaded_text`): the turn is recorded exactly as if `result.value` were
     that text (see `result_with_uploaded_value`), and the text is never held whole
     (`ingestion.ingest_stored_text`). UploadMissing when Baton does not hold it whole.
+
+    `locked` is the task when the caller's transaction already holds its lock and read
+    `subtask` under it (a worker's report does): nothing is locked or read again then.
     """
     if subtask.role != Role.ASSISTANT:
         raise InvalidInput("Only ASSISTANT turns have results.", field="subtask")
@@ -535,9 +540,12 @@ def record_result(
         else history_text_for_result(status=status, result=result, error=error)
     )
     check_text_size(text=text, limit=settings.BATON_MAX_RESULT_BYTES, field="result")
-    with atomic_storing_artifacts():
-        task = lock_task(task_id=subtask.task_id)
-        subtask.refresh_from_db()
+    with atomic_storing_artifacts() if locked is None else nullcontext():
+        if locked is None:
+            task = lock_task(task_id=subtask.task_id)
+            subtask.refresh_from_db()
+        else:
+            task = locked
         if subtask.status not in ACTIVE_SUBTASK_STATUSES:
             raise Conflict(
                 f"Turn {subtask.message_id} of task {task.pk} is already {subtask.status}."

@@ -42,10 +42,10 @@ POLICIES = {
     "default": {},
     "max_messages_2": {"max_messages": 2},
 }
-# Everything but taking the turns: reclaim, the savepoint around the claim and its release,
-# the task status update, the claimed turns, bots, their models' rows in the model table, policy
-# rows, the history (anchors, window ids, window rows), native sessions and the reports' insert.
-FIXED_QUERIES = 13
+# Everything but taking the turns: reclaim, the task status update, the claimed turns, bots,
+# their models' rows in the model table, policy rows, the history (anchors, window ids, window
+# rows), native sessions and the reports' insert.
+FIXED_QUERIES = 11
 # When a prompt leaves history out: the transcripts' turns; in their own transaction (here a
 # savepoint and its release) inserting the new artifacts (transcripts, turn indexes, the turn
 # files of turns without an artifact), locking them all, pointing the tasks to their transcript
@@ -56,9 +56,10 @@ TRANSCRIPT_QUERIES = 8
 
 
 def claim_queries(claimed: int) -> int:
-    """Taking the turns: a locking read and one UPDATE with SKIP LOCKED; without it a read
-    and a compare-and-set UPDATE per turn taken (SQLite)."""
-    return 2 if connection.features.has_select_for_update_skip_locked else 1 + claimed
+    """Taking the turns: one `UPDATE … WHERE id IN (SELECT … SKIP LOCKED) RETURNING id` on
+    PostgreSQL; on SQLite a transaction (here a savepoint and its release) of a read and a
+    compare-and-set UPDATE per turn taken."""
+    return 1 if connection.vendor == "postgresql" else 3 + claimed
 
 
 def answered_tasks(user, *, executor: str, rounds: int) -> None:
@@ -160,11 +161,11 @@ def test_a_finished_summary_costs_a_claim_no_query(user, worker):
         assert len(queries.captured_queries) == expected, limit
 
 
-# Claiming summary jobs, besides taking them: reclaim, the savepoint and its release, the task
-# status update (which leaves their tasks alone), the claimed jobs, bots, the bots' models (the
+# Claiming summary jobs, besides taking them: reclaim, the task status update (which leaves
+# their tasks alone), the claimed jobs, the summaries they build on, bots, the bots' models (the
 # model table), policy rows, the jobs' turns and folded summaries, the turns those summaries
 # cover (by role), the reports' insert.
-SUMMARY_JOB_QUERIES = 11
+SUMMARY_JOB_QUERIES = 10
 
 
 def test_claiming_summary_jobs_costs_the_same_however_many(user, worker):
