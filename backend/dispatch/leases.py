@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, QuerySet, Subquery
 from django.utils import timezone
 
 from backend.dispatch.models import PromptReport
@@ -179,18 +179,23 @@ def claimed_turn(*, worker: User, worker_id: str, attempt: int, subtask_id: int)
     instead of deadlocking.
     """
     turns = Subtask.objects.filter(pk=subtask_id, role=Role.ASSISTANT)
-    task_id = turns.filter(claimed_by=worker).values_list("task_id", flat=True).first()
-    if task_id is None and _held_before(
+    # The usual case, the account holding the claim, finds and locks the task in one query.
+    task = _locked_task_of(turns.filter(claimed_by=worker))
+    if task is None and _held_before(
         worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
     ):
-        task_id = turns.values_list("task_id", flat=True).first()
-    if task_id is not None:
-        task = lock_task(task_id=task_id)
+        task = _locked_task_of(turns)
+    if task is not None:
         subtask = Subtask.objects.select_for_update().filter(pk=subtask_id).first()
         if subtask is not None:
             subtask.task = task  # the locked row, read under the lock
             return subtask
     raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
+
+
+def _locked_task_of(turns: QuerySet[Subtask]) -> Task | None:
+    """The task of the (one) turn in `turns`, its row locked (see `lock_task`)."""
+    return Task.objects.select_for_update().filter(pk=Subquery(turns.values("task_id")[:1])).first()
 
 
 def _held_before(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> bool:

@@ -249,9 +249,11 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
                 resume_reason=reason,
             )
         )
-    PromptReport.objects.bulk_create(
-        [report for turn in claimed for report in (turn.report, turn.resume_report) if report]
-    )
+    reports = [row for turn in claimed for row in (turn.report, turn.resume_report) if row]
+    if len(reports) == 1:
+        reports[0].save(force_insert=True)  # one statement; bulk_create adds a transaction
+    else:
+        PromptReport.objects.bulk_create(reports)
     for turn in claimed:
         for row in (turn.report, turn.resume_report):
             if row is not None:

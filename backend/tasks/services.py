@@ -19,7 +19,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F, Q, Subquery
 from django.utils import timezone
 
 from backend.artifacts.services import (
@@ -693,9 +693,12 @@ def refresh_task_status(*, task: Task) -> str:
     """Recompute the task's status from its latest round of turns and store it."""
     if task.status == TaskStatus.CANCELLED:
         return task.status
+    latest_user_message = (
+        task.subtasks.filter(role=Role.USER).order_by("-message_id").values("message_id")[:1]
+    )
     statuses = set(
         task.subtasks.filter(
-            role=Role.ASSISTANT, parent_message_id=_latest_user_message_id(task)
+            role=Role.ASSISTANT, parent_message_id=Subquery(latest_user_message)
         ).values_list("status", flat=True)
     )
     if SubtaskStatus.RUNNING in statuses:
@@ -710,12 +713,3 @@ def refresh_task_status(*, task: Task) -> str:
         task.status = status
         task.save(update_fields=["status", "updated_at"])
     return status
-
-
-def _latest_user_message_id(task: Task) -> int | None:
-    return (
-        task.subtasks.filter(role=Role.USER)
-        .order_by("-message_id")
-        .values_list("message_id", flat=True)
-        .first()
-    )
