@@ -492,6 +492,16 @@ class Subtask(models.Model):
                 condition=Q(status="RUNNING"),
                 name="subtask_running_lease",
             ),
+            # A round's answers (the next pipeline step, the round's statuses for the task's
+            # status): found by their parent message without reading the whole history.
+            models.Index(fields=["task", "parent_message_id"], name="subtask_round"),
+            # "Is a turn of this task pending or running?" (a follow-up, a cancel): the few
+            # active rows, not every turn of a long task.
+            models.Index(
+                fields=["task"],
+                condition=Q(status__in=["PENDING", "RUNNING"]),
+                name="subtask_active_per_task",
+            ),
         ]
 
     def __str__(self) -> str:
