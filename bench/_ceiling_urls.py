@@ -5,7 +5,8 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
 from backend.tasks.models import Subtask, Task
-from backend.urls import handler400, handler404, handler500, urlpatterns as baton_urls
+from backend.urls import handler400, handler404, handler500
+from backend.urls import urlpatterns as baton_urls
 
 __all__ = ["handler400", "handler404", "handler500", "urlpatterns"]
 

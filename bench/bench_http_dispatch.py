@@ -161,9 +161,7 @@ def main() -> None:
                 args.clients,
             )
             cycled = _check(cycles, args.turns, "cycle")
-            not_done = Subtask.objects.filter(pk__in=cycled).exclude(
-                status=SubtaskStatus.COMPLETED
-            )
+            not_done = Subtask.objects.filter(pk__in=cycled).exclude(status=SubtaskStatus.COMPLETED)
             reports = PromptReport.objects.count()
             if not_done.exists() or reports != 2 * args.turns:
                 raise SystemExit(
