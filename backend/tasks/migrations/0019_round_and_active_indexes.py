@@ -5,20 +5,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('artifacts', '0002_task_transcript'),
-        ('tasks', '0018_summaries_jobs'),
+        ("artifacts", "0002_task_transcript"),
+        ("tasks", "0018_summaries_jobs"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='subtask',
-            index=models.Index(fields=['task', 'parent_message_id'], name='subtask_round'),
+            model_name="subtask",
+            index=models.Index(fields=["task", "parent_message_id"], name="subtask_round"),
         ),
         migrations.AddIndex(
-            model_name='subtask',
-            index=models.Index(condition=models.Q(('status__in', ['PENDING', 'RUNNING'])), fields=['task'], name='subtask_active_per_task'),
+            model_name="subtask",
+            index=models.Index(
+                condition=models.Q(("status__in", ["PENDING", "RUNNING"])),
+                fields=["task"],
+                name="subtask_active_per_task",
+            ),
         ),
     ]
