@@ -513,10 +513,9 @@ def test_an_idle_worker_waits_at_the_backend_instead_of_polling(backend, tmp_pat
 def test_a_worker_polls_when_the_backend_refuses_its_wait(backend, tmp_path):
     refused = (400, {"code": "invalid", "detail": "wait_seconds: at most 5 seconds"})
     backend.script = [(200, NOTHING), refused, *[(200, NOTHING)] * 1000]
-    worker = _idle_worker(
-        backend, tmp_path, BATON_WORKER_POLL_SECONDS="0.01", BATON_WORKER_WAIT_SECONDS="20"
-    )
+    worker = _idle_worker(backend, tmp_path, BATON_WORKER_POLL_SECONDS="0.01")
     bodies = _dispatches_until(backend, worker, 4)
+    # 20 s, the default wait; refused, the worker polls.
     assert [body.get("wait_seconds") for body in bodies] == [None, 20.0, None, None]
 
 
