@@ -19,7 +19,7 @@ the latest when some waiter's wait ends.
 
 A waiter whose client hung up (a worker that stopped) stops waiting and claims nothing: the
 API layer passes `still_connected`, which the waiter asks while it waits and right before each
-claim that follows a wait.
+claim.
 """
 
 from __future__ import annotations
@@ -69,19 +69,20 @@ def claim_or_wait(
     `still_connected()` says whether the client still waits for the answer (the default, for
     a caller that cannot tell, assumes it does). A turn claimed for a client that is gone
     could never be delivered: it would stay RUNNING, its attempt used, until its lease
-    expired. So the waiter asks while it waits (every poll, or every CLIENT_CHECK_SECONDS at
-    the bell) and right before each claim that follows a wait, and once the client is gone
-    it returns empty, handing a wake-up it took to the next waiter. What is left is the
-    instant between that last check and the answer: a client that hangs up there leaves its
-    turn RUNNING until the lease expires, when the next dispatch reclaims it and requeues it.
+    expired. So the waiter asks right before each claim (the first too: a loaded server may
+    come to a request after its client left) and while it waits (every poll, or every
+    CLIENT_CHECK_SECONDS at the bell), and once the client is gone it returns empty, handing
+    a wake-up it took to the next waiter. What is left is the instant between that last
+    check and the answer: a client that hangs up there leaves its turn RUNNING until the
+    lease expires, when the next dispatch reclaims it and requeues it.
     """
     deadline = time.monotonic() + wait_seconds
     listening = wait_seconds > 0 and connection.vendor == "postgresql" and LISTENER.start()
-    woken = waited = False
+    woken = False
     while True:
         # At the bell before the claim, so a turn announced after it wakes the wait below.
         with BELL.doorbell(kinds) as doorbell:
-            if waited and not still_connected():
+            if not still_connected():
                 if woken or doorbell.rung.is_set():
                     BELL.ring(kinds)  # the wake-up may stand for a turn: another waiter looks
                 log_event("dispatch_client_gone", worker_id=opaque_id(worker_id))
@@ -109,7 +110,6 @@ def claim_or_wait(
                     listening=listening,
                     still_connected=still_connected,
                 )
-            waited = True
 
 
 def _wait_at_bell(

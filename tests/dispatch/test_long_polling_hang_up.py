@@ -111,7 +111,10 @@ def gunicorn_server(tmp_path_factory) -> Iterator[Server]:
                 if time.monotonic() > deadline or server.poll() is not None:
                     raise AssertionError("gunicorn did not start") from None
                 time.sleep(0.1)
-        yield Server(f"http://127.0.0.1:{port}", worker_token, product_token, events)
+        url = f"http://127.0.0.1:{port}"
+        # The first request loads the app: the test's dispatch should find it ready to wait.
+        assert httpx.get(f"{url}/api/health/", timeout=HANG_GUARD_SECONDS).status_code == 200
+        yield Server(url, worker_token, product_token, events)
     finally:
         server.terminate()
         try:
@@ -165,10 +168,14 @@ def test_a_waiting_dispatch_whose_worker_hung_up_claims_nothing(request, server_
     time.sleep(SETTLE_SECONDS)
     waiting.close()
     product = httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Token {server.product_token}"}
+        base_url=server.url,
+        headers={"Authorization": f"Token {server.product_token}"},
+        timeout=HANG_GUARD_SECONDS,
     )
     worker = httpx.Client(
-        base_url=server.url, headers={"Authorization": f"Token {server.worker_token}"}
+        base_url=server.url,
+        headers={"Authorization": f"Token {server.worker_token}"},
+        timeout=HANG_GUARD_SECONDS,
     )
     with product, worker:
         created = product.post(
