@@ -8,6 +8,11 @@ Two answers are told apart because the worker acts differently on them: 409 `can
 the executor) and 409 `lease_lost` (stop and forget the turn). Nothing here logs a request or
 response body, and the token is never logged.
 
+Dispatches go over a connection of their own, which a worker that stops hangs up on
+(`stop_dispatching`): a dispatch waiting at the backend for a turn (long polling) then ends at
+once instead of when its wait does, and the backend, seeing its client gone, claims nothing
+for it (`backend.dispatch.waiting`).
+
 A result value of more than VALUE_UPLOAD_MIN_BYTES of UTF-8 does not travel inside the JSON
 report, which the backend would have to hold whole, with copies, to parse: it is uploaded first
 as a stream of UTF-8 (`upload_value`) and the report names it by its sha256 (`report`).
@@ -19,10 +24,12 @@ import hashlib
 import logging
 import random
 import re
+import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -63,6 +70,11 @@ class LeaseLost(BackendError):
 
 class BackendUnavailable(BackendError):
     """The backend could not be reached or kept failing for the whole retry budget."""
+
+
+class DispatchAbandoned(Exception):
+    """The worker stopped dispatching (`BackendClient.stop_dispatching`) before this dispatch
+    had its answer: no turn came with it, and the backend claims none for a client gone."""
 
 
 class _Payload(BaseModel):
@@ -152,30 +164,63 @@ class BackendClient:
         self.base_url = base_url.rstrip("/")
         self.worker_id = worker_id
         self._retry_budget = retry_budget_seconds
+        headers = {"Authorization": f"Token {token}", "User-Agent": "baton-executor"}
+        timeout = httpx.Timeout(timeout_seconds, connect=5.0)
         self._http = httpx.Client(
             base_url=self.base_url,
-            headers={"Authorization": f"Token {token}", "User-Agent": "baton-executor"},
-            timeout=httpx.Timeout(timeout_seconds, connect=5.0),
+            headers=headers,
+            timeout=timeout,
             limits=httpx.Limits(max_connections=32, max_keepalive_connections=16),
             transport=transport,
         )
+        # Only the claim loop dispatches, one request at a time, on this one connection.
+        self._dispatch_http = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout,
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            transport=transport,
+        )
+        self._dispatch_line = _DispatchLine()
         self._closed = threading.Event()
 
     def close(self) -> None:
         self._closed.set()
+        self._dispatch_http.close()
         self._http.close()
+
+    def stop_dispatching(self) -> None:
+        """Dispatch no more: a dispatch waiting at the backend is broken off at once, and any
+        later one raises DispatchAbandoned without being sent. Safe from any thread and from
+        signal handlers. A dispatch without a wait in flight is let finish: its answer comes
+        at once, and the turns it carries must be run or given back."""
+        self._dispatch_line.hang_up()
 
     # -- the executor API -------------------------------------------------------------------
 
     def dispatch(self, *, kinds: Sequence[str], limit: int, wait_seconds: float = 0) -> Dispatch:
         """Claim up to `limit` turns; with `wait_seconds`, the backend holds the request that
-        long for a turn when none is pending (the read timeout allows for it)."""
+        long for a turn when none is pending (the read timeout allows for it).
+
+        Raises DispatchAbandoned once the worker stops dispatching (`stop_dispatching`): at
+        once for a waiting dispatch in flight, and between the retries of any dispatch.
+        """
         body: dict[str, Any] = {"kinds": list(kinds), "limit": limit, "worker_id": self.worker_id}
         timeout = None
         if wait_seconds > 0:
             body["wait_seconds"] = wait_seconds
             timeout = httpx.Timeout(wait_seconds + DISPATCH_WAIT_MARGIN_SECONDS, connect=5.0)
-        return Dispatch.model_validate(self._post("/api/executor/dispatch/", body, timeout=timeout))
+        line = self._dispatch_line
+        with line.in_flight(waiting=wait_seconds > 0):
+            answer = self._post(
+                "/api/executor/dispatch/",
+                body,
+                http=self._dispatch_http,
+                timeout=timeout,
+                extensions={"trace": line.trace},
+                give_up=line.hung_up,
+            )
+        return Dispatch.model_validate(answer)
 
     def heartbeat(self, claims: Sequence[tuple[int, int]]) -> list[ClaimState]:
         """The state of each (subtask_id, attempt) claim; renews the running ones when due."""
@@ -293,24 +338,40 @@ class BackendClient:
         body: dict[str, Any],
         *,
         budget: float | None = None,
+        http: httpx.Client | None = None,
         timeout: httpx.Timeout | None = None,
+        extensions: dict[str, Any] | None = None,
+        give_up: threading.Event | None = None,
     ) -> Any:
-        """POST with retries; `timeout` replaces the client's own for this call."""
+        """POST with retries, on `http` (the shared pool by default); `timeout` replaces the
+        client's own for this call; see `_with_retries` for `give_up`."""
+        client = http or self._http
 
         def attempt() -> Any:
-            response = self._http.post(path, json=body, timeout=timeout or self._http.timeout)
+            response = client.post(
+                path, json=body, timeout=timeout or client.timeout, extensions=extensions
+            )
             _raise_for(response)
             return response.json()
 
-        return self._with_retries(attempt, self._retry_budget if budget is None else budget)
+        budget = self._retry_budget if budget is None else budget
+        return self._with_retries(attempt, budget, give_up=give_up)
 
-    def _with_retries(self, call: Callable[[], _T], budget: float) -> _T:
+    def _with_retries(
+        self, call: Callable[[], _T], budget: float, *, give_up: threading.Event | None = None
+    ) -> _T:
+        """`call` until it answers, retrying transient failures within `budget` seconds; once
+        `give_up` is set, no (further) attempt is made: DispatchAbandoned."""
         deadline = time.monotonic() + budget
         delay = 0.1
         while True:
+            if give_up is not None and give_up.is_set():
+                raise DispatchAbandoned("the worker stopped dispatching")
             try:
                 return call()
             except (httpx.TransportError, _Transient) as error:
+                if give_up is not None and give_up.is_set():
+                    raise DispatchAbandoned("the worker stopped dispatching") from None
                 if self._closed.is_set() or time.monotonic() + delay > deadline:
                     raise BackendUnavailable(
                         f"the backend is unavailable ({_describe(error)})"
@@ -319,8 +380,68 @@ class BackendClient:
                     "backend call failed (%s); retrying in %.1f s", _describe(error), delay
                 )
                 # Jitter so workers do not stampede; not a secret.
-                time.sleep(delay * (0.5 + random.random()))  # noqa: S311
+                pause = delay * (0.5 + random.random())  # noqa: S311
+                if give_up is None:
+                    time.sleep(pause)
+                else:
+                    give_up.wait(pause)
                 delay = min(delay * 2, 5.0)
+
+
+class _DispatchLine:
+    """The dispatch connection, and hanging up on it when the worker stops.
+
+    Dispatches have a pool of their own with one connection, used by the claim loop alone, so
+    the socket of the connection it opened last — noted through httpx's `trace` extension —
+    is the one a dispatch in flight is on. Hanging up shuts that socket down, which wakes its
+    blocked read at once, whether the read is in another thread or in the main thread that a
+    signal handler interrupted (closing it would do neither, nor tell the backend). The
+    backend then sees its client gone and claims nothing for it. Should the answer have
+    arrived already, it is still read whole (a shutdown keeps what was received), and the
+    worker gives back the turns it carries; one cut off halfway is lost, and its turns wait
+    for their leases to expire, as for any worker that goes at that instant.
+
+    No lock: `hang_up` may run in a signal handler on the very thread that is in the middle of
+    `trace` or `in_flight`. Each side sets its flag before it looks at the other's, so
+    whatever the interleaving, one of them shuts the connection down.
+    """
+
+    def __init__(self) -> None:
+        self.hung_up = threading.Event()
+        self._socket: socket.socket | None = None
+        self._waiting = False
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        """httpx's `trace` callback: note each new connection's socket (with TLS, the wrapped
+        one; through a proxy, the one to the proxy, which then hangs up on the backend)."""
+        if not event.endswith((".connect_tcp.complete", ".start_tls.complete")):
+            return
+        stream = info.get("return_value")
+        self._socket = stream.get_extra_info("socket") if stream is not None else None
+        if self._waiting and self.hung_up.is_set():
+            self._shut_down()
+
+    @contextmanager
+    def in_flight(self, *, waiting: bool) -> Iterator[None]:
+        """Around one dispatch; a waiting one is hung up on when the worker stops (one that
+        has not been sent yet is not sent: `_with_retries` looks at `hung_up` first)."""
+        self._waiting = waiting
+        try:
+            yield
+        finally:
+            self._waiting = False
+
+    def hang_up(self) -> None:
+        self.hung_up.set()
+        if self._waiting:
+            self._shut_down()
+
+    def _shut_down(self) -> None:
+        sock = self._socket
+        if sock is None:
+            return
+        with suppress(OSError):  # closed already: nothing is in flight on it
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def uploads_value(value: object) -> bool:

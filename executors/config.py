@@ -68,11 +68,11 @@ class WorkerSettings(BaseModel):
     # How often an idle worker asks for work, and how often a busy one checks its claims
     # (cancellation reaches the executor within about this long).
     poll_seconds: float = Field(1.0, gt=0)
-    # How long an idle worker's dispatch waits at the backend for a turn (long polling), at most
-    # the backend's BATON_DISPATCH_MAX_WAIT_SECONDS; 0 (the default) polls every poll_seconds.
-    # Off by default: a worker notices a shutdown signal only when its wait ends, so a waiting
-    # worker can take that long to stop (and to release a running turn's grace period).
-    dispatch_wait_seconds: float = Field(0.0, ge=0, le=3600)
+    # How long an idle worker's dispatch waits at the backend for a turn (long polling); 0 polls
+    # every poll_seconds instead. The default stays under the backend's default limit
+    # (BATON_DISPATCH_MAX_WAIT_SECONDS, 30; a backend that refuses the wait gets polled) and
+    # under the usual proxy read timeouts. A stop hangs up on a waiting dispatch at once.
+    dispatch_wait_seconds: float = Field(20.0, ge=0, le=3600)
     claim_check_seconds: float = Field(0.5, gt=0)
     # Retries inside an executor for one model call; Baton retries whole turns itself.
     model_retries: int = Field(2, ge=0, le=10)

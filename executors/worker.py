@@ -6,10 +6,11 @@ progress (at most twice a second per run), checks every claim about twice a seco
 batched heartbeat — which renews leases when due and is how a cancel reaches a run, within the
 2 s the product expects — and stops runs that outlive their bot's timeout.
 
-Shutdown (SIGTERM or SIGINT): the worker stops claiming, lets running turns finish for the grace
-period, then stops the rest and releases them to the backend (RELEASE: they go back to pending
-at once for another worker). A second signal skips the grace period. `--once` ends the loop when
-nothing is pending for the worker's kinds and nothing is running.
+Shutdown (SIGTERM or SIGINT): the worker stops claiming — a dispatch waiting at the backend is
+hung up on at once, so a stop never waits for a long poll to end — lets running turns finish
+for the grace period, then stops the rest and releases them to the backend (RELEASE: they go
+back to pending at once for another worker). A second signal skips the grace period. `--once`
+ends the loop when nothing is pending for the worker's kinds and nothing is running.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from executors.client import (
     BackendClient,
     BackendError,
     BackendUnavailable,
+    DispatchAbandoned,
     DispatchedTurn,
     LeaseLost,
     TurnCancelled,
@@ -75,6 +77,7 @@ class Worker:
     def stop(self) -> None:
         """Begin a graceful shutdown (safe from any thread and from signal handlers)."""
         self._stopping.set()
+        self.client.stop_dispatching()
         self._wake.set()
 
     def run(self) -> int:
@@ -120,6 +123,8 @@ class Worker:
                     dispatch = self.client.dispatch(
                         kinds=settings.kinds, limit=free, wait_seconds=wait_now
                     )
+                except DispatchAbandoned:
+                    break  # `stop` hung up on it; the backend claims nothing for a worker gone
                 except BackendUnavailable as error:
                     logger.warning(
                         json.dumps({"event": "dispatch_unavailable", "error": str(error)})
@@ -142,7 +147,7 @@ class Worker:
                     logger.error("the backend refused to dispatch: %s %s", error, hint)
                     return 2
                 if self._stopping.is_set() and dispatch.turns:
-                    # Claimed while a long poll outlived the signal: give them back at once.
+                    # Answered just as the worker stopped: give them back at once.
                     self._release(dispatch.turns)
                     break
                 for turn in dispatch.turns:

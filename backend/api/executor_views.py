@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.api import body_limits
+from backend.api.client_connection import client_still_connected
 from backend.api.executor_serializers import (
     ClaimInput,
     ClaimQuery,
@@ -117,6 +118,8 @@ class DispatchApi(ExecutorApi):
             kinds=data["kinds"],
             limit=data["limit"],
             wait_seconds=data["wait_seconds"],
+            # A worker that stopped while its dispatch waited gets nothing claimed for it.
+            still_connected=client_still_connected(request),
         )
         interval = leases.heartbeat_interval_seconds()
         turns = [_turn_payload(turn, heartbeat_interval=interval) for turn in claimed]

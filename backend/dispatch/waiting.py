@@ -16,6 +16,10 @@ How a waiter learns that a turn may be there:
   EXISTS query (woken early by writes of the same process).
 A lease that runs out during a wait is reclaimed by the next dispatch call, as before: at
 the latest when some waiter's wait ends.
+
+A waiter whose client hung up (a worker that stopped) stops waiting and claims nothing: the
+API layer passes `still_connected`, which the waiter asks while it waits and right before each
+claim.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -32,7 +36,7 @@ from django.utils import timezone
 
 from backend.dispatch.claims import claim_turns, claimable_exists, next_ready_in_seconds
 from backend.dispatch.payload import ClaimedTurn
-from backend.events import log_event
+from backend.events import log_event, opaque_id
 from backend.tasks.wakeups import BELL, PENDING_CHANNEL, Doorbell
 
 # How often a waiter without a listener looks for a claimable turn.
@@ -41,6 +45,13 @@ POLL_SECONDS = 0.05
 LISTEN_CONNECT_SECONDS = 2.0
 # Pause before the listener reconnects after losing its connection.
 LISTEN_RETRY_SECONDS = 1.0
+# How often a waiter at the bell looks whether its client is still connected (a polling
+# waiter looks at every poll).
+CLIENT_CHECK_SECONDS = 1.0
+
+
+def _assume_connected() -> bool:
+    return True
 
 
 def claim_or_wait(
@@ -50,15 +61,32 @@ def claim_or_wait(
     kinds: Sequence[str],
     limit: int,
     wait_seconds: float,
+    still_connected: Callable[[], bool] = _assume_connected,
 ) -> list[ClaimedTurn]:
     """Claim like `claim_turns`; with nothing to claim, wait up to `wait_seconds` for a turn
-    and claim it. Empty when the wait ended with nothing claimed."""
+    and claim it. Empty when the wait ended with nothing claimed, or when the client hung up.
+
+    `still_connected()` says whether the client still waits for the answer (the default, for
+    a caller that cannot tell, assumes it does). A turn claimed for a client that is gone
+    could never be delivered: it would stay RUNNING, its attempt used, until its lease
+    expired. So the waiter asks right before each claim (the first too: a loaded server may
+    come to a request after its client left) and while it waits (every poll, or every
+    CLIENT_CHECK_SECONDS at the bell), and once the client is gone it returns empty, handing
+    a wake-up it took to the next waiter. What is left is the instant between that last
+    check and the answer: a client that hangs up there leaves its turn RUNNING until the
+    lease expires, when the next dispatch reclaims it and requeues it.
+    """
     deadline = time.monotonic() + wait_seconds
     listening = wait_seconds > 0 and connection.vendor == "postgresql" and LISTENER.start()
     woken = False
     while True:
         # At the bell before the claim, so a turn announced after it wakes the wait below.
         with BELL.doorbell(kinds) as doorbell:
+            if not still_connected():
+                if woken or doorbell.rung.is_set():
+                    BELL.ring(kinds)  # the wake-up may stand for a turn: another waiter looks
+                log_event("dispatch_client_gone", worker_id=opaque_id(worker_id))
+                return []
             claimed = claim_turns(worker=worker, worker_id=worker_id, kinds=kinds, limit=limit)
             remaining = deadline - time.monotonic()
             if claimed or remaining <= 0:
@@ -72,7 +100,7 @@ def claim_or_wait(
                 pause = (
                     remaining if ready_in is None else min(remaining, max(ready_in, POLL_SECONDS))
                 )
-                woken = doorbell.wait(pause)
+                woken = _wait_at_bell(doorbell, pause, still_connected=still_connected)
             else:
                 woken = _poll_until_claimable(
                     doorbell,
@@ -80,7 +108,21 @@ def claim_or_wait(
                     worker_id=worker_id,
                     deadline=deadline,
                     listening=listening,
+                    still_connected=still_connected,
                 )
+
+
+def _wait_at_bell(
+    doorbell: Doorbell, seconds: float, *, still_connected: Callable[[], bool]
+) -> bool:
+    """Until the bell rings, `seconds` pass or the client hangs up; True when the bell rang."""
+    deadline = time.monotonic() + seconds
+    while (remaining := deadline - time.monotonic()) > 0:
+        if doorbell.wait(min(CLIENT_CHECK_SECONDS, remaining)):
+            return True
+        if not still_connected():
+            return False
+    return False
 
 
 def _poll_until_claimable(
@@ -90,13 +132,16 @@ def _poll_until_claimable(
     worker_id: str,
     deadline: float,
     listening: bool,
+    still_connected: Callable[[], bool],
 ) -> bool:
-    """Until a turn is claimable, the bell rings, the wait ends or the listener (re)connects;
-    True when the bell rang."""
+    """Until a turn is claimable, the bell rings, the wait ends, the listener (re)connects or
+    the client hangs up; True when the bell rang."""
     while (remaining := deadline - time.monotonic()) > 0:
         if doorbell.wait(min(POLL_SECONDS, remaining)):
             return True
         if listening and LISTENER.connected:
+            return False
+        if not still_connected():
             return False
         if claimable_exists(kinds=kinds, worker_id=worker_id, now=timezone.now()):
             return False

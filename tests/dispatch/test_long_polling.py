@@ -20,7 +20,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from backend.dispatch.leases import reclaim_expired_leases
-from backend.dispatch.waiting import LISTENER
+from backend.dispatch.waiting import LISTENER, claim_or_wait
 from backend.tasks.models import Subtask
 from backend.tasks.services import PipelineStep, create_task
 from backend.tasks.wakeups import BELL, PENDING_CHANNEL, announce_pending
@@ -164,6 +164,44 @@ def test_waiting_workers_of_another_kind_get_nothing():
     join()
     assert response.json()["turns"] == []
     assert [t["subtask_id"] for t in answers[0]["turns"]] == [turn.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_waiter_whose_client_hung_up_stops_and_hands_on_the_wake_up_it_took():
+    """Over real HTTP: test_long_polling_hang_up.py. Here the hand-on: the waiter that went
+    was the longest waiting, so an announcement woke it and not the next waiter; it must not
+    take that wake-up with it (on PostgreSQL the next waiter would sleep on, with a turn
+    there)."""
+    worker = make_worker("gone")
+    gone = threading.Event()
+    answers: list[list] = []
+
+    def wait() -> None:
+        try:
+            answers.append(
+                claim_or_wait(
+                    worker=worker,
+                    worker_id="gone",
+                    kinds=["codex"],
+                    limit=1,
+                    wait_seconds=20,
+                    still_connected=lambda: not gone.is_set(),
+                )
+            )
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(SETTLE_SECONDS)
+    with BELL.doorbell(["codex"]) as next_waiter:
+        stopping = time.monotonic()
+        gone.set()
+        BELL.ring(["codex"])  # wakes the waiter that went, unless it has left already
+        assert next_waiter.wait(30)
+    thread.join(timeout=60)
+    assert answers == [[]]
+    assert time.monotonic() - stopping < 10  # not the 20 s wait
 
 
 def _claim(kinds=("codex",)) -> Callable[[str], Subtask]:

@@ -14,12 +14,14 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from backend.dispatch import waiting
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import set_policy
 from backend.prompting.render import ESCAPE_NOTE
@@ -384,6 +386,51 @@ def test_shutdown_lets_the_grace_period_pass_then_releases_the_turn(baton, model
         "Deployed.",
     )
     assert done["turns"][1]["attempts"] == 2
+
+
+def test_a_worker_waiting_at_the_backend_stops_at_once_and_claims_nothing(
+    baton, model_server, tmp_path, monkeypatch
+):
+    """SIGTERM reaches a worker whose dispatch waits at the backend for 30 s (the backend's
+    limit): the worker hangs up and exits at once, and the backend, seeing it gone, ends that
+    wait without claiming anything for it."""
+    waits: list[dict[str, Any]] = []
+    claim_or_wait = waiting.claim_or_wait
+
+    def recorded(**kwargs: Any) -> Any:
+        call: dict[str, Any] = {"wait_seconds": kwargs["wait_seconds"], "ended": None}
+        waits.append(call)
+        claimed = claim_or_wait(**kwargs)
+        call.update(claimed=claimed, ended=time.monotonic())
+        return claimed
+
+    monkeypatch.setattr(waiting, "claim_or_wait", recorded)
+    env = {"BATON_WORKER_WAIT_SECONDS": "30"}
+    with worker(baton, model_server, tmp_path, ["codex"], **env) as running:
+        wait_until(lambda: [call for call in waits if call["wait_seconds"] == 30], running)
+        time.sleep(0.5)  # well into its wait
+        stopping = time.monotonic()
+        running.process.send_signal(signal.SIGTERM)
+        assert running.process.wait(timeout=30) == 0
+        assert time.monotonic() - stopping < 3
+    [waited] = [call for call in waits if call["wait_seconds"] == 30]
+    wait_until(lambda: waited["ended"] is not None, running)
+    assert waited["claimed"] == []
+    assert waited["ended"] - stopping < 3
+    # Nobody waits for that worker any more: a new turn stays pending for the next one.
+    task = baton.create(executor="codex", message="Is anyone there?")
+    time.sleep(1)
+    turn = baton.task(task["id"])["turns"][1]
+    assert (turn["status"], turn["attempts"]) == ("PENDING", 0)
+
+
+def wait_until(
+    condition: Callable[[], object], running: WorkerProcess, timeout: float = 60.0
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, running.logs()[-3000:]
+        time.sleep(0.05)
 
 
 def test_a_worker_asked_for_an_executor_that_is_not_installed_refuses_to_start(tmp_path):

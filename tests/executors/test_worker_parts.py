@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import select
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from executors.client import (
     BackendClient,
     BackendError,
     BackendUnavailable,
+    DispatchAbandoned,
     DispatchedTurn,
     LeaseLost,
     TurnCancelled,
@@ -189,8 +191,15 @@ def test_batches_respect_the_backends_limits():
 # --- the HTTP client -----------------------------------------------------------------------
 
 
+# A script entry: hold the request unanswered until the client hangs up (at most 30 s), as a
+# backend holds a waiting dispatch; the server's `hung_up` gets True if the client did.
+HOLD = (0, {})
+
+
 class _Backend(BaseHTTPRequestHandler):
     """A loopback stand-in for Baton's executor API that answers from a per-test script."""
+
+    protocol_version = "HTTP/1.1"  # connections are kept alive, as Baton's servers keep them
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -208,7 +217,14 @@ class _Backend(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         self.server.seen.append((self.command, self.path, self.headers.get("Authorization"), body))
+        self.server.peers.append(self.client_address)
         status, payload = self.server.script.pop(0) if self.server.script else (200, {})
+        if (status, payload) == HOLD:
+            poller = select.poll()
+            poller.register(self.connection, select.POLLRDHUP)
+            self.server.hung_up.append(bool(poller.poll(30_000)))
+            self.close_connection = True
+            return
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
@@ -219,7 +235,7 @@ class _Backend(BaseHTTPRequestHandler):
 @pytest.fixture
 def backend() -> Iterator[ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
-    server.script, server.seen = [], []
+    server.script, server.seen, server.peers, server.hung_up = [], [], [], []
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -345,6 +361,73 @@ def test_an_unreachable_backend_gives_up_after_the_budget():
         client.dispatch(kinds=["codex"], limit=1)
 
 
+def test_once_the_worker_stops_dispatching_no_dispatch_is_sent_but_reports_are(backend):
+    client = _client(backend)
+    client.stop_dispatching()
+    for wait_seconds in (0, 20):
+        with pytest.raises(DispatchAbandoned):
+            client.dispatch(kinds=["codex"], limit=1, wait_seconds=wait_seconds)
+    assert backend.seen == []
+    # Turns that arrived as the worker stopped are still given back.
+    client.report(subtask_id=3, attempt=1, status="RELEASE", error_code="shutdown")
+    assert [path for _, path, _, _ in backend.seen] == ["/api/executor/subtasks/3/result/"]
+
+
+def _dispatch_in_thread(client: BackendClient, **kwargs: object) -> tuple[threading.Thread, list]:
+    """A dispatch in a thread of its own; the list gets what it raised, or its answer."""
+    outcome: list = []
+
+    def dispatch() -> None:
+        try:
+            outcome.append(client.dispatch(kinds=["codex"], limit=1, **kwargs))
+        except Exception as error:  # noqa: BLE001 - the test looks at it
+            outcome.append(error)
+
+    thread = threading.Thread(target=dispatch, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize("connection", ["new", "kept alive"])
+def test_a_stop_hangs_up_on_a_waiting_dispatch_at_once(backend, connection):
+    backend.script = [HOLD]
+    client = _client(backend)
+    if connection == "kept alive":
+        backend.script.insert(0, (200, NOTHING))
+        assert client.dispatch(kinds=["codex"], limit=1).turns == []
+    thread, outcome = _dispatch_in_thread(client, wait_seconds=30)
+    _wait_until(lambda: len(backend.seen) == len(backend.peers) == 1 + (connection != "new"))
+    assert len(set(backend.peers)) == 1  # one connection throughout
+    time.sleep(0.2)  # the request is sent and waits for its answer
+    stopping = time.monotonic()
+    client.stop_dispatching()
+    thread.join(timeout=10)
+    assert time.monotonic() - stopping < 2
+    assert [type(error) for error in outcome] == [DispatchAbandoned]
+    # The backend saw its client go: the connection was closed, not left to the process's exit.
+    _wait_until(lambda: backend.hung_up)
+    assert backend.hung_up == [True]
+    assert len(backend.seen) == 1 + (connection != "new")  # it was not sent again
+
+
+def test_a_stop_ends_the_retries_of_a_dispatch_the_backend_does_not_answer():
+    client = BackendClient(base_url="http://127.0.0.1:9", token="t", worker_id="w")
+    thread, outcome = _dispatch_in_thread(client)  # retried for up to a minute
+    time.sleep(0.5)
+    stopping = time.monotonic()
+    client.stop_dispatching()
+    thread.join(timeout=10)
+    assert time.monotonic() - stopping < 1
+    assert [type(error) for error in outcome] == [DispatchAbandoned]
+
+
+def _wait_until(condition: Callable[[], object], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 def test_downloads_are_checked_before_they_appear(backend, tmp_path):
     content = b"the whole text\n" * 1000
     client = _client(backend)
@@ -430,11 +513,28 @@ def test_an_idle_worker_waits_at_the_backend_instead_of_polling(backend, tmp_pat
 def test_a_worker_polls_when_the_backend_refuses_its_wait(backend, tmp_path):
     refused = (400, {"code": "invalid", "detail": "wait_seconds: at most 5 seconds"})
     backend.script = [(200, NOTHING), refused, *[(200, NOTHING)] * 1000]
-    worker = _idle_worker(
-        backend, tmp_path, BATON_WORKER_POLL_SECONDS="0.01", BATON_WORKER_WAIT_SECONDS="20"
-    )
+    worker = _idle_worker(backend, tmp_path, BATON_WORKER_POLL_SECONDS="0.01")
     bodies = _dispatches_until(backend, worker, 4)
+    # 20 s, the default wait; refused, the worker polls.
     assert [body.get("wait_seconds") for body in bodies] == [None, 20.0, None, None]
+
+
+def test_a_waiting_worker_stops_at_once(backend, tmp_path):
+    """A stop hangs up on the dispatch that waits at the backend (for 30 s here): the worker
+    neither waits for its answer nor asks again."""
+    backend.script = [(200, NOTHING), HOLD]
+    worker = _idle_worker(backend, tmp_path, BATON_WORKER_WAIT_SECONDS="30")
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    _wait_until(lambda: len(backend.seen) == 2)
+    time.sleep(0.2)  # the waiting dispatch is sent and waits for its answer
+    stopping = time.monotonic()
+    worker.stop()
+    thread.join(timeout=30)
+    assert time.monotonic() - stopping < 2
+    _wait_until(lambda: backend.hung_up)
+    assert backend.hung_up == [True]
+    assert [json.loads(body).get("wait_seconds") for _, _, _, body in backend.seen] == [None, 30]
 
 
 def test_a_worker_that_must_end_when_idle_never_waits(backend, tmp_path):
