@@ -26,6 +26,7 @@ from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import set_policy
 from backend.prompting.render import ESCAPE_NOTE
 from backend.prompting.units import count_tokens
+from backend.tasks.models import LanguageModel
 from executors.standin import extract_prompt
 from tests.conftest import register_bot
 from tests.e2e.live import FINISHED, REPO_ROOT, WorkerProcess, prompts, run_processes, worker
@@ -237,6 +238,9 @@ def test_a_prompt_that_overflows_on_every_budget_fails_saying_what_was_tried(
 ):
     model_server.set_turns([{"text": "Never sent."}])
     model_server.set_context_limit(500, count_tokens=count_tokens)  # below any budget
+    # No known window (the model table's rows would give gpt-5.5 one): the first attempt runs
+    # under no token cap, whichever tests ran before.
+    LanguageModel.objects.all().delete()
     with worker(baton, model_server, tmp_path, [kind]):
         task = baton.create(executor=kind, message=BUILD_LOG)
         done = baton.wait(task["id"])
