@@ -17,6 +17,9 @@ machine's state:
 - cycle: as many again; every client loops on dispatch, then reports each turn's result
   (`POST /api/executor/subtasks/{id}/result/`), until nothing is left.
 
+Then, in this process (Django's test client, no HTTP), `--in-process` more cycles: the queries
+each request makes and the CPU time a cycle costs the server's Python.
+
 Verified by counting: no turn claimed twice (the claimed ids are distinct), none lost (every
 seeded turn claimed; after the cycle, every one COMPLETED), one prompt report per claim.
 """
@@ -108,6 +111,44 @@ def _run(target, args_for, clients: int) -> tuple[list, float]:
     return results, max(result[2] for result in results) - start_at
 
 
+def _in_process(token: str, cycles: int) -> tuple[int, int, float]:
+    """Queries per dispatch and per report, and CPU ms per cycle, over `cycles` cycles run
+    through Django's test client (the turns seeded for them)."""
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client(HTTP_AUTHORIZATION=f"Token {token}", HTTP_HOST="127.0.0.1")
+
+    def cycle() -> tuple[int, int]:
+        with CaptureQueriesContext(connection) as dispatch_queries:
+            answer = client.post(
+                "/api/executor/dispatch/",
+                {"worker_id": "in-process", "kinds": ["codex"], "limit": 1},
+                content_type="application/json",
+            )
+        turn = answer.json()["turns"][0]
+        with CaptureQueriesContext(connection) as report_queries:
+            reported = client.post(
+                f"/api/executor/subtasks/{turn['subtask_id']}/result/",
+                {
+                    "worker_id": "in-process",
+                    "attempt": turn["attempt"],
+                    "status": "COMPLETED",
+                    "result": {"value": "Done."},
+                },
+                content_type="application/json",
+            )
+        assert reported.status_code == 200, reported.content
+        return len(dispatch_queries), len(report_queries)
+
+    counts = cycle()  # the first request of a token also looks it up
+    started = time.process_time()
+    for _ in range(cycles):
+        counts = cycle()
+    return counts[0], counts[1], (time.process_time() - started) / cycles * 1000
+
+
 def _check(results: list, expected: int, what: str) -> list[int]:
     claimed = [subtask_id for _, ids, _, _ in results for subtask_id in ids]
     twice = len(claimed) - len(set(claimed))
@@ -127,6 +168,7 @@ def main() -> None:
     parser.add_argument("--server-workers", type=int, default=4)
     parser.add_argument("--threads", type=int, default=0, help="gthread threads (0: sync)")
     parser.add_argument("--ceiling-seconds", type=float, default=10.0)
+    parser.add_argument("--in-process", type=int, default=200, help="cycles without HTTP")
     args = parser.parse_args()
 
     with bench_database(args.postgres) as vendor:
@@ -169,6 +211,8 @@ def main() -> None:
                     f"{reports} prompt reports for {2 * args.turns} claims"
                 )
             print("  every cycled turn COMPLETED; one prompt report per claim")
+        seed(args.in_process + 1)
+        dispatch_queries, report_queries, cycle_cpu_ms = _in_process(token, args.in_process)
 
     claims_per_second = args.turns / claims_seconds
     turns_per_second = args.turns / cycle_seconds
@@ -191,6 +235,10 @@ def main() -> None:
     )
     print(
         f"dispatch latency (claims phase): median {statistics.median(claim_latency) * 1000:.1f} ms"
+    )
+    print(
+        f"in process ({args.in_process} cycles): {dispatch_queries} queries per dispatch, "
+        f"{report_queries} per report, {cycle_cpu_ms:.1f} ms of CPU per cycle"
     )
 
 
