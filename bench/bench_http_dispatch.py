@@ -170,6 +170,7 @@ def main() -> None:
     parser.add_argument("--ceiling-seconds", type=float, default=10.0)
     parser.add_argument("--in-process", type=int, default=200, help="cycles without HTTP")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
 
     with bench_database(args.postgres) as vendor:
         from django.db import connection
@@ -223,7 +224,7 @@ def main() -> None:
     )
     print(
         f"database: {vendor}; gunicorn {server}; {args.clients} client processes; "
-        f"limit={args.limit}; {args.turns} turns per phase; load before: {os.getloadavg()[0]:.2f}"
+        f"limit={args.limit}; {args.turns} turns per phase; load before: {load_before:.2f}"
     )
     print(f"{'phase':<34} {'per second':>11} {'vs ceiling':>11}")
     print(f"{'bare view (2 queries), requests':<34} {ceiling_rps:>11.0f} {'':>11}")
