@@ -53,6 +53,25 @@ def reset_peak(pid: int) -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of one process, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14, 15
+
+
+def server_cpu_seconds(master_pid: int) -> float:
+    """User + system CPU time of gunicorn's master and its worker processes."""
+    children = Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text().split()
+    return sum(_cpu_seconds(pid) for pid in [master_pid, *map(int, children)])
+
+
+def machine_cpu_seconds() -> float:
+    """CPU time the whole machine spent busy (all cores), from /proc/stat."""
+    values = [int(value) for value in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    idle = values[3] + values[4]  # idle, iowait
+    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -32,6 +32,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -39,7 +40,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._django import bench_database  # noqa: E402
-from bench._live import live_baton  # noqa: E402
+from bench._live import live_baton, machine_cpu_seconds, server_cpu_seconds  # noqa: E402
 from bench.bench_dispatch import seed  # noqa: E402
 
 
@@ -47,13 +48,14 @@ def _ceiling_client(url: str, seconds: float, start_at: float, queue) -> None:
     with httpx.Client(base_url=url, timeout=30) as client:
         while time.time() < start_at:
             time.sleep(0.001)
+        cpu_at_start = time.process_time()
         done = 0
         end = start_at + seconds
         while time.time() < end:
             response = client.get("/bench/ceiling/")
             response.raise_for_status()
             done += 1
-    queue.put((done, [], time.time(), []))
+    queue.put((done, [], time.time(), [], time.process_time() - cpu_at_start))
 
 
 def _worker_client(
@@ -66,6 +68,7 @@ def _worker_client(
     with httpx.Client(base_url=url, headers=headers, timeout=60) as client:
         while time.time() < start_at:
             time.sleep(0.001)
+        cpu_at_start = time.process_time()
         while True:
             began = time.perf_counter()
             response = client.post(
@@ -90,12 +93,21 @@ def _worker_client(
                         },
                     )
                     answer.raise_for_status()
-    queue.put((len(claimed), claimed, time.time(), latencies))
+    queue.put((len(claimed), claimed, time.time(), latencies, time.process_time() - cpu_at_start))
 
 
-def _run(target, args_for, clients: int) -> tuple[list, float]:
-    """Start `clients` processes together; their results and the seconds until the last one
-    finished."""
+@dataclass(frozen=True)
+class Phase:
+    results: list
+    seconds: float  # from the start until the last client finished
+    machine_cpu: float  # CPU seconds, all cores, every process on the machine
+    server_cpu: float  # gunicorn's processes
+    client_cpu: float  # the client processes (each from the start)
+
+
+def _run(target, args_for, clients: int, *, server_pid: int) -> Phase:
+    """Start `clients` processes together and wait for their results; the machine's, the
+    server's and the clients' CPU over the same span (the rest is mostly PostgreSQL)."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     start_at = time.time() + 3.0  # every process imports and connects first
@@ -105,10 +117,19 @@ def _run(target, args_for, clients: int) -> tuple[list, float]:
     ]
     for process in processes:
         process.start()
+    time.sleep(max(0.0, start_at - time.time()))
+    machine, server = machine_cpu_seconds(), server_cpu_seconds(server_pid)
     results = [queue.get() for _ in processes]
+    machine, server = machine_cpu_seconds() - machine, server_cpu_seconds(server_pid) - server
     for process in processes:
         process.join()
-    return results, max(result[2] for result in results) - start_at
+    return Phase(
+        results=results,
+        seconds=max(result[2] for result in results) - start_at,
+        machine_cpu=machine,
+        server_cpu=server,
+        client_cpu=sum(result[4] for result in results),
+    )
 
 
 def _in_process(token: str, cycles: int) -> tuple[int, int, float]:
@@ -150,7 +171,7 @@ def _in_process(token: str, cycles: int) -> tuple[int, int, float]:
 
 
 def _check(results: list, expected: int, what: str) -> list[int]:
-    claimed = [subtask_id for _, ids, _, _ in results for subtask_id in ids]
+    claimed = [subtask_id for _, ids, *_ in results for subtask_id in ids]
     twice = len(claimed) - len(set(claimed))
     lost = expected - len(set(claimed))
     print(f"  {what}: claimed {len(claimed)}; claimed twice: {twice}; lost: {lost}")
@@ -181,29 +202,35 @@ def main() -> None:
         os.environ["DJANGO_SETTINGS_MODULE"] = "bench._ceiling_settings"  # the server's
         with live_baton(workers=args.server_workers, threads=args.threads) as baton:
             url, token = baton.url, baton.worker_token
-            ceiling, ceiling_seconds = _run(
-                _ceiling_client, lambda index: (url, args.ceiling_seconds), args.clients
+            pid = baton.server_pid
+            ceiling = _run(
+                _ceiling_client,
+                lambda index: (url, args.ceiling_seconds),
+                args.clients,
+                server_pid=pid,
             )
-            ceiling_rps = sum(result[0] for result in ceiling) / ceiling_seconds
+            ceiling_requests = sum(result[0] for result in ceiling.results)
 
             seed(args.turns)
             connection.close()
-            claims, claims_seconds = _run(
+            claims = _run(
                 _worker_client,
                 lambda index: (url, token, index, args.limit, False),
                 args.clients,
+                server_pid=pid,
             )
-            _check(claims, args.turns, "claims")
-            claim_latency = [value for result in claims for value in result[3]]
+            _check(claims.results, args.turns, "claims")
+            claim_latency = [value for result in claims.results for value in result[3]]
 
             seed(args.turns)
             connection.close()
-            cycles, cycle_seconds = _run(
+            cycles = _run(
                 _worker_client,
                 lambda index: (url, token, index, args.limit, True),
                 args.clients,
+                server_pid=pid,
             )
-            cycled = _check(cycles, args.turns, "cycle")
+            cycled = _check(cycles.results, args.turns, "cycle")
             not_done = Subtask.objects.filter(pk__in=cycled).exclude(status=SubtaskStatus.COMPLETED)
             reports = PromptReport.objects.count()
             if not_done.exists() or reports != 2 * args.turns:
@@ -215,8 +242,9 @@ def main() -> None:
         seed(args.in_process + 1)
         dispatch_queries, report_queries, cycle_cpu_ms = _in_process(token, args.in_process)
 
-    claims_per_second = args.turns / claims_seconds
-    turns_per_second = args.turns / cycle_seconds
+    ceiling_rps = ceiling_requests / ceiling.seconds
+    claims_per_second = args.turns / claims.seconds
+    turns_per_second = args.turns / cycles.seconds
     server = (
         f"gthread {args.server_workers}x{args.threads}"
         if args.threads
@@ -226,14 +254,29 @@ def main() -> None:
         f"database: {vendor}; gunicorn {server}; {args.clients} client processes; "
         f"limit={args.limit}; {args.turns} turns per phase; load before: {load_before:.2f}"
     )
-    print(f"{'phase':<34} {'per second':>11} {'vs ceiling':>11}")
-    print(f"{'bare view (2 queries), requests':<34} {ceiling_rps:>11.0f} {'':>11}")
-    print(f"{'  ceiling for 2-request cycles':<34} {ceiling_rps / 2:>11.0f} {'1.00':>11}")
-    print(f"{'claims (dispatch only)':<34} {claims_per_second:>11.0f} {'':>11}")
-    print(
-        f"{'turns (dispatch + report)':<34} {turns_per_second:>11.0f} "
-        f"{turns_per_second / (ceiling_rps / 2):>11.2f}"
-    )
+    header = f"{'phase':<34} {'per second':>10} {'vs ceiling':>10}   CPU ms per item:"
+    print(f"{header} {'server':>7} {'clients':>7} {'rest':>7}")
+    rows = [
+        ("bare view (2 queries), requests", ceiling_rps, "", ceiling, ceiling_requests),
+        ("  ceiling for 2-request cycles", ceiling_rps / 2, "1.00", None, 0),
+        ("claims (dispatch only)", claims_per_second, "", claims, args.turns),
+        (
+            "turns (dispatch + report)",
+            turns_per_second,
+            f"{turns_per_second / (ceiling_rps / 2):.2f}",
+            cycles,
+            args.turns,
+        ),
+    ]
+    for name, rate, ratio, phase, items in rows:
+        cpu = ""
+        if phase is not None:
+            rest = phase.machine_cpu - phase.server_cpu - phase.client_cpu
+            cpu = " ".join(
+                f"{value / items * 1000:>7.2f}"
+                for value in (phase.server_cpu, phase.client_cpu, rest)
+            )
+        print(f"{name:<34} {rate:>10.0f} {ratio:>10}   {'':16} {cpu}")
     print(
         f"dispatch latency (claims phase): median {statistics.median(claim_latency) * 1000:.1f} ms"
     )

@@ -20,7 +20,6 @@ with `wait_seconds` 30, as idle workers do.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import threading
@@ -32,7 +31,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._django import bench_database  # noqa: E402
-from bench._live import LiveBaton, live_baton  # noqa: E402
+from bench._live import LiveBaton, live_baton, server_cpu_seconds  # noqa: E402
 
 WAIT_SECONDS = 30.0
 SERVER_THREADS = 100
@@ -83,20 +82,6 @@ class Waiters:
                         self.arrived[turn["subtask_id"]] = now
                 if not wait and not turns:
                     self._stop.wait(poll_seconds)
-
-
-def server_cpu_seconds(master_pid: int) -> float:
-    """User + system CPU time of gunicorn's master and its worker processes."""
-    pids = [master_pid]
-    pids += [
-        int(child)
-        for child in Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text().split()
-    ]
-    ticks = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def measure(
