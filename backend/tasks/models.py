@@ -480,11 +480,13 @@ class Subtask(models.Model):
             ),
         ]
         indexes = [
-            # Dispatch: the oldest eligible pending assistant turns of some executor kinds.
+            # Dispatch: the oldest eligible pending assistant turns, in the claim's order
+            # (pending_since, id), so a claim reads the first few, not all of them, for one
+            # executor kind or several (an index led by the kind sorts them all for several).
             models.Index(
-                fields=["executor", "pending_since"],
+                fields=["pending_since", "id"],
                 condition=Q(status="PENDING", role="ASSISTANT", pending_since__isnull=False),
-                name="subtask_dispatchable",
+                name="subtask_dispatch_order",
             ),
             # Lease reclaim: running turns whose lease has expired.
             models.Index(
