@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import connection
 from django.db.models import Case, Count, F, Q, RowRange, Sum, Value, When, Window
 from django.db.models.functions import Least, Length, RowNumber
 
@@ -537,6 +538,89 @@ def _history_windows(
     the number of turns in the batch, the length of their histories and their policies."""
     if not batch:
         return {}, {}
+    if all(request.policy.max_messages is not None for request in batch):
+        window_ids, totals_by_task = _capped_window_ids(batch)  # the shipped policies' case
+    else:
+        window_ids, totals_by_task = _ranked_window_ids(batch)
+    by_task: dict[int, list[Subtask]] = {}
+    rows = (
+        Subtask.objects.filter(pk__in=window_ids)
+        .select_related("artifact")
+        .only(*HISTORY_FIELDS, "task_id")
+        .order_by("task_id", "-message_id")
+    )
+    for turn in rows:
+        by_task.setdefault(turn.task_id, []).append(turn)
+
+    windows: dict[int, list[Subtask]] = {}
+    totals_out: dict[int, tuple[int, int]] = {}
+    for request in batch:
+        newest = by_task.get(request.task.pk, [])
+        first = anchors.get((request.task.pk, FIRST_USER_MESSAGE_ID))
+        if (
+            request.policy.keep_first_user_message
+            and first is not None
+            and newest
+            and newest[-1].message_id > FIRST_USER_MESSAGE_ID
+        ):
+            newest = [*newest, first]
+        windows[request.subtask.pk] = list(reversed(newest))
+        totals_out[request.subtask.pk] = totals_by_task.get(request.task.pk, (0, 0))
+    return windows, totals_out
+
+
+def _capped_window_ids(
+    batch: list[_Request],
+) -> tuple[list[int], dict[int, tuple[int, int]]]:
+    """For requests whose policy caps messages: the ids of each task's newest `max_messages`
+    history turns, and each task's (user, assistant) history totals — one statement for the
+    batch, none for an empty one. Each window is an index range read newest first and stopped
+    at the cap (`subtask_message_id_unique`), so its cost does not grow with the history; the
+    totals count the history's rows without ranking them. Written as SQL, not the ORM: this
+    runs on every dispatch, and compiling the ranked form cost more than running it."""
+    if not batch:
+        return [], {}
+    table = Subtask._meta.db_table
+    statuses = ", ".join("%s" for _ in HISTORY_STATUSES)
+    history = f"kind = %s AND status IN ({statuses})"
+    parts: list[str] = []
+    params: list[int | str | None] = []
+    for number, request in enumerate(batch):
+        parts.append(
+            f"SELECT * FROM (SELECT 0 AS part, id, task_id, 0 AS users, 0 AS assistants "  # noqa: S608
+            f"FROM {table} WHERE task_id = %s AND message_id < %s AND {history} "
+            f"ORDER BY message_id DESC LIMIT %s) AS window_{number}"
+        )
+        params += [request.task.pk, request.current_id, SubtaskKind.TURN, *HISTORY_STATUSES]
+        params.append(request.policy.max_messages)
+    in_tasks = " OR ".join("(task_id = %s AND message_id < %s)" for _ in batch)
+    parts.append(
+        "SELECT * FROM (SELECT 1 AS part, 0 AS id, task_id, "  # noqa: S608
+        "SUM(CASE WHEN role = %s THEN 1 ELSE 0 END) AS users, "
+        "SUM(CASE WHEN role = %s THEN 1 ELSE 0 END) AS assistants "
+        f"FROM {table} WHERE {history} AND ({in_tasks}) GROUP BY task_id) AS totals"
+    )
+    params += [Role.USER, Role.ASSISTANT, SubtaskKind.TURN, *HISTORY_STATUSES]
+    for request in batch:
+        params += [request.task.pk, request.current_id]
+    window_ids: list[int] = []
+    totals: dict[int, tuple[int, int]] = {}
+    with connection.cursor() as cursor:
+        # Only the table's name and placeholders are formatted into the SQL.
+        cursor.execute(" UNION ALL ".join(parts), params)
+        for part, subtask_id, task_id, users, assistants in cursor.fetchall():
+            if part == 0:
+                window_ids.append(subtask_id)
+            else:
+                totals[task_id] = (int(users), int(assistants))
+    return window_ids, totals
+
+
+def _ranked_window_ids(
+    batch: list[_Request],
+) -> tuple[list[int], dict[int, tuple[int, int]]]:
+    """The ids of the turns that can make each request's window, ranked in the database under
+    any policy, and each task's (user, assistant) history totals — one query for the batch."""
     # Rank every candidate turn newest first within its task (one task has one turn in a
     # batch: a task never has two dispatchable turns at once), count the task's history by
     # role over the same partition and, where a policy caps characters but not messages, sum
@@ -568,31 +652,7 @@ def _history_windows(
     ):
         window_ids.append(subtask_id)
         totals_by_task[task_id] = (users_total, assistants_total)
-    by_task: dict[int, list[Subtask]] = {}
-    rows = (
-        Subtask.objects.filter(pk__in=window_ids)
-        .select_related("artifact")
-        .only(*HISTORY_FIELDS, "task_id")
-        .order_by("task_id", "-message_id")
-    )
-    for turn in rows:
-        by_task.setdefault(turn.task_id, []).append(turn)
-
-    windows: dict[int, list[Subtask]] = {}
-    totals: dict[int, tuple[int, int]] = {}
-    for request in batch:
-        newest = by_task.get(request.task.pk, [])
-        first = anchors.get((request.task.pk, FIRST_USER_MESSAGE_ID))
-        if (
-            request.policy.keep_first_user_message
-            and first is not None
-            and newest
-            and newest[-1].message_id > FIRST_USER_MESSAGE_ID
-        ):
-            newest = [*newest, first]
-        windows[request.subtask.pk] = list(reversed(newest))
-        totals[request.subtask.pk] = totals_by_task.get(request.task.pk, (0, 0))
-    return windows, totals
+    return window_ids, totals_by_task
 
 
 def _walks_chars(policy: PromptPolicy) -> bool:
