@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
+from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -82,6 +83,12 @@ class BatonEnvironment(BaseModel):
     max_pipeline_steps: int = Field(
         16, alias="BATON_MAX_PIPELINE_STEPS", ge=1, le=PIPELINE_STEPS_CEILING
     )
+    # What a follow-up sent while a turn runs does when neither it nor its task says
+    # (`backend.tasks.models.FollowUpStrategy`), and how many may wait queued per task.
+    follow_up_strategy: Literal["reject", "enqueue", "interrupt", "rollback"] = Field(
+        "enqueue", alias="BATON_FOLLOW_UP_STRATEGY"
+    )
+    max_queued_messages: int = Field(20, alias="BATON_MAX_QUEUED_MESSAGES", ge=1)
     artifact_store: ArtifactStore = Field(ArtifactStore.FILESYSTEM, alias="BATON_ARTIFACT_STORAGE")
     s3_bucket: str | None = Field(None, alias="BATON_S3_BUCKET")
     s3_endpoint_url: str | None = Field(None, alias="BATON_S3_ENDPOINT_URL")

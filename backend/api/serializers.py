@@ -26,6 +26,8 @@ from backend.tasks.models import (
     TASK_TYPE_PATTERN,
     Bot,
     ExecutorKind,
+    FollowUpStrategy,
+    QueuedMessage,
     Subtask,
     Task,
     TaskStatus,
@@ -37,7 +39,7 @@ from backend.tasks.selectors import (
     SPILLED_VALUE,
     spilled_place,
 )
-from backend.tasks.services import check_pipeline_length
+from backend.tasks.services import check_pipeline_length, follow_up_strategy
 
 
 def _label_name(value: str) -> None:
@@ -166,6 +168,13 @@ class TaskCreateInput(StrictInput):
     bot = label_name_field(required=False)
     sender = label_name_field(required=False, default="")
     is_group_chat = serializers.BooleanField(required=False, default=False)
+    follow_up_strategy = serializers.ChoiceField(
+        choices=FollowUpStrategy.choices,
+        required=False,
+        default="",
+        help_text="What a follow-up sent while a turn runs does, unless it says itself. "
+        "Omitted: BATON_FOLLOW_UP_STRATEGY (enqueue unless the operator set it).",
+    )
     pipeline = PipelineStepInput(
         many=True,
         required=False,
@@ -194,6 +203,14 @@ class TaskCreateInput(StrictInput):
 class MessageInput(StrictInput):
     message = serializers.CharField(trim_whitespace=False)
     sender = label_name_field(required=False, default="")
+    strategy = serializers.ChoiceField(
+        choices=FollowUpStrategy.choices,
+        required=False,
+        help_text="What this follow-up does if a turn of the task is pending or running: "
+        "reject (409), enqueue (202, sent when the turns before it finish), interrupt (the "
+        "running turn stops and keeps what it wrote) or rollback (the running turn stops and "
+        "leaves the history). Omitted: the task's follow_up_strategy.",
+    )
 
 
 class TurnListQuery(StrictQuery):
@@ -510,9 +527,28 @@ class BotOutput(serializers.ModelSerializer[Bot]):
         read_only_fields = fields
 
 
+class QueuedMessageOutput(serializers.ModelSerializer[QueuedMessage]):
+    turn = serializers.IntegerField(
+        source="subtask_id",
+        allow_null=True,
+        help_text="The id of the USER turn it became once sent; null while queued.",
+    )
+
+    class Meta:
+        model = QueuedMessage
+        fields = ["id", "status", "message", "sender", "turn", "created_at", "sent_at"]
+        read_only_fields = fields
+
+
 class TaskOutput(serializers.ModelSerializer[Task]):
     owner = serializers.CharField(source="owner.get_username")
     pipeline = PipelineStepOutput(many=True)
+    follow_up_strategy = serializers.SerializerMethodField(
+        help_text="What a follow-up sent while a turn runs does when it names no strategy."
+    )
+
+    def get_follow_up_strategy(self, task: Task) -> str:
+        return follow_up_strategy(task=task)
 
     class Meta:
         model = Task
@@ -523,6 +559,7 @@ class TaskOutput(serializers.ModelSerializer[Task]):
             "status",
             "is_group_chat",
             "pipeline",
+            "follow_up_strategy",
             "owner",
             "created_at",
             "updated_at",
@@ -531,10 +568,16 @@ class TaskOutput(serializers.ModelSerializer[Task]):
 
 
 class TaskWithTurnsOutput(TaskOutput):
-    """A task with the turns the view attached as `task.turns_for_output`."""
+    """A task with the turns and the queued messages the view attached as
+    `task.turns_for_output` and `task.queued_for_output`."""
 
     turns = SubtaskOutput(many=True, source="turns_for_output")
+    queued_messages = QueuedMessageOutput(
+        many=True,
+        source="queued_for_output",
+        help_text="Follow-ups waiting for the running turn, in the order they will be sent.",
+    )
 
     class Meta(TaskOutput.Meta):
-        fields = [*TaskOutput.Meta.fields, "turns"]
+        fields = [*TaskOutput.Meta.fields, "turns", "queued_messages"]
         read_only_fields = fields

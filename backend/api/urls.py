@@ -11,6 +11,11 @@ urlpatterns = [
     path("tasks/<int:task_id>/messages/", views.TaskMessagesApi.as_view(), name="task-messages"),
     path("tasks/<int:task_id>/subtasks/", views.TaskSubtasksApi.as_view(), name="task-subtasks"),
     path("tasks/<int:task_id>/cancel/", views.TaskCancelApi.as_view(), name="task-cancel"),
+    path(
+        "tasks/<int:task_id>/queued-messages/<int:queued_id>/cancel/",
+        views.QueuedMessageCancelApi.as_view(),
+        name="queued-message-cancel",
+    ),
     path("artifacts/<str:artifact_id>/", ArtifactDetailApi.as_view(), name="artifact-detail"),
     path(
         "artifacts/<str:artifact_id>/content/",

@@ -22,6 +22,7 @@ from backend.api.renderers import BatonJSONRenderer
 from backend.api.serializers import (
     BotOutput,
     MessageInput,
+    QueuedMessageOutput,
     SubtaskOutput,
     TaskCreateInput,
     TaskListFilters,
@@ -37,6 +38,7 @@ from backend.tasks.services import PipelineStep
 
 def _with_turns(request: Request, task: Task) -> dict[str, Any]:
     task.turns_for_output = list(selectors.task_turns(task=task))
+    task.queued_for_output = list(selectors.queued_messages(task=task))
     return TaskWithTurnsOutput(task, context={"request": request}).data
 
 
@@ -92,6 +94,7 @@ class TaskListCreateApi(APIView):
             pipeline=pipeline,
             sender=data["sender"],
             is_group_chat=data["is_group_chat"],
+            follow_up_strategy=data["follow_up_strategy"],
         )
         return Response(_with_turns(request, task), status=status.HTTP_201_CREATED)
 
@@ -112,19 +115,47 @@ class TaskMessagesApi(APIView):
     @extend_schema(
         operation_id="tasks_messages_create",
         request=MessageInput,
-        responses={201: SubtaskOutput(many=True)},
-        summary="Send a follow-up message; returns the new turns",
+        responses={
+            201: OpenApiResponse(
+                SubtaskOutput(many=True), description="The round started: the new turns."
+            ),
+            202: OpenApiResponse(
+                QueuedMessageOutput,
+                description="Queued (strategy enqueue): sent when the turns before it finish.",
+            ),
+        },
+        summary="Send a follow-up message; returns the new turns, or the queued message",
     )
     def post(self, request: Request, task_id: int) -> Response:
         task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
         payload = MessageInput(data=request.data)
         payload.is_valid(raise_exception=True)
-        turns = services.append_message(
+        follow_up = services.send_message(
             task=task,
             message=payload.validated_data["message"],
             sender=payload.validated_data["sender"],
+            strategy=payload.validated_data.get("strategy"),
         )
-        return Response(_turns(request, task, turns), status=status.HTTP_201_CREATED)
+        if follow_up.queued is not None:
+            return Response(
+                QueuedMessageOutput(follow_up.queued).data, status=status.HTTP_202_ACCEPTED
+            )
+        return Response(_turns(request, task, follow_up.turns), status=status.HTTP_201_CREATED)
+
+
+class QueuedMessageCancelApi(APIView):
+    permission_classes = [IsProductClient]
+
+    @extend_schema(
+        operation_id="tasks_queued_messages_cancel",
+        request=None,
+        responses=QueuedMessageOutput,
+        summary="Withdraw a queued follow-up before it is sent",
+    )
+    def post(self, request: Request, task_id: int, queued_id: int) -> Response:
+        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
+        queued = services.withdraw_queued_message(task=task, queued_id=queued_id)
+        return Response(QueuedMessageOutput(queued).data)
 
 
 class TaskSubtasksApi(APIView):

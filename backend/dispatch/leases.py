@@ -43,7 +43,7 @@ from backend.errors import Conflict, LeaseLost, NotFound, TurnCancelled
 from backend.events import log_event
 from backend.prompting import Role
 from backend.tasks.ingestion import replace_unstorable_chars
-from backend.tasks.models import Subtask, SubtaskStatus, Task
+from backend.tasks.models import STOPPED_SUBTASK_STATUSES, Subtask, SubtaskStatus, Task
 from backend.tasks.services import lock_task, record_result, refresh_task_status
 from backend.tasks.wakeups import announce_pending
 
@@ -254,7 +254,7 @@ def lease_state(*, subtask: Subtask, worker_id: str, attempt: int, now: datetime
         return LEASE_LOST
     if subtask.status == SubtaskStatus.RUNNING:
         return LEASE_LOST if _expired(subtask, now=now) else RUNNING
-    if subtask.status == SubtaskStatus.CANCELLED:
+    if subtask.status in STOPPED_SUBTASK_STATUSES:
         return CANCELLED
     if subtask.status == SubtaskStatus.COMPLETED or (
         subtask.status == SubtaskStatus.FAILED and not failed_for_lease_expiry(subtask=subtask)

@@ -20,7 +20,7 @@ from backend.artifacts.storage import ArtifactIntegrityError
 from backend.errors import InvalidInput
 from backend.prompting.truncate import truncate_middle
 from backend.prompting.units import Unit
-from backend.tasks.models import Bot, LanguageModel, Subtask, Task
+from backend.tasks.models import Bot, LanguageModel, QueuedMessage, Subtask, Task
 from backend.tasks.selectors import turn_result
 from backend.tasks.services import PipelineStep, resolve_pipeline
 
@@ -61,6 +61,26 @@ class SubtaskInline(ReadOnlyAdminMixin, admin.TabularInline[Subtask, Task]):
         return _bounded(subtask.history_text, INLINE_TEXT_CHARS)
 
 
+class QueuedMessageInline(ReadOnlyAdminMixin, admin.TabularInline[QueuedMessage, Task]):
+    model = QueuedMessage
+    extra = 0
+    ordering = ["id"]
+    fields = readonly_fields = (
+        "id",
+        "status",
+        "sender",
+        "message_shown",
+        "subtask",
+        "created_at",
+        "sent_at",
+        "cancelled_at",
+    )
+
+    @admin.display(description="message")
+    def message_shown(self, queued: QueuedMessage) -> str:
+        return _bounded(queued.message, INLINE_TEXT_CHARS)
+
+
 STEP_KEYS = frozenset({"bot", "executor", "context_passing"})
 
 
@@ -74,6 +94,7 @@ class TaskAdminForm(forms.ModelForm[Task]):
             "title",
             "task_type",
             "is_group_chat",
+            "follow_up_strategy",
             "status",
             "pipeline",
             "transcript",
@@ -107,7 +128,7 @@ class TaskAdmin(admin.ModelAdmin[Task]):
     search_fields = ["title"]
     list_select_related = ["owner"]
     readonly_fields = ["next_message_id", "summary", "created_at", "updated_at"]
-    inlines = [SubtaskInline, ArtifactInline]
+    inlines = [SubtaskInline, QueuedMessageInline, ArtifactInline]
 
 
 @admin.register(Subtask)

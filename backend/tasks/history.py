@@ -40,7 +40,9 @@ from backend.prompting.truncate import layout_fields
 from backend.prompting.units import DEFAULT_TOKEN_ENCODING, O200K_ENCODING
 from backend.tasks.models import TURNS, Subtask, SubtaskKind, SubtaskStatus, Task
 
-HISTORY_STATUSES = (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED)
+# The turns the conversation shows: finished ones, and those a newer message interrupted (with
+# what they had written); cancelled and rolled-back turns are no part of it.
+HISTORY_STATUSES = (SubtaskStatus.COMPLETED, SubtaskStatus.FAILED, SubtaskStatus.INTERRUPTED)
 
 # A task's first turn is always its first user message (create_task allocates from 1).
 FIRST_USER_MESSAGE_ID = 1

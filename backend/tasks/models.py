@@ -76,9 +76,29 @@ class SubtaskStatus(models.TextChoices):
     COMPLETED = "COMPLETED", "Completed"
     FAILED = "FAILED", "Failed"
     CANCELLED = "CANCELLED", "Cancelled"
+    # Stopped by a newer message (the `interrupt` follow-up strategy): unlike a cancelled
+    # turn it stays in the history, with what it had written by then.
+    INTERRUPTED = "INTERRUPTED", "Interrupted"
 
 
 ACTIVE_SUBTASK_STATUSES = (SubtaskStatus.PENDING, SubtaskStatus.RUNNING)
+# A turn stopped by the product: its worker is told to stop the executor (409 `cancelled`).
+STOPPED_SUBTASK_STATUSES = (SubtaskStatus.CANCELLED, SubtaskStatus.INTERRUPTED)
+
+
+class FollowUpStrategy(models.TextChoices):
+    """What a follow-up does when it arrives while a turn of its task is pending or running."""
+
+    REJECT = "reject", "Refuse it (HTTP 409)"
+    ENQUEUE = "enqueue", "Queue it; it is sent when the turns before it have finished"
+    INTERRUPT = "interrupt", "Stop the running turn, keep what it wrote, send it now"
+    ROLLBACK = "rollback", "Stop the running turn, drop it from the history, send it now"
+
+
+class QueuedMessageStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    SENT = "sent", "Sent"
+    CANCELLED = "cancelled", "Cancelled"
 
 
 class SubtaskKind(models.TextChoices):
@@ -265,6 +285,11 @@ class Task(models.Model):
     task_type = models.CharField(max_length=64, validators=[task_type_validator])
     is_group_chat = models.BooleanField(default=False)
     status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.PENDING)
+    # What a follow-up that arrives while a turn runs does, unless it names a strategy itself;
+    # empty: BATON_FOLLOW_UP_STRATEGY.
+    follow_up_strategy = models.CharField(
+        max_length=16, choices=FollowUpStrategy.choices, blank=True, default=""
+    )
     # Ordered bot steps: [{"bot": ..., "executor": ..., "context_passing": ...}, ...]; a
     # single-agent task is a pipeline of one step.
     pipeline = models.JSONField(default=list)
@@ -300,8 +325,9 @@ class Task(models.Model):
         related_name="+",
     )
     # Not a column: the turns a task API response shows with the task, attached by the view
-    # before serializing (see `TaskWithTurnsOutput`).
+    # before serializing (see `TaskWithTurnsOutput`), and its queued messages likewise.
     turns_for_output: list[Subtask]
+    queued_for_output: list[QueuedMessage]
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -312,6 +338,10 @@ class Task(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=Q(status__in=TaskStatus.values), name="task_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(follow_up_strategy__in=["", *FollowUpStrategy.values]),
+                name="task_follow_up_strategy_valid",
             ),
         ]
 
@@ -542,3 +572,46 @@ class NativeSession(models.Model):
 
     def __str__(self) -> str:
         return f"{self.executor} session of {self.bot} in task {self.task_id}"
+
+
+class QueuedMessage(models.Model):
+    """A follow-up that arrived while a turn of its task ran (strategy `enqueue`).
+
+    It is not a turn yet: it gets its message_id, its USER turn and its PENDING answers when
+    the turns before it have finished (`services.start_next_queued`), so the conversation
+    reads in the order things happened even when a later message interrupted the queue. The
+    row stays after that (`subtask` is the USER turn it became) or after it was withdrawn.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="queued_messages")
+    message = models.TextField()
+    sender = models.CharField(max_length=150, blank=True)
+    status = models.CharField(
+        max_length=16, choices=QueuedMessageStatus.choices, default=QueuedMessageStatus.QUEUED
+    )
+    subtask = models.OneToOneField(
+        Subtask, on_delete=models.SET_NULL, null=True, blank=True, related_name="queued_as"
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        # Queued under the task's lock, so ids follow the order the messages arrived in.
+        ordering = ["task_id", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=QueuedMessageStatus.values),
+                name="queued_message_status_valid",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["task", "id"],
+                condition=Q(status="queued"),
+                name="queued_message_waiting",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"queued message {self.pk} of task {self.task_id} ({self.status})"

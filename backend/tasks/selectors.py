@@ -14,7 +14,15 @@ from backend.errors import NotFound
 from backend.prompting import Role
 from backend.prompting.addressing import content_sha256
 from backend.tasks.fields import LosslessJSONField
-from backend.tasks.models import TURNS, Bot, Subtask, SubtaskStatus, Task
+from backend.tasks.models import (
+    TURNS,
+    Bot,
+    QueuedMessage,
+    QueuedMessageStatus,
+    Subtask,
+    SubtaskStatus,
+    Task,
+)
 
 
 def visible_tasks(*, user: User) -> QuerySet[Task]:
@@ -221,3 +229,8 @@ def bots_for_turns(subtasks: Sequence[Subtask]) -> dict[int, Bot]:
         if bot is not None:
             found[subtask.pk] = bot
     return found
+
+
+def queued_messages(*, task: Task) -> QuerySet[QueuedMessage]:
+    """The task's follow-ups still waiting to be sent, in the order they will be."""
+    return task.queued_messages.filter(status=QueuedMessageStatus.QUEUED).order_by("id")

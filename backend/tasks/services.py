@@ -45,7 +45,10 @@ from backend.tasks.models import (
     TURNS,
     Bot,
     ExecutorKind,
+    FollowUpStrategy,
     NativeSession,
+    QueuedMessage,
+    QueuedMessageStatus,
     Subtask,
     SubtaskKind,
     SubtaskStatus,
@@ -292,6 +295,7 @@ def create_task(
     pipeline: Sequence[PipelineStep] | PipelineStep,
     sender: str = "",
     is_group_chat: bool = False,
+    follow_up_strategy: str = "",
 ) -> Task:
     """Create a task with its first USER message and the PENDING turns that answer it.
 
@@ -307,6 +311,7 @@ def create_task(
     validate_message_text(text=message)
     steps = resolve_pipeline(pipeline)
     _validate_sender(is_group_chat=is_group_chat, sender=sender)
+    _validate_strategy(follow_up_strategy, field="follow_up_strategy", allow_empty=True)
     with atomic_storing_artifacts():
         task = Task.objects.create(
             owner=owner,
@@ -314,42 +319,145 @@ def create_task(
             task_type=task_type,
             is_group_chat=is_group_chat,
             pipeline=steps,
+            follow_up_strategy=follow_up_strategy,
         )
         _create_round(task=task, message=message, sender=sender)
     return task
 
 
-def append_message(*, task: Task, message: str, sender: str = "") -> list[Subtask]:
-    """Append a follow-up: a COMPLETED USER turn plus one PENDING ASSISTANT turn per step.
+@dataclass(frozen=True)
+class FollowUp:
+    """What a follow-up did: the round it started now (`turns`: its USER turn and PENDING
+    answers), or the queue entry it waits in (`queued`); and the turns it stopped to start now
+    (`stopped`: interrupted or rolled back)."""
 
-    Refused with Conflict while any turn of the task is PENDING or RUNNING (a summary job is
-    not a turn: it never holds up the conversation), and on a cancelled task. The check runs
-    under the task's lock (taken by allocate_message_ids), so of two concurrent follow-ups
-    exactly one is stored and the other gets a clear conflict.
+    strategy: str
+    turns: list[Subtask]
+    queued: QueuedMessage | None = None
+    stopped: tuple[Subtask, ...] = ()
+
+
+def _validate_strategy(value: str, *, field: str, allow_empty: bool = False) -> None:
+    if value not in FollowUpStrategy.values and not (allow_empty and value == ""):
+        raise InvalidInput(
+            f"{field} must be one of {', '.join(FollowUpStrategy.values)}.", field=field
+        )
+
+
+def follow_up_strategy(*, task: Task, strategy: str | None = None) -> str:
+    """The strategy a follow-up applies: its own, else its task's, else the setting."""
+    return strategy or task.follow_up_strategy or settings.BATON_FOLLOW_UP_STRATEGY
+
+
+def append_message(*, task: Task, message: str, sender: str = "") -> list[Subtask]:
+    """A follow-up that starts its round now or not at all (the `reject` strategy): a
+    COMPLETED USER turn plus one PENDING ASSISTANT turn per step. See `send_message`."""
+    return send_message(
+        task=task, message=message, sender=sender, strategy=FollowUpStrategy.REJECT
+    ).turns
+
+
+def send_message(
+    *, task: Task, message: str, sender: str = "", strategy: str | None = None
+) -> FollowUp:
+    """Send a follow-up: when no turn of the task is PENDING or RUNNING (a summary job is not
+    a turn), a new round starts now, whatever the strategy. Otherwise the strategy decides
+    (`follow_up_strategy`):
+
+    * `reject`: Conflict, nothing stored.
+    * `enqueue`: stored as a `QueuedMessage`; its round starts when every turn before it has
+      finished (`start_next_queued`), queued messages in the order they arrived.
+    * `interrupt`: the running turn stops as INTERRUPTED and stays in the history with what it
+      had written; the round's turns that had not started are cancelled; the round starts now.
+    * `rollback`: the round's active turns are cancelled (a cancelled turn is no part of the
+      history) and the round starts now.
+
+    Messages already queued stay queued behind a round started by `interrupt` or `rollback`.
+    Everything runs under the task's lock, so concurrent follow-ups are applied one at a time,
+    in the order they take it, and a refused one stores nothing. A cancelled task takes none.
     """
     validate_message_text(text=message)
     _validate_sender(is_group_chat=task.is_group_chat, sender=sender)
+    if strategy is not None:
+        _validate_strategy(strategy, field="strategy")
     with atomic_storing_artifacts():
         task = lock_task(task_id=task.pk)
+        chosen = follow_up_strategy(task=task, strategy=strategy)
         if task.status == TaskStatus.CANCELLED:
             raise Conflict(f"Task {task.pk} is cancelled; it takes no more messages.")
-        active = (
-            task.subtasks.filter(TURNS, status__in=ACTIVE_SUBTASK_STATUSES)
-            .order_by("message_id")
-            .values_list("message_id", "status")
-            .first()
+        active = list(
+            task.subtasks.filter(TURNS, status__in=ACTIVE_SUBTASK_STATUSES).order_by("message_id")
         )
-        if active is not None:
-            message_id, status = active
-            raise Conflict(
-                f"Task {task.pk} has a turn {status} (message_id {message_id}); send the "
-                "follow-up when it has finished, or cancel the task."
+        if not active:
+            return FollowUp(
+                strategy=chosen, turns=_create_round(task=task, message=message, sender=sender)
             )
-        return _create_round(task=task, message=message, sender=sender)
+        if chosen == FollowUpStrategy.REJECT:
+            raise Conflict(
+                f"Task {task.pk} has a turn {active[0].status} (message_id "
+                f"{active[0].message_id}); send the follow-up when it has finished, cancel "
+                "the turn, or send it with strategy enqueue, interrupt or rollback."
+            )
+        if chosen == FollowUpStrategy.ENQUEUE:
+            queued = _enqueue(task=task, message=message, sender=sender)
+            return FollowUp(strategy=chosen, turns=[], queued=queued)
+        stopped = _stop_turns(
+            task=task, turns=active, interrupt=chosen == FollowUpStrategy.INTERRUPT
+        )
+        turns = _create_round(task=task, message=message, sender=sender)
+        return FollowUp(strategy=chosen, turns=turns, stopped=tuple(stopped))
+
+
+def _enqueue(*, task: Task, message: str, sender: str) -> QueuedMessage:
+    waiting = task.queued_messages.filter(status=QueuedMessageStatus.QUEUED).count()
+    if waiting >= settings.BATON_MAX_QUEUED_MESSAGES:
+        raise Conflict(
+            f"Task {task.pk} already has {waiting} queued messages (the most "
+            f"BATON_MAX_QUEUED_MESSAGES allows); wait for them to be sent, or withdraw one."
+        )
+    queued = QueuedMessage.objects.create(task=task, message=message, sender=sender)
+    # The task's status stays that of its running round; its updated_at says it changed.
+    Task.objects.filter(pk=task.pk).update(updated_at=queued.created_at)
+    return queued
+
+
+INTERRUPTED_NOTE = "Interrupted by the next message before it finished."
+
+
+def interrupted_history_text(partial_text: str) -> str:
+    """What an interrupted turn shows the model: that it was stopped, and what it had written
+    (its streamed partial answer) — the work it did may show in the workspace."""
+    if not partial_text.strip():
+        return f"{INTERRUPTED_NOTE} It had not written any text yet."
+    return f"{INTERRUPTED_NOTE} What it had written by then:\n\n{partial_text}"
+
+
+def _stop_turns(*, task: Task, turns: list[Subtask], interrupt: bool) -> list[Subtask]:
+    """Stop a round's active turns for a follow-up that starts now. `interrupt`: a RUNNING
+    turn becomes INTERRUPTED and keeps what it wrote in the history; every other one (and
+    every one on a rollback) is CANCELLED. The worker holding a stopped turn is told to stop
+    its executor by its next heartbeat, and a late result from it is refused."""
+    now = timezone.now()
+    code = "interrupted" if interrupt else "rolled_back"
+    for turn in turns:
+        if interrupt and turn.status == SubtaskStatus.RUNNING:
+            turn.status = SubtaskStatus.INTERRUPTED
+            turn.error = INTERRUPTED_NOTE
+            text = interrupted_history_text(turn.partial_text)
+            _apply_ingestion(turn, ingest_text(text=text, task=task), recorded_at=now)
+        else:
+            turn.status = SubtaskStatus.CANCELLED
+        turn.error_code = code
+        turn.lease_expires_at = None
+        turn.not_before = None
+        turn.finished_at = now
+        turn.save()
+    return turns
 
 
 def cancel_task(*, task: Task) -> Task:
-    """Cancel the task and every turn still PENDING or RUNNING. Cancelling twice is a no-op."""
+    """Cancel the task, every turn still PENDING or RUNNING and every queued message.
+    Cancelling twice is a no-op."""
     with transaction.atomic():
         task = lock_task(task_id=task.pk)
         if task.status == TaskStatus.CANCELLED:
@@ -363,6 +471,9 @@ def cancel_task(*, task: Task) -> Task:
             finished_at=now,
             updated_at=now,
         )
+        task.queued_messages.filter(status=QueuedMessageStatus.QUEUED).update(
+            status=QueuedMessageStatus.CANCELLED, cancelled_at=now
+        )
         task.status = TaskStatus.CANCELLED
         task.save(update_fields=["status", "updated_at"])
     return task
@@ -373,10 +484,11 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
 
     The later pipeline steps of the same round are cancelled with it (they would have had
     nothing to build on). A worker running the turn learns it from its next heartbeat or
-    progress report (HTTP 409 with code `cancelled`) and stops the executor. Returns the turns
+    progress report (HTTP 409 with code `cancelled`) and stops the executor. The next queued
+    message, if any, then starts its round (`refresh_task_status`). Returns the turns
     cancelled, in message order.
     """
-    with transaction.atomic():
+    with atomic_storing_artifacts():
         task = lock_task(task_id=task.pk)
         subtask = (
             Subtask.objects.select_for_update()
@@ -409,7 +521,8 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
             turn.not_before = None
             turn.finished_at = now
         Subtask.objects.bulk_update(
-            turns, ["status", "error_code", "lease_expires_at", "not_before", "finished_at"]
+            turns,
+            ["status", "error_code", "lease_expires_at", "not_before", "finished_at"],
         )
         Subtask.objects.filter(pk__in=[turn.pk for turn in turns]).update(updated_at=now)
         refresh_task_status(task=task)
@@ -690,17 +803,14 @@ def restore_spilled_text(
 
 
 def refresh_task_status(*, task: Task) -> str:
-    """Recompute the task's status from its latest round of turns and store it."""
+    """Recompute the task's status from its latest round of turns and store it; when that
+    round has finished and a message is queued, start the queued message's round first.
+    Runs under the task's lock, after every change that can finish a turn."""
     if task.status == TaskStatus.CANCELLED:
         return task.status
-    latest_user_message = (
-        task.subtasks.filter(role=Role.USER).order_by("-message_id").values("message_id")[:1]
-    )
-    statuses = set(
-        task.subtasks.filter(
-            role=Role.ASSISTANT, parent_message_id=Subquery(latest_user_message)
-        ).values_list("status", flat=True)
-    )
+    statuses = _latest_round_statuses(task=task)
+    if not statuses & set(ACTIVE_SUBTASK_STATUSES) and start_next_queued(task=task):
+        statuses = {SubtaskStatus.PENDING}
     if SubtaskStatus.RUNNING in statuses:
         status = TaskStatus.RUNNING
     elif SubtaskStatus.PENDING in statuses:
@@ -713,3 +823,49 @@ def refresh_task_status(*, task: Task) -> str:
         task.status = status
         task.save(update_fields=["status", "updated_at"])
     return status
+
+
+def _latest_round_statuses(*, task: Task) -> set[str]:
+    latest_user_message = (
+        task.subtasks.filter(role=Role.USER).order_by("-message_id").values("message_id")[:1]
+    )
+    return set(
+        task.subtasks.filter(
+            role=Role.ASSISTANT, parent_message_id=Subquery(latest_user_message)
+        ).values_list("status", flat=True)
+    )
+
+
+def start_next_queued(*, task: Task) -> list[Subtask]:
+    """Start the round of the task's oldest queued message (its message_ids are allocated
+    now, after every turn before it); none when nothing is queued. The caller holds the task's
+    lock and has checked that no turn of the task is active."""
+    queued = task.queued_messages.filter(status=QueuedMessageStatus.QUEUED).order_by("id").first()
+    if queued is None:
+        return []
+    turns = _create_round(task=task, message=queued.message, sender=queued.sender)
+    queued.status = QueuedMessageStatus.SENT
+    queued.subtask = turns[0]
+    queued.sent_at = turns[0].created_at
+    queued.save(update_fields=["status", "subtask", "sent_at"])
+    return turns
+
+
+def withdraw_queued_message(*, task: Task, queued_id: int) -> QueuedMessage:
+    """Take a queued message out of the queue before its round starts (it stays, CANCELLED).
+    Conflict once it was sent or withdrawn; NotFound when the task has no such message."""
+    with transaction.atomic():
+        task = lock_task(task_id=task.pk)
+        queued = task.queued_messages.filter(pk=queued_id).first()
+        if queued is None:
+            raise NotFound(f"Task {task.pk} has no queued message {queued_id}.")
+        if queued.status != QueuedMessageStatus.QUEUED:
+            raise Conflict(
+                f"Queued message {queued_id} was already {queued.status}; only a message "
+                "still waiting can be withdrawn."
+            )
+        queued.status = QueuedMessageStatus.CANCELLED
+        queued.cancelled_at = timezone.now()
+        queued.save(update_fields=["status", "cancelled_at"])
+        Task.objects.filter(pk=task.pk).update(updated_at=queued.cancelled_at)
+    return queued

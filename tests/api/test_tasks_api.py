@@ -463,8 +463,9 @@ def test_subtasks_query_count_does_not_grow_with_turns(api, django_assert_num_qu
 
 def test_retrieve_query_count(api, django_assert_num_queries):
     task_id = create(api, PIPELINE)["id"]
-    # task with owner, turns (the token's account is remembered from the requests before)
-    with django_assert_num_queries(2):
+    # task with owner, turns, queued messages (the token's account is remembered from the
+    # requests before)
+    with django_assert_num_queries(3):
         api.get(f"/api/tasks/{task_id}/")
 
 
@@ -488,8 +489,11 @@ def test_follow_up_returns_the_new_turns(api):
 
 
 def test_follow_up_while_pending_is_409_and_stores_nothing(api):
+    # The `reject` strategy; the others are test_follow_up_strategies'.
     task_id = create(api, SINGLE)["id"]
-    response = api.post(f"/api/tasks/{task_id}/messages/", {"message": "hurry"}, format="json")
+    response = api.post(
+        f"/api/tasks/{task_id}/messages/", {"message": "hurry", "strategy": "reject"}, format="json"
+    )
     assert response.status_code == 409
     assert "PENDING (message_id 2)" in response.json()["detail"]
     assert Subtask.objects.filter(task_id=task_id).count() == 2

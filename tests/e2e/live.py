@@ -20,7 +20,7 @@ import httpx
 from executors.process import processes_with_marker
 from executors.standin import ModelServer, extract_prompt
 
-FINISHED = {"COMPLETED", "FAILED", "CANCELLED"}
+FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "INTERRUPTED"}
 UNFINISHED = {"PENDING", "RUNNING"}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,7 +55,8 @@ class Baton:
         return response.content.decode("utf-8")
 
     def wait(self, task_id: int, *, timeout: float = 90.0) -> dict[str, Any]:
-        """The task once its latest turn has finished and the task's status says so too.
+        """The task once its latest turn has finished, the task's status says so too and no
+        message waits queued.
 
         The task row and its turns are read by separate queries, so a read that lands while a
         result commits can show the turn finished and the task a moment behind: wait for both.
@@ -63,7 +64,11 @@ class Baton:
         deadline = time.monotonic() + timeout
         while True:
             task = self.task(task_id)
-            if task["turns"][-1]["status"] in FINISHED and task["status"] not in UNFINISHED:
+            if (
+                task["turns"][-1]["status"] in FINISHED
+                and task["status"] not in UNFINISHED
+                and not task["queued_messages"]
+            ):
                 return task
             if time.monotonic() > deadline:
                 raise AssertionError(f"task {task_id} did not finish: {task['turns'][-1]}")

@@ -13,10 +13,12 @@ from backend.prompting import Role
 from backend.tasks.factories import answered_task
 from backend.tasks.models import SubtaskStatus, Task
 from backend.tasks.services import (
+    FollowUp,
     PipelineStep,
     allocate_message_ids,
     append_message,
     record_result,
+    send_message,
 )
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("shipped_bots")]
@@ -106,3 +108,32 @@ def test_follow_ups_on_many_tasks_at_once(user):
     for task in tasks:
         ids = list(task.subtasks.order_by("message_id").values_list("message_id", flat=True))
         assert ids == [1, 2, 3, 4, 5, 6]
+
+
+def test_concurrent_queued_follow_ups_are_all_kept_and_sent_in_the_order_they_queued(user):
+    task = new_task(user)
+    [running] = [
+        turn for turn in append_message(task=task, message="busy") if turn.role == "ASSISTANT"
+    ]
+
+    def follow_up(index: int) -> object:
+        return send_message(
+            task=Task.objects.get(pk=task.pk), message=f"queued {index}", strategy="enqueue"
+        )
+
+    outcomes = run_in_threads(follow_up)
+    assert all(isinstance(o, FollowUp) and o.queued is not None for o in outcomes), outcomes
+    queue = list(task.queued_messages.order_by("id").values_list("message", flat=True))
+    assert sorted(queue) == sorted(f"queued {index}" for index in range(THREADS))
+
+    # Each finished round starts the next queued message, in queue order, exactly once.
+    record_result(subtask=running, status=SubtaskStatus.COMPLETED, result={"value": "ok"})
+    sent = []
+    while True:
+        pending = task.subtasks.filter(status=SubtaskStatus.PENDING).first()
+        if pending is None:
+            break
+        sent.append(task.subtasks.get(message_id=pending.parent_message_id).message)
+        record_result(subtask=pending, status=SubtaskStatus.COMPLETED, result={"value": "ok"})
+    assert sent == queue
+    assert task.subtasks.filter(role=Role.USER).count() == 2 + THREADS
