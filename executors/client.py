@@ -247,6 +247,12 @@ class BackendClient:
             body["partial_text"] = partial_text
         self._post(f"/api/executor/subtasks/{subtask_id}/progress/", body, budget=10.0)
 
+    def confirm_stopped(self, *, subtask_id: int, attempt: int) -> None:
+        """Tell Baton that the executor of a turn it cancelled is gone with all its processes
+        (a product's cancel may be waiting for this)."""
+        body = {"worker_id": self.worker_id, "attempt": attempt}
+        self._post(f"/api/executor/subtasks/{subtask_id}/stopped/", body, budget=10.0)
+
     def report(self, *, subtask_id: int, attempt: int, **report: Any) -> None:
         """Report the claim's outcome (status COMPLETED, FAILED, RETRY or RELEASE).
 

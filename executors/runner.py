@@ -251,6 +251,8 @@ class TurnRun:
         reason = self.stop_reason
         if reason in (CANCELLED, LEASE_LOST):
             logger.info(_log_line("turn_abandoned", self, reason=reason, exit_code=exit_code))
+            if reason == CANCELLED:
+                self._confirm_stopped()
             return
         if reason == SHUTDOWN:
             self._report(status="RELEASE", error="The worker shut down.", error_code="shutdown")
@@ -282,6 +284,19 @@ class TurnRun:
             status=status, error=error[:ERROR_TEXT_CHARS], error_code=code, outcome=outcome
         )
 
+    def _confirm_stopped(self) -> None:
+        """Once the executor and every process of the run are gone (the executor has exited
+        and `ExecutorProcess.stop` ended what it left), say so: a product's cancel may wait
+        for it. Best effort: a cancel that waits in vain says so when its time is up."""
+        try:
+            self.client.confirm_stopped(subtask_id=self.turn.subtask_id, attempt=self.turn.attempt)
+        except BackendError as failure:
+            logger.warning(
+                _log_line("turn_stop_unconfirmed", self, status=failure.status, code=failure.code)
+            )
+            return
+        logger.info(_log_line("turn_stop_confirmed", self))
+
     def _report(
         self,
         *,
@@ -303,6 +318,8 @@ class TurnRun:
             self.client.report(subtask_id=self.turn.subtask_id, attempt=self.turn.attempt, **body)
         except (TurnCancelled, LeaseLost) as refused:
             logger.info(_log_line("turn_report_refused", self, code=refused.code))
+            if isinstance(refused, TurnCancelled):
+                self._confirm_stopped()  # cancelled as it finished: nothing of it runs now
             return
         except BackendError as failure:
             # The lease runs out and the turn is claimed again: nothing is lost.

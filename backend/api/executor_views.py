@@ -171,6 +171,22 @@ class HeartbeatApi(ExecutorApi):
         return Response(LeaseOutput(_lease(subtask)).data)
 
 
+class StoppedApi(ExecutorApi):
+    @extend_schema(
+        operation_id="executor_stopped",
+        request=ClaimInput,
+        responses=LeaseOutput,
+        summary="Confirm that a stopped turn's executor and its processes are gone",
+    )
+    def post(self, request: Request, subtask_id: int) -> Response:
+        payload = ClaimInput(data=request.data)
+        payload.is_valid(raise_exception=True)
+        subtask = reports.confirm_stopped(
+            worker=authenticated_user(request), subtask_id=subtask_id, **payload.validated_data
+        )
+        return Response(LeaseOutput(_lease(subtask)).data)
+
+
 class ProgressApi(ExecutorApi):
     body_limit = body_limits.PROGRESS
 

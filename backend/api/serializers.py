@@ -19,6 +19,7 @@ from backend.api.errors import RequestBodyNotAnObject
 from backend.api.links import artifact_download_url, turn_text_url
 from backend.api.pagination import TaskPagination, TurnPageQuery, TurnPagination
 from backend.artifacts.models import Artifact
+from backend.dispatch.stops import DEFAULT_STOP_WAIT_SECONDS, MAX_STOP_WAIT_SECONDS
 from backend.errors import InvalidInput
 from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
@@ -210,6 +211,23 @@ class MessageInput(StrictInput):
         "reject (409), enqueue (202, sent when the turns before it finish), interrupt (the "
         "running turn stops and keeps what it wrote) or rollback (the running turn stops and "
         "leaves the history). Omitted: the task's follow_up_strategy.",
+    )
+
+
+class CancelQuery(StrictQuery):
+    wait = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Answer once the workers running the stopped turns have confirmed that their "
+        "executors' processes are gone (200), or when `timeout` passes first (202).",
+    )
+    timeout = serializers.FloatField(
+        required=False,
+        default=DEFAULT_STOP_WAIT_SECONDS,
+        min_value=0,
+        max_value=MAX_STOP_WAIT_SECONDS,
+        help_text=f"Seconds a cancel with wait=true waits at most (default "
+        f"{DEFAULT_STOP_WAIT_SECONDS:g}, at most {MAX_STOP_WAIT_SECONDS:g}).",
     )
 
 
@@ -492,6 +510,7 @@ class SubtaskOutput(serializers.ModelSerializer[Subtask]):
             "created_at",
             "started_at",
             "finished_at",
+            "stop_confirmed_at",
         ]
         read_only_fields = fields
 

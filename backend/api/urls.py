@@ -46,6 +46,11 @@ urlpatterns = [
         name="executor-heartbeat",
     ),
     path(
+        "executor/subtasks/<int:subtask_id>/stopped/",
+        executor_views.StoppedApi.as_view(),
+        name="executor-stopped",
+    ),
+    path(
         "executor/subtasks/<int:subtask_id>/progress/",
         executor_views.ProgressApi.as_view(),
         name="executor-progress",

@@ -16,11 +16,13 @@ from rest_framework.views import APIView
 from backend.api import body_limits
 from backend.api.artifact_serializers import ArtifactContentQuery, ErrorOutput
 from backend.api.artifact_views import JSONErrorsNegotiation, serve_artifact_content
+from backend.api.client_connection import client_still_connected
 from backend.api.pagination import TaskPagination, TurnPagination
 from backend.api.permissions import IsProductClient, authenticated_user
 from backend.api.renderers import BatonJSONRenderer
 from backend.api.serializers import (
     BotOutput,
+    CancelQuery,
     MessageInput,
     QueuedMessageOutput,
     SubtaskOutput,
@@ -31,6 +33,7 @@ from backend.api.serializers import (
     TurnListQuery,
     TurnPageOutput,
 )
+from backend.dispatch import stops
 from backend.tasks import selectors, services
 from backend.tasks.models import Subtask, Task
 from backend.tasks.services import PipelineStep
@@ -217,14 +220,46 @@ class TurnTextApi(APIView):
         )
 
 
+def _answer_after_stops(
+    request: Request, *, task: Task, subtask_ids: Sequence[int] | None, query: CancelQuery
+) -> int:
+    """The cancel's status code: 200, or with `?wait=true`, 200 once every stopped turn's
+    worker confirmed its executor gone and 202 when the timeout (or the client) went first."""
+    if not query.validated_data["wait"]:
+        return status.HTTP_200_OK
+    confirmed = stops.wait_for_stops(
+        task_id=task.pk,
+        subtask_ids=subtask_ids,
+        timeout_seconds=query.validated_data["timeout"],
+        still_connected=client_still_connected(request),
+    )
+    return status.HTTP_200_OK if confirmed else status.HTTP_202_ACCEPTED
+
+
+CANCEL_RESPONSES_NOTE = (
+    "With ?wait=true: 200 once the workers running the stopped turns confirmed that their "
+    "executors' processes are gone; 202 when the timeout passed first (the turns are cancelled "
+    "all the same, and a late result from them is refused)."
+)
+
+
 class TaskCancelApi(APIView):
     permission_classes = [IsProductClient]
 
-    @extend_schema(operation_id="tasks_cancel", request=None, responses=TaskOutput)
+    @extend_schema(
+        operation_id="tasks_cancel",
+        request=None,
+        parameters=[CancelQuery],
+        responses={200: TaskOutput, 202: TaskOutput},
+        description=CANCEL_RESPONSES_NOTE,
+    )
     def post(self, request: Request, task_id: int) -> Response:
+        query = CancelQuery(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
         task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
         task = services.cancel_task(task=task)
-        return Response(TaskOutput(task).data)
+        code = _answer_after_stops(request, task=task, subtask_ids=None, query=query)
+        return Response(TaskOutput(task).data, status=code)
 
 
 class TurnCancelApi(APIView):
@@ -233,13 +268,20 @@ class TurnCancelApi(APIView):
     @extend_schema(
         operation_id="tasks_subtasks_cancel",
         request=None,
-        responses=SubtaskOutput(many=True),
+        parameters=[CancelQuery],
+        responses={200: SubtaskOutput(many=True), 202: SubtaskOutput(many=True)},
         summary="Stop one pending or running turn; the task stays open for a follow-up",
+        description=CANCEL_RESPONSES_NOTE,
     )
     def post(self, request: Request, task_id: int, subtask_id: int) -> Response:
+        query = CancelQuery(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
         task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
         turns = services.cancel_turn(task=task, subtask_id=subtask_id)
-        return Response(_turns(request, task, turns))
+        code = _answer_after_stops(
+            request, task=task, subtask_ids=[turn.pk for turn in turns], query=query
+        )
+        return Response(_turns(request, task, turns), status=code)
 
 
 class BotListApi(APIView):

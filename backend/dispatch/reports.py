@@ -57,12 +57,12 @@ from backend.dispatch.leases import (
 )
 from backend.dispatch.overflow import CONTEXT_OVERFLOW, recover_from_overflow
 from backend.dispatch.sessions import record_session
-from backend.errors import Conflict, InvalidInput
+from backend.errors import Conflict, InvalidInput, LeaseLost
 from backend.events import log_event
 from backend.prompting import Role
 from backend.tasks.history import any_of
 from backend.tasks.ingestion import replace_unstorable_chars, store_uploaded_text
-from backend.tasks.models import Subtask, SubtaskStatus
+from backend.tasks.models import STOPPED_SUBTASK_STATUSES, Subtask, SubtaskStatus
 from backend.tasks.selectors import is_recorded_result, is_recorded_upload
 from backend.tasks.services import (
     check_text_size,
@@ -483,3 +483,30 @@ def _is_repeat(
 def _is_overflow(*, status: str, error_code: str) -> bool:
     """Whether the report says the model refused the prompt as too long (see `overflow`)."""
     return status in (FAILED, RETRY) and error_code == CONTEXT_OVERFLOW
+
+
+def confirm_stopped(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
+    """The worker's word that the executor of a turn the product stopped (cancelled,
+    interrupted, rolled back) while this claim ran it is gone, its processes with it: recorded
+    once as `stop_confirmed_at`, which a cancel that waits is waiting for. Repeating it is a
+    no-op. 409 `lease_lost` for a claim that was not the turn's last, and 409 `conflict` for a
+    turn that was not stopped (a worker confirms only what it was told)."""
+    with transaction.atomic():
+        subtask = claimed_turn(
+            worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
+        )
+        if not is_claim(subtask, worker_id=worker_id, attempt=attempt):
+            raise LeaseLost(
+                f"Turn {subtask_id}'s last claim is attempt {subtask.attempts}, not attempt "
+                f"{attempt} of worker {worker_id!r}; there is nothing to confirm."
+            )
+        if subtask.status not in STOPPED_SUBTASK_STATUSES:
+            raise Conflict(
+                f"Turn {subtask_id} is {subtask.status}; only a turn the product stopped has a "
+                "stop to confirm."
+            )
+        if subtask.stop_confirmed_at is None:
+            subtask.stop_confirmed_at = timezone.now()
+            subtask.save(update_fields=["stop_confirmed_at", "updated_at"])
+            log_event("turn_stop_confirmed", task=subtask.task_id, subtask=subtask.pk)
+    return subtask

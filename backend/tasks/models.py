@@ -473,6 +473,9 @@ class Subtask(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # A turn stopped while it ran (cancelled, interrupted, rolled back): when the worker that
+    # held it confirmed that the executor's processes are gone. Null while they may still run.
+    stop_confirmed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["task_id", "message_id"]
@@ -533,6 +536,14 @@ class Subtask(models.Model):
                 fields=["task"],
                 condition=Q(status__in=["PENDING", "RUNNING"]),
                 name="subtask_active_per_task",
+            ),
+            # "Has every turn this cancel stopped been confirmed stopped?" (a cancel that waits).
+            models.Index(
+                fields=["task"],
+                condition=Q(
+                    status__in=["CANCELLED", "INTERRUPTED"], stop_confirmed_at__isnull=True
+                ),
+                name="subtask_stop_unconfirmed",
             ),
         ]
 

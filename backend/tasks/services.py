@@ -19,7 +19,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import F, Q, Subquery
+from django.db.models import Case, F, Q, Subquery, When
 from django.utils import timezone
 
 from backend.artifacts.services import (
@@ -421,6 +421,12 @@ def _enqueue(*, task: Task, message: str, sender: str) -> QueuedMessage:
     return queued
 
 
+def _stop_confirmed_at(turn: Subtask, *, now: Any) -> Any:
+    """For a turn being stopped: None while a worker may be running it (its worker confirms
+    the stop, `backend.dispatch.reports.confirm_stopped`), else `now` — nothing ran."""
+    return None if turn.status == SubtaskStatus.RUNNING else now
+
+
 INTERRUPTED_NOTE = "Interrupted by the next message before it finished."
 
 
@@ -440,6 +446,7 @@ def _stop_turns(*, task: Task, turns: list[Subtask], interrupt: bool) -> list[Su
     now = timezone.now()
     code = "interrupted" if interrupt else "rolled_back"
     for turn in turns:
+        turn.stop_confirmed_at = _stop_confirmed_at(turn, now=now)
         if interrupt and turn.status == SubtaskStatus.RUNNING:
             turn.status = SubtaskStatus.INTERRUPTED
             turn.error = INTERRUPTED_NOTE
@@ -470,6 +477,7 @@ def cancel_task(*, task: Task) -> Task:
             not_before=None,
             finished_at=now,
             updated_at=now,
+            stop_confirmed_at=Case(When(status=SubtaskStatus.RUNNING, then=None), default=now),
         )
         task.queued_messages.filter(status=QueuedMessageStatus.QUEUED).update(
             status=QueuedMessageStatus.CANCELLED, cancelled_at=now
@@ -515,6 +523,7 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
         )
         now = timezone.now()
         for turn in turns:
+            turn.stop_confirmed_at = _stop_confirmed_at(turn, now=now)
             turn.status = SubtaskStatus.CANCELLED
             turn.error_code = "cancelled"
             turn.lease_expires_at = None
@@ -522,7 +531,14 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
             turn.finished_at = now
         Subtask.objects.bulk_update(
             turns,
-            ["status", "error_code", "lease_expires_at", "not_before", "finished_at"],
+            [
+                "status",
+                "error_code",
+                "lease_expires_at",
+                "not_before",
+                "finished_at",
+                "stop_confirmed_at",
+            ],
         )
         Subtask.objects.filter(pk__in=[turn.pk for turn in turns]).update(updated_at=now)
         refresh_task_status(task=task)

@@ -287,11 +287,14 @@ def test_cancel_during_a_tool_command_leaves_no_process_behind(kind, baton, mode
             time.sleep(0.05)
         turn_id = task["turns"][1]["id"]
         cancelled_at = time.monotonic()
-        response = baton.product.post(f"/api/tasks/{task['id']}/subtasks/{turn_id}/cancel/")
-        assert response.status_code == 200, response.text
-        while run_processes(running) and time.monotonic() - cancelled_at < 10:
-            time.sleep(0.05)
+        # A cancel that waits answers once the worker confirmed the executor gone: by then no
+        # process of the run is left, the tool command's included.
+        response = baton.product.post(
+            f"/api/tasks/{task['id']}/subtasks/{turn_id}/cancel/", params={"wait": "true"}
+        )
         stopped_after = time.monotonic() - cancelled_at
+        assert response.status_code == 200, response.text
+        assert response.json()[0]["stop_confirmed_at"] is not None
         assert run_processes(running) == []
         assert not _alive(sleeper)
         assert stopped_after < 4, stopped_after  # the product expects about 2 s
