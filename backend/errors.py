@@ -49,6 +49,16 @@ class NotSatisfiable(BatonError):
     code = "not_satisfiable"
 
 
+class Busy(BatonError):
+    """The server has no room for this request now; retry after `retry_after_seconds` (503)."""
+
+    code = "busy"
+
+    def __init__(self, message: str, *, retry_after_seconds: int) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+
 class TurnCancelled(Conflict):
     """The turn a worker holds was cancelled by the product: stop the executor (409)."""
 

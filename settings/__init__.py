@@ -139,6 +139,9 @@ BATON_MAX_PIPELINE_STEPS = BATON.max_pipeline_steps
 # the follow-up says; at most this many wait queued per task.
 BATON_FOLLOW_UP_STRATEGY = BATON.follow_up_strategy
 BATON_MAX_QUEUED_MESSAGES = BATON.max_queued_messages
+# GET /api/tasks/{id}/events/: streams one server process serves at once, and for how long.
+BATON_MAX_EVENT_STREAMS = BATON.max_event_streams
+BATON_EVENT_STREAM_SECONDS = BATON.event_stream_seconds
 
 # History policy defaults (used when no HistoryPolicy row applies) and the kill switch.
 EXECUTOR_HISTORY_ENABLED = BATON.history_enabled

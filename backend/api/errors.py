@@ -37,6 +37,7 @@ from backend.artifacts.selectors import RangeNotSatisfiable
 from backend.artifacts.storage import ArtifactIntegrityError, ArtifactStorageError
 from backend.errors import (
     BatonError,
+    Busy,
     Conflict,
     InvalidInput,
     NotFound,
@@ -53,6 +54,7 @@ DOMAIN_STATUS = {
     Conflict: status.HTTP_409_CONFLICT,
     PayloadTooLarge: status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
     NotSatisfiable: status.HTTP_416_REQUESTED_RANGE_NOT_SATISFIABLE,
+    Busy: status.HTTP_503_SERVICE_UNAVAILABLE,
 }
 
 
@@ -116,6 +118,14 @@ def _summary(fields: dict[str, list[str]]) -> str:
     return "Invalid input. " + " ".join(parts)
 
 
+def _error_headers(exc: BatonError) -> dict[str, str] | None:
+    if isinstance(exc, RangeNotSatisfiable):
+        return {"Content-Range": f"bytes */{exc.size_bytes}"}
+    if isinstance(exc, Busy):
+        return {"Retry-After": str(exc.retry_after_seconds)}
+    return None
+
+
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, BatonError):
         http_status = next(
@@ -127,11 +137,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
             detail=exc.message,
             code=exc.code,
             fields={exc.field: [exc.message]} if exc.field else None,
-            headers=(
-                {"Content-Range": f"bytes */{exc.size_bytes}"}
-                if isinstance(exc, RangeNotSatisfiable)
-                else None
-            ),
+            headers=_error_headers(exc),
         )
 
     if isinstance(exc, ArtifactIntegrityError):

@@ -3,6 +3,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from backend.api import executor_views, policy_views, views
 from backend.api.artifact_views import ArtifactContentApi, ArtifactDetailApi
+from backend.api.event_views import TaskEventsApi
 from backend.api.health_views import HealthApi
 
 urlpatterns = [
@@ -11,6 +12,7 @@ urlpatterns = [
     path("tasks/<int:task_id>/messages/", views.TaskMessagesApi.as_view(), name="task-messages"),
     path("tasks/<int:task_id>/subtasks/", views.TaskSubtasksApi.as_view(), name="task-subtasks"),
     path("tasks/<int:task_id>/cancel/", views.TaskCancelApi.as_view(), name="task-cancel"),
+    path("tasks/<int:task_id>/events/", TaskEventsApi.as_view(), name="task-events"),
     path(
         "tasks/<int:task_id>/queued-messages/<int:queued_id>/cancel/",
         views.QueuedMessageCancelApi.as_view(),

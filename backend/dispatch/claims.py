@@ -28,6 +28,7 @@ from backend.dispatch.payload import ClaimedTurn, build_claimed_turns
 from backend.dispatch.summaries import schedule_summaries
 from backend.errors import InvalidInput
 from backend.prompting import Role
+from backend.tasks import task_events
 from backend.tasks.models import TURNS, Subtask, SubtaskStatus, Task, TaskStatus
 
 MAX_CLAIM_LIMIT = 100
@@ -51,6 +52,7 @@ def claim_turns(
     if not ids:
         return []
     claimed = build_claimed_turns(ids=ids, worker=worker, worker_id=worker_id)
+    task_events.record_claims(turns=[turn.subtask for turn in claimed])
     schedule_summaries(prompts=[(turn.subtask, turn.prompt) for turn in claimed])
     return claimed
 

@@ -42,8 +42,15 @@ from backend.dispatch.models import PromptReport
 from backend.errors import Conflict, LeaseLost, NotFound, TurnCancelled
 from backend.events import log_event
 from backend.prompting import Role
+from backend.tasks import task_events
 from backend.tasks.ingestion import replace_unstorable_chars
-from backend.tasks.models import STOPPED_SUBTASK_STATUSES, Subtask, SubtaskStatus, Task
+from backend.tasks.models import (
+    STOPPED_SUBTASK_STATUSES,
+    Subtask,
+    SubtaskKind,
+    SubtaskStatus,
+    Task,
+)
 from backend.tasks.services import lock_task, record_result, refresh_task_status
 from backend.tasks.wakeups import announce_pending
 
@@ -165,6 +172,12 @@ def requeue(
         updated_at=now,
     )
     announce_pending(executors=[subtask.executor])
+    if subtask.kind == SubtaskKind.TURN:
+        subtask.status, subtask.error_code = SubtaskStatus.PENDING, error_code
+        task_events.record(
+            task_id=subtask.task_id,
+            events=[task_events.turn_event(task_events.TURN_REQUEUED, subtask)],
+        )
     refresh_task_status(task=Task.objects.get(pk=subtask.task_id))
 
 

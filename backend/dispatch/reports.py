@@ -60,6 +60,7 @@ from backend.dispatch.sessions import record_session
 from backend.errors import Conflict, InvalidInput, LeaseLost
 from backend.events import log_event
 from backend.prompting import Role
+from backend.tasks import task_events
 from backend.tasks.history import any_of
 from backend.tasks.ingestion import replace_unstorable_chars, store_uploaded_text
 from backend.tasks.models import STOPPED_SUBTASK_STATUSES, Subtask, SubtaskStatus
@@ -199,11 +200,24 @@ def record_progress(
 def _append_progress(
     subtask: Subtask, *, events: list[dict[str, Any]], partial_text: str | None, now: datetime
 ) -> None:
+    text_before = subtask.partial_text
     subtask.progress_events = ((subtask.progress_events or []) + list(events))[
         -MAX_PROGRESS_EVENTS:
     ]
     if partial_text is not None:
         subtask.partial_text = replace_unstorable_chars(partial_text)[0]
+    if events or subtask.partial_text != text_before:
+        task_events.record(
+            task_id=subtask.task_id,
+            events=[
+                task_events.progress_event(
+                    subtask,
+                    events=list(events),
+                    text_before=text_before,
+                    text_after=subtask.partial_text,
+                )
+            ],
+        )
     subtask.progress_updated_at = now
     subtask.lease_expires_at = lease_until(now=now)
     subtask.save(

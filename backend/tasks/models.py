@@ -295,6 +295,8 @@ class Task(models.Model):
     pipeline = models.JSONField(default=list)
     # The next message_id to hand out; advanced atomically by services.allocate_message_ids.
     next_message_id = models.PositiveIntegerField(default=1)
+    # The next number of the task's event log (backend.tasks.task_events).
+    next_event_seq = models.PositiveBigIntegerField(default=1)
     # The latest transcript of the whole conversation a dispatched prompt's omission notice
     # pointed to (backend.tasks.transcripts): readable by the worker holding the task's turn.
     transcript = models.ForeignKey(
@@ -626,3 +628,27 @@ class QueuedMessage(models.Model):
 
     def __str__(self) -> str:
         return f"queued message {self.pk} of task {self.task_id} ({self.status})"
+
+
+class TaskEvent(models.Model):
+    """One entry of a task's event log (`backend.tasks.task_events`): numbered per task in
+    commit order, so a client resuming after `seq` misses nothing and gets nothing twice."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=32)
+    # The turn it is about, if any (not a foreign key: the log outlives nothing it names, and
+    # reading it never joins).
+    subtask_id = models.BigIntegerField(null=True, blank=True)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["task_id", "seq"]
+        constraints = [
+            # Also the index a stream reads by: a task's events after a number.
+            models.UniqueConstraint(fields=["task", "seq"], name="task_event_seq_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"event {self.seq} of task {self.task_id}: {self.type}"

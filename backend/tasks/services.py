@@ -33,6 +33,7 @@ from backend.events import log_event
 from backend.prompting import ContextPassing, Role
 from backend.prompting.inputs import validate_name
 from backend.prompting.kinds import classify_text
+from backend.tasks import task_events
 from backend.tasks.fields import LONE_SURROGATE
 from backend.tasks.ingestion import (
     IngestedText,
@@ -265,6 +266,10 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
             )
         )
     Subtask.objects.bulk_create(turns)
+    task_events.record(
+        task_id=task.pk,
+        events=[task_events.turn_event(task_events.TURN_CREATED, turn) for turn in turns],
+    )
     announce_pending(executors=[steps[0]["executor"]] if steps else [])
     Task.objects.filter(pk=task.pk).update(status=TaskStatus.PENDING, updated_at=now)
     task.status = TaskStatus.PENDING
@@ -416,6 +421,10 @@ def _enqueue(*, task: Task, message: str, sender: str) -> QueuedMessage:
             f"BATON_MAX_QUEUED_MESSAGES allows); wait for them to be sent, or withdraw one."
         )
     queued = QueuedMessage.objects.create(task=task, message=message, sender=sender)
+    task_events.record(
+        task_id=task.pk,
+        events=[task_events.Event(task_events.MESSAGE_QUEUED, data=_queued_data(queued))],
+    )
     # The task's status stays that of its running round; its updated_at says it changed.
     Task.objects.filter(pk=task.pk).update(updated_at=queued.created_at)
     return queued
@@ -425,6 +434,10 @@ def _stop_confirmed_at(turn: Subtask, *, now: Any) -> Any:
     """For a turn being stopped: None while a worker may be running it (its worker confirms
     the stop, `backend.dispatch.reports.confirm_stopped`), else `now` — nothing ran."""
     return None if turn.status == SubtaskStatus.RUNNING else now
+
+
+def _queued_data(queued: QueuedMessage) -> dict[str, Any]:
+    return {"queued_id": queued.pk, "status": queued.status, "sender": queued.sender}
 
 
 INTERRUPTED_NOTE = "Interrupted by the next message before it finished."
@@ -459,6 +472,7 @@ def _stop_turns(*, task: Task, turns: list[Subtask], interrupt: bool) -> list[Su
         turn.not_before = None
         turn.finished_at = now
         turn.save()
+    task_events.record(task_id=task.pk, events=[task_events.finished_event(t) for t in turns])
     return turns
 
 
@@ -470,6 +484,9 @@ def cancel_task(*, task: Task) -> Task:
         if task.status == TaskStatus.CANCELLED:
             return task
         now = timezone.now()
+        stopped = list(
+            task.subtasks.filter(TURNS, status__in=ACTIVE_SUBTASK_STATUSES).order_by("message_id")
+        )
         task.subtasks.filter(status__in=ACTIVE_SUBTASK_STATUSES).update(
             status=SubtaskStatus.CANCELLED,
             error_code="cancelled",
@@ -481,6 +498,11 @@ def cancel_task(*, task: Task) -> Task:
         )
         task.queued_messages.filter(status=QueuedMessageStatus.QUEUED).update(
             status=QueuedMessageStatus.CANCELLED, cancelled_at=now
+        )
+        for turn in stopped:
+            turn.status, turn.error_code = SubtaskStatus.CANCELLED, "cancelled"
+        task_events.record(
+            task_id=task.pk, events=[task_events.finished_event(turn) for turn in stopped]
         )
         task.status = TaskStatus.CANCELLED
         task.save(update_fields=["status", "updated_at"])
@@ -541,6 +563,9 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
             ],
         )
         Subtask.objects.filter(pk__in=[turn.pk for turn in turns]).update(updated_at=now)
+        task_events.record(
+            task_id=task.pk, events=[task_events.finished_event(turn) for turn in turns]
+        )
         refresh_task_status(task=task)
     return turns
 
@@ -715,6 +740,7 @@ def record_result(
             _finish_summary(subtask=subtask, task=task)
             return subtask
         subtask.save()
+        finished = [subtask]
         later_steps = Subtask.objects.filter(
             task_id=task.pk,
             parent_message_id=subtask.parent_message_id,
@@ -731,6 +757,7 @@ def record_result(
         else:
             # The steps that never ran show the model why, like any failed turn.
             reason = f"Not run: pipeline step {subtask.pipeline_step} ({subtask.bot}) failed."
+            not_run = list(later_steps)
             later_steps.update(
                 status=SubtaskStatus.FAILED,
                 error=reason,
@@ -738,6 +765,12 @@ def record_result(
                 updated_at=now,
                 **_ingestion_fields(ingest_text(text=reason, task=task), recorded_at=now),
             )
+            for turn in not_run:
+                turn.status = SubtaskStatus.FAILED
+            finished += not_run
+        task_events.record(
+            task_id=task.pk, events=[task_events.finished_event(turn) for turn in finished]
+        )
         refresh_task_status(task=task)
     return subtask
 
@@ -884,4 +917,8 @@ def withdraw_queued_message(*, task: Task, queued_id: int) -> QueuedMessage:
         queued.cancelled_at = timezone.now()
         queued.save(update_fields=["status", "cancelled_at"])
         Task.objects.filter(pk=task.pk).update(updated_at=queued.cancelled_at)
+        task_events.record(
+            task_id=task.pk,
+            events=[task_events.Event(task_events.MESSAGE_WITHDRAWN, data=_queued_data(queued))],
+        )
     return queued

@@ -44,8 +44,10 @@ POLICIES = {
 }
 # Everything but taking the turns: reclaim, the task status update, the claimed turns, bots,
 # their models' rows in the model table, policy rows, the history (anchors, window ids, window
-# rows), native sessions and the reports' insert.
-FIXED_QUERIES = 11
+# rows), native sessions, the reports' insert, and the `turn.claimed` events in their own
+# transaction (here a savepoint and its release) of three queries for any number of tasks:
+# numbering them on the tasks, checking the turns still run, inserting them.
+FIXED_QUERIES = 16
 # When a prompt leaves history out: the transcripts' turns; in their own transaction (here a
 # savepoint and its release) inserting the new artifacts (transcripts, turn indexes, the turn
 # files of turns without an artifact), locking them all, pointing the tasks to their transcript

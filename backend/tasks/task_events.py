@@ -1,0 +1,196 @@
+"""A task's event log: what happened to its turns, in order, for products that follow a task live.
+
+Each event gets the next number of its task's sequence (`Task.next_event_seq`), taken with an
+UPDATE of the task row inside the writer's transaction. That UPDATE holds the task's row lock
+until the writer commits, so a task's events commit in the order of their numbers: a reader
+that has seen event n has seen every event before it, and a client that resumes after n (the
+SSE stream's `Last-Event-ID`) misses nothing and gets nothing twice. Every writer of a task's
+turns already holds that lock (follow-ups, cancels, reports); a claim takes it after the claim
+itself has committed (`record_claims`).
+
+Events are small and bounded: ids, statuses, codes, and for progress the streamed events and
+the new text cut to a few thousand characters. Whole texts go by reference (the task API).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection, transaction
+
+from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskEvent
+
+# Progress: at most this many of a report's streamed events, each string in them cut to
+# EVENT_TEXT_CHARS, and at most PROGRESS_TEXT_CHARS of new partial text.
+PROGRESS_EVENTS_MAX = 50
+EVENT_TEXT_CHARS = 1_000
+PROGRESS_TEXT_CHARS = 4_000
+
+TURN_CREATED = "turn.created"
+TURN_CLAIMED = "turn.claimed"
+TURN_PROGRESS = "turn.progress"
+TURN_REQUEUED = "turn.requeued"
+MESSAGE_QUEUED = "message.queued"
+MESSAGE_WITHDRAWN = "message.withdrawn"
+# A turn that finished, by its final status.
+FINISHED_EVENTS = {
+    SubtaskStatus.COMPLETED: "turn.completed",
+    SubtaskStatus.FAILED: "turn.failed",
+    SubtaskStatus.CANCELLED: "turn.cancelled",
+    SubtaskStatus.INTERRUPTED: "turn.interrupted",
+}
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str
+    subtask_id: int | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def turn_data(turn: Subtask) -> dict[str, Any]:
+    """What an event says of a turn: where it stands, never its text."""
+    data: dict[str, Any] = {
+        "subtask_id": turn.pk,
+        "message_id": turn.message_id,
+        "role": turn.role,
+        "status": turn.status,
+    }
+    if turn.role == "ASSISTANT":
+        data["bot"] = turn.bot
+        data["attempt"] = turn.attempts
+    if turn.error_code:
+        data["error_code"] = turn.error_code
+    return data
+
+
+def turn_event(type_: str, turn: Subtask) -> Event:
+    return Event(type=type_, subtask_id=turn.pk, data=turn_data(turn))
+
+
+def finished_event(turn: Subtask) -> Event:
+    return turn_event(FINISHED_EVENTS[SubtaskStatus(turn.status)], turn)
+
+
+def record(*, task_id: int, events: Sequence[Event]) -> None:
+    """Append `events` to the task's log, numbered in order, in the transaction that made the
+    change they describe (the caller's), so there is no event without its change and no change
+    without its event. No events, no query."""
+    if not events:
+        return
+    # Joins the caller's transaction; alone, the numbers and the rows still commit together.
+    with transaction.atomic(savepoint=False):
+        first = _allocate(task_id=task_id, count=len(events))
+        TaskEvent.objects.bulk_create(
+            TaskEvent(
+                task_id=task_id,
+                seq=first + offset,
+                type=event.type,
+                subtask_id=event.subtask_id,
+                data=event.data,
+            )
+            for offset, event in enumerate(events)
+        )
+
+
+def _allocate(*, task_id: int, count: int) -> int:
+    """Reserve `count` numbers of the task's sequence (locking the task row until the caller
+    commits) and return the first."""
+    table = Task._meta.db_table
+    with connection.cursor() as cursor:
+        # Only the table's name is formatted into the SQL.
+        cursor.execute(
+            f"UPDATE {table} SET next_event_seq = next_event_seq + %s "  # noqa: S608
+            "WHERE id = %s RETURNING next_event_seq",
+            [count, task_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise Task.DoesNotExist(f"Task {task_id} does not exist.")
+    return int(row[0]) - count
+
+
+def record_claims(*, turns: Sequence[Subtask]) -> None:
+    """`turn.claimed` for the turns a claim took, after the claim committed (a claim takes turn
+    locks, and task locks after them would invert the writers' order): under their tasks'
+    locks, and only for turns still RUNNING then (a turn cancelled in between says so with its
+    own, earlier event, and no `claimed` follows it). Three queries for any number of turns;
+    none for summary jobs, which are no turns."""
+    by_task: dict[int, list[Subtask]] = {}
+    for turn in sorted(turns, key=lambda turn: (turn.task_id, turn.message_id)):
+        if turn.kind == SubtaskKind.TURN:
+            by_task.setdefault(turn.task_id, []).append(turn)
+    if not by_task:
+        return
+    with transaction.atomic():
+        firsts = _allocate_many(
+            counts={task_id: len(claimed) for task_id, claimed in by_task.items()}
+        )
+        running = set(
+            Subtask.objects.filter(
+                pk__in=[turn.pk for claimed in by_task.values() for turn in claimed],
+                status=SubtaskStatus.RUNNING,
+            ).values_list("id", flat=True)
+        )
+        TaskEvent.objects.bulk_create(
+            TaskEvent(
+                task_id=task_id,
+                seq=firsts[task_id] + offset,
+                type=TURN_CLAIMED,
+                subtask_id=turn.pk,
+                data=turn_data(turn),
+            )
+            for task_id, claimed in by_task.items()
+            if task_id in firsts  # a task deleted meanwhile has no log left
+            for offset, turn in enumerate(t for t in claimed if t.pk in running)
+        )
+
+
+def _allocate_many(*, counts: dict[int, int]) -> dict[int, int]:
+    """`_allocate` for several tasks in one statement: the first reserved number of each."""
+    table = Task._meta.db_table
+    cases = " ".join("WHEN %s THEN %s" for _ in counts)
+    ids = ", ".join("%s" for _ in counts)
+    params: list[int] = [value for pair in counts.items() for value in pair]
+    with connection.cursor() as cursor:
+        # Only the table's name and placeholders are formatted into the SQL.
+        cursor.execute(
+            f"UPDATE {table} SET next_event_seq = next_event_seq + CASE id {cases} END "  # noqa: S608
+            f"WHERE id IN ({ids}) RETURNING id, next_event_seq",
+            [*params, *counts],
+        )
+        return {task_id: int(after) - counts[task_id] for task_id, after in cursor.fetchall()}
+
+
+def progress_event(
+    turn: Subtask, *, events: list[dict[str, Any]], text_before: str, text_after: str | None
+) -> Event:
+    """A progress report as an event: its streamed events (bounded), and the text the partial
+    answer gained (`text`, bounded; `text_reset` when the answer was replaced, not extended)."""
+    data = turn_data(turn)
+    data["events"] = [_bounded(event) for event in events[-PROGRESS_EVENTS_MAX:]]
+    if len(events) > PROGRESS_EVENTS_MAX:
+        data["events_omitted"] = len(events) - PROGRESS_EVENTS_MAX
+    if text_after is not None and text_after != text_before:
+        if text_after.startswith(text_before):
+            added = text_after[len(text_before) :]
+        else:
+            added = text_after
+            data["text_reset"] = True
+        data["text"] = added[:PROGRESS_TEXT_CHARS]
+        if len(added) > PROGRESS_TEXT_CHARS:
+            data["text_omitted_chars"] = len(added) - PROGRESS_TEXT_CHARS
+        data["partial_text_chars"] = len(text_after)
+    return Event(type=TURN_PROGRESS, subtask_id=turn.pk, data=data)
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, str):
+        return value[:EVENT_TEXT_CHARS]
+    if isinstance(value, dict):
+        return {str(key)[:100]: _bounded(item) for key, item in list(value.items())[:50]}
+    if isinstance(value, list):
+        return [_bounded(item) for item in value[:50]]
+    return value

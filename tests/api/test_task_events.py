@@ -1,0 +1,264 @@
+"""A task's live events: the log every change writes, and the Server-Sent Events stream that
+resumes with Last-Event-ID — no gap, no duplicate — through the test client and over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+
+from backend.tasks import task_events
+from backend.tasks.models import TaskEvent
+from tests.dispatch.test_dispatch_api import PIPELINE, create, dispatch, report
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
+
+
+def logged(task) -> list[tuple[int, str, int | None]]:
+    return list(
+        TaskEvent.objects.filter(task_id=task["id"])
+        .order_by("seq")
+        .values_list("seq", "type", "subtask_id")
+    )
+
+
+def progress(worker_api, turn, **body):
+    response = worker_api.post(
+        f"/api/executor/subtasks/{turn['subtask_id']}/progress/",
+        {"worker_id": "w1", "attempt": turn["attempt"], "events": [], **body},
+        format="json",
+    )
+    assert response.status_code == 200, response.json()
+
+
+def parse_frames(text: str) -> list[dict]:
+    """The events of an SSE body: each frame's id, event and JSON data."""
+    frames = []
+    for block in text.split("\n\n"):
+        fields = {}
+        for line in block.split("\n"):
+            if line and not line.startswith(":"):
+                name, _, value = line.partition(": ")
+                fields[name] = value
+        if "id" in fields:
+            frames.append(
+                {"id": int(fields["id"]), "event": fields["event"], **json.loads(fields["data"])}
+            )
+    return frames
+
+
+def read_stream(product: httpx.Client, task, **headers) -> list[dict]:
+    """A whole stream over HTTP (it ends after BATON_EVENT_STREAM_SECONDS)."""
+    response = product.get(f"/api/tasks/{task['id']}/events/", headers=headers)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.text.startswith("retry: ")
+    return parse_frames(response.text)
+
+
+@pytest.fixture
+def product(live_server, user):
+    """The `api` fixture's account, over real HTTP to the live server."""
+    token = Token.objects.get_or_create(user=user)[0].key
+    headers = {"Authorization": f"Token {token}"}
+    with httpx.Client(base_url=live_server.url, headers=headers, timeout=30) as client:
+        yield client
+
+
+def test_every_change_to_a_turn_is_logged_in_order(api, worker_api):
+    task = create(api, PIPELINE)
+    coder_id, reviewer_id = task["turns"][1]["id"], task["turns"][2]["id"]
+    [coder] = dispatch(worker_api, kinds=["codex", "claude_code"])
+    progress(worker_api, coder, partial_text="Reading", events=[{"type": "message"}])
+    progress(worker_api, coder, partial_text="Reading retry.py")
+    report(worker_api, coder, status="FAILED", error="boom")
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "again"}, format="json")
+    new_round = [turn["id"] for turn in api.get(f"/api/tasks/{task['id']}/").json()["turns"][3:]]
+    assert logged(task) == [
+        (1, "turn.created", task["turns"][0]["id"]),
+        (2, "turn.created", coder_id),
+        (3, "turn.created", reviewer_id),
+        (4, "turn.claimed", coder_id),
+        (5, "turn.progress", coder_id),
+        (6, "turn.progress", coder_id),
+        (7, "turn.failed", coder_id),
+        (8, "turn.failed", reviewer_id),  # the later step fails with it
+        *[(9 + offset, "turn.created", turn_id) for offset, turn_id in enumerate(new_round)],
+    ]
+    assert len(new_round) == 3
+    first, second = TaskEvent.objects.filter(task_id=task["id"], type="turn.progress").order_by(
+        "seq"
+    )
+    first, second = first.data, second.data
+    # Progress says what the answer gained, not the whole answer again.
+    assert (first["text"], second["text"]) == ("Reading", " retry.py")
+    assert second["partial_text_chars"] == len("Reading retry.py")
+    assert first["events"] == [{"type": "message"}]
+
+
+def test_queue_interrupt_and_cancel_are_logged(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    queued = api.post(f"/api/tasks/{task['id']}/messages/", {"message": "later"}, format="json")
+    api.post(f"/api/tasks/{task['id']}/queued-messages/{queued.json()['id']}/cancel/")
+    api.post(
+        f"/api/tasks/{task['id']}/messages/",
+        {"message": "now", "strategy": "interrupt"},
+        format="json",
+    )
+    api.post(f"/api/tasks/{task['id']}/cancel/")
+    types = [event[1] for event in logged(task)]
+    assert types == [
+        "turn.created",
+        "turn.created",
+        "turn.claimed",
+        "message.queued",
+        "message.withdrawn",
+        "turn.interrupted",
+        "turn.created",
+        "turn.created",
+        "turn.cancelled",
+    ]
+    assert [seq for seq, _, _ in logged(task)] == list(range(1, 10))
+    del turn
+
+
+def test_long_progress_text_goes_by_reference(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    text = "x" * (task_events.PROGRESS_TEXT_CHARS + 500)
+    progress(worker_api, turn, partial_text=text, events=[{"type": "message", "text": "y" * 5000}])
+    event = TaskEvent.objects.get(task_id=task["id"], type="turn.progress")
+    assert len(event.data["text"]) == task_events.PROGRESS_TEXT_CHARS
+    assert event.data["text_omitted_chars"] == 500
+    assert len(event.data["events"][0]["text"]) == task_events.EVENT_TEXT_CHARS
+    assert len(json.dumps(event.data)) < 10_000
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_a_stream_resumes_after_its_last_event_id_with_no_gap_and_no_duplicate(
+    api, worker_api, product, settings
+):
+    settings.BATON_EVENT_STREAM_SECONDS = 0.2  # each read ends soon after catching up
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    progress(worker_api, turn, partial_text="half")
+    seen = read_stream(product, task)
+    assert [frame["event"] for frame in seen] == [
+        "turn.created",
+        "turn.created",
+        "turn.claimed",
+        "turn.progress",
+    ]
+    assert seen[3]["text"] == "half" and seen[3]["task_id"] == task["id"]
+    # The client dropped after the claim; meanwhile the turn went on.
+    progress(worker_api, turn, partial_text="half done")
+    report(worker_api, turn, result={"value": "done"})
+    resumed = read_stream(product, task, **{"Last-Event-ID": str(seen[2]["id"])})
+    assert [frame["id"] for frame in resumed] == [4, 5, 6]
+    assert [frame["event"] for frame in resumed] == [
+        "turn.progress",
+        "turn.progress",
+        "turn.completed",
+    ]
+    assert resumed[1]["text"] == " done"
+    after = product.get(f"/api/tasks/{task['id']}/events/", params={"after": 6})
+    assert parse_frames(after.text) == []
+
+
+@pytest.mark.parametrize("last_event_id", ["abc", "-1", "1.5", "9" * 30])
+def test_a_bad_last_event_id_is_a_400_naming_it(api, last_event_id):
+    task = create(api)
+    response = api.get(f"/api/tasks/{task['id']}/events/", HTTP_LAST_EVENT_ID=last_event_id)
+    assert response.status_code == 400
+    assert "Last-Event-ID" in response.json()["fields"]
+
+
+def test_another_users_task_has_no_stream(api, other_api):
+    task = create(api)
+    assert other_api.get(f"/api/tasks/{task['id']}/events/").status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_a_process_serves_a_bounded_number_of_streams(api, product, settings):
+    settings.BATON_MAX_EVENT_STREAMS = 1
+    settings.BATON_EVENT_STREAM_SECONDS = 30
+    task = create(api)
+    url = f"/api/tasks/{task['id']}/events/"
+    with product.stream("GET", url) as first:
+        assert first.status_code == 200
+        chunks = first.iter_text()  # kept: dropping it would close the stream
+        assert next(chunks).startswith("retry: ")  # the stream is open
+        busy = product.get(url)
+        assert busy.status_code == 503
+        assert busy.json()["code"] == "busy" and busy.headers["Retry-After"] == "5"
+    # Once the first listener has gone, its slot is free again.
+    deadline = time.monotonic() + 10
+    while True:
+        with product.stream("GET", url) as again:
+            if again.status_code == 200:
+                break
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_a_listener_over_http_sees_a_turn_live_and_resumes_after_dropping(
+    live_server, worker_api, settings
+):
+    settings.BATON_EVENT_STREAM_SECONDS = 30
+    owner = get_user_model().objects.create_user(username="listener")
+    token = Token.objects.create(user=owner).key
+    headers = {"Authorization": f"Token {token}"}
+    with httpx.Client(base_url=live_server.url, headers=headers, timeout=30) as product:
+        created = product.post(
+            "/api/tasks/",
+            json={"title": "Live", "task_type": "code", "message": "Go.", "executor": "codex"},
+        )
+        task = created.json()
+        got: list[dict] = []
+        two_seen = threading.Event()
+
+        def listen(last_event_id: int | None, stop_after: int) -> None:
+            extra = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
+            with product.stream("GET", f"/api/tasks/{task['id']}/events/", headers=extra) as stream:
+                assert stream.status_code == 200
+                buffer = ""
+                for chunk in stream.iter_text():
+                    buffer += chunk
+                    while "\n\n" in buffer:
+                        block, buffer = buffer.split("\n\n", 1)
+                        got.extend(parse_frames(block + "\n\n"))
+                        if len(got) >= 2:
+                            two_seen.set()
+                        if len(got) >= stop_after:
+                            return  # the client drops the connection
+
+        listener = threading.Thread(target=listen, args=(None, 3))
+        listener.start()
+        assert two_seen.wait(10)  # the two turn.created arrive while the stream is open
+        [turn] = dispatch(worker_api)  # turn.claimed reaches the open stream live
+        listener.join(10)
+        assert not listener.is_alive()
+        progress(worker_api, turn, partial_text="working")
+        report(worker_api, turn, result={"value": "done"})
+        resumed = threading.Thread(target=listen, args=(got[-1]["id"], 5))
+        resumed.start()
+        resumed.join(10)
+        assert not resumed.is_alive()
+    assert [frame["id"] for frame in got] == [1, 2, 3, 4, 5]
+    assert [frame["event"] for frame in got] == [
+        "turn.created",
+        "turn.created",
+        "turn.claimed",
+        "turn.progress",
+        "turn.completed",
+    ]
