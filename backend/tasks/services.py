@@ -53,6 +53,11 @@ from backend.tasks.models import (
     TaskStatus,
     task_type_validator,
 )
+from backend.tasks.turn_events import (
+    announce_ended_turns,
+    announce_turn_outcome,
+    cancelled_turns,
+)
 from backend.tasks.wakeups import announce_pending
 
 
@@ -365,6 +370,9 @@ def cancel_task(*, task: Task) -> Task:
         )
         task.status = TaskStatus.CANCELLED
         task.save(update_fields=["status", "updated_at"])
+        announce_ended_turns(
+            task=task, turns=cancelled_turns(task=task, cancelled_at=now), occurred_at=now
+        )
     return task
 
 
@@ -413,6 +421,7 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
         )
         Subtask.objects.filter(pk__in=[turn.pk for turn in turns]).update(updated_at=now)
         refresh_task_status(task=task)
+        announce_ended_turns(task=task, turns=turns, occurred_at=now)
     return turns
 
 
@@ -610,6 +619,7 @@ def record_result(
                 **_ingestion_fields(ingest_text(text=reason, task=task), recorded_at=now),
             )
         refresh_task_status(task=task)
+        announce_turn_outcome(task=task, subtask=subtask, occurred_at=now)
     return subtask
 
 
