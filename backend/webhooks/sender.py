@@ -78,10 +78,16 @@ def body_of(payload: Any) -> bytes:
 def claim_due(*, now: datetime, limit: int = CLAIM_BATCH) -> list[ClaimedDelivery]:
     """Claim up to `limit` pending deliveries due at `now` to active endpoints, oldest first;
     each one's attempt is counted now."""
+    due = WebhookDelivery.objects.filter(
+        status=DeliveryStatus.PENDING, next_attempt_at__lte=now, endpoint__active=True
+    )
+    # A plain read first: an idle sender polls without taking a lock (on SQLite, the database
+    # write lock that every writer of turns needs).
+    if not due.exists():
+        return []
     with transaction.atomic():
         rows = list(
-            WebhookDelivery.objects.select_for_update(skip_locked=True, of=("self",))
-            .filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now, endpoint__active=True)
+            due.select_for_update(skip_locked=True, of=("self",))
             .select_related("endpoint")
             .order_by("next_attempt_at", "id")[:limit]
         )
