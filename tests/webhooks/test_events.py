@@ -214,3 +214,28 @@ def test_the_same_event_twice_is_delivered_once(user):
     turn = task.subtasks.get(message_id=2)
     announce_ended_turns(task=task, turns=[turn], occurred_at=timezone.now())
     assert WebhookDelivery.objects.count() == 1
+
+
+@pytest.mark.usefixtures("pipeline_bots")
+def test_worker_reports_through_the_api_are_announced(api, worker_api, settings):
+    """The executor API's path (a report under the locks the claim took), end to end."""
+    from tests.dispatch.test_dispatch_api import create, dispatch, report
+
+    settings.BATON_MAX_ATTEMPTS = 1
+    assert api.post("/api/webhooks/", {"url": URL}, format="json").status_code == 201
+    completed = create(api)
+    [turn] = dispatch(worker_api)
+    assert report(worker_api, turn, result={"value": "done"}).status_code == 200
+    # A repeated report changes nothing and announces nothing again.
+    assert report(worker_api, turn, result={"value": "done"}).json()["changed"] is False
+    create(api)
+    [retried] = dispatch(worker_api)
+    response = report(
+        worker_api, retried, status="RETRY", error="HTTP 500", error_code="upstream_error"
+    )
+    assert response.json()["status"] == "FAILED"  # the last attempt
+    assert events() == [
+        ("turn.completed", turn["subtask_id"]),
+        ("turn.failed", retried["subtask_id"]),
+    ]
+    assert WebhookDelivery.objects.get(event_type="turn.completed").task_id == completed["id"]
