@@ -224,12 +224,13 @@ SPECTACULAR_SETTINGS = {
         "ReportedStatusEnum": ["COMPLETED", "FAILED", "RETRY", "RELEASE"],
         "ContextPassingEnum": "backend.tasks.models.CONTEXT_PASSING_CHOICES",
         "SubtaskKindEnum": "backend.tasks.models.SubtaskKind",
-        "WebhookEventEnum": "backend.webhooks.models.EventType",
-        "DeliveryStatusEnum": "backend.webhooks.models.DeliveryStatus",
         # Artifacts keep the name their kinds had before turns had a kind too.
         "KindEnum": "backend.artifacts.models.ARTIFACT_KIND_CHOICES",
         # Each part of GET /api/health/.
         "HealthPartEnum": ["ok", "failed"],
+        # Webhook event types and delivery statuses.
+        "WebhookEventEnum": "backend.webhooks.models.EventType",
+        "DeliveryStatusEnum": "backend.webhooks.models.DeliveryStatus",
     },
 }
 
