@@ -129,7 +129,7 @@ def test_the_command_makes_one_pass(user, receiver):
 
 @pytest.mark.postgres_only
 @pytest.mark.django_db(transaction=True)
-def test_two_senders_at_once_never_send_one_delivery_twice(user, receiver):
+def test_two_senders_at_once_never_send_one_delivery_twice(user, receiver, shipped_bots):
     create_endpoint(owner=user, url=receiver.url)
     for _ in range(30):
         answered_task(owner=user)
