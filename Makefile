@@ -28,16 +28,17 @@ $(VENV)/.installed-test: pyproject.toml | $(PY)
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-# The API on $(HOST):$(PORT) and, beside it, a worker running Codex, Claude Code and Agno. An
-# executor whose provider key is not set (OPENAI_API_KEY, ANTHROPIC_API_KEY) answers with Baton's
-# stand-in model. Ctrl-C stops both.
+# The API on $(HOST):$(PORT) and, beside it, a worker running Codex, Claude Code and Agno and
+# the webhook sender. An executor whose provider key is not set (OPENAI_API_KEY,
+# ANTHROPIC_API_KEY) answers with Baton's stand-in model. Ctrl-C stops all three.
 run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo --base-url http://$(HOST):$(PORT)
 	@BATON_URL=http://$(HOST):$(PORT) BATON_WORKER_TOKEN_FILE=var/demo-worker-token \
 	  BATON_WORKSPACE_ROOT=var/workspaces BATON_WORKER_ID=demo-worker \
 	  $(PY) -m executors --standin-model auto & worker=$$!; \
-	  trap 'kill -TERM $$worker 2>/dev/null; wait $$worker' EXIT INT TERM; \
+	  $(PY) manage.py deliver_webhooks & sender=$$!; \
+	  trap 'kill -TERM $$worker $$sender 2>/dev/null; wait $$worker $$sender' EXIT INT TERM; \
 	  $(PY) manage.py runserver $(HOST):$(PORT)
 
 # Production: BATON_ENV=production (unless set otherwise), gunicorn with gthread workers

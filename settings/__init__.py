@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "backend.tasks",
     "backend.artifacts",
     "backend.dispatch",
+    "backend.webhooks",
     "backend.api",
 ]
 
@@ -184,6 +185,13 @@ BATON_DISPATCH_MAX_WAIT_SECONDS = BATON.dispatch_max_wait_seconds
 # deactivated or moved out of the worker group takes effect at once in the process that made
 # the change and within this many seconds in the others; 0 looks the token up every time.
 BATON_TOKEN_CACHE_SECONDS = BATON.token_cache_seconds
+# Webhooks (backend/webhooks): a delivery that fails is tried again after
+# base * 2^(attempt - 1) seconds, at most the maximum, and is `failed` after the last attempt;
+# each POST waits at most the timeout.
+BATON_WEBHOOK_MAX_ATTEMPTS = BATON.webhook_max_attempts
+BATON_WEBHOOK_BACKOFF_SECONDS = BATON.webhook_backoff_seconds
+BATON_WEBHOOK_BACKOFF_MAX_SECONDS = BATON.webhook_backoff_max_seconds
+BATON_WEBHOOK_TIMEOUT_SECONDS = BATON.webhook_timeout_seconds
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
@@ -228,6 +236,9 @@ SPECTACULAR_SETTINGS = {
         "KindEnum": "backend.artifacts.models.ARTIFACT_KIND_CHOICES",
         # Each part of GET /api/health/.
         "HealthPartEnum": ["ok", "failed"],
+        # Webhook event types and delivery statuses.
+        "WebhookEventEnum": "backend.webhooks.models.EventType",
+        "DeliveryStatusEnum": "backend.webhooks.models.DeliveryStatus",
     },
 }
 

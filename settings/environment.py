@@ -175,6 +175,12 @@ class BatonEnvironment(BaseModel):
         30.0, alias="BATON_DISPATCH_MAX_WAIT_SECONDS", ge=0, le=3600
     )
     token_cache_seconds: float = Field(10.0, alias="BATON_TOKEN_CACHE_SECONDS", ge=0, le=300)
+    webhook_max_attempts: int = Field(6, alias="BATON_WEBHOOK_MAX_ATTEMPTS", ge=1, le=100)
+    webhook_backoff_seconds: float = Field(2.0, alias="BATON_WEBHOOK_BACKOFF_SECONDS", ge=0)
+    webhook_backoff_max_seconds: float = Field(
+        600.0, alias="BATON_WEBHOOK_BACKOFF_MAX_SECONDS", ge=0
+    )
+    webhook_timeout_seconds: float = Field(5.0, alias="BATON_WEBHOOK_TIMEOUT_SECONDS", gt=0, le=60)
 
     @property
     def history_fields_from_environment(self) -> frozenset[str]:

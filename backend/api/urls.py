@@ -1,7 +1,7 @@
 from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
-from backend.api import executor_views, policy_views, views
+from backend.api import executor_views, policy_views, views, webhook_views
 from backend.api.artifact_views import ArtifactContentApi, ArtifactDetailApi
 from backend.api.event_views import TaskEventsApi
 from backend.api.health_views import HealthApi
@@ -69,6 +69,17 @@ urlpatterns = [
     ),
     path("policies/", policy_views.PolicyListApi.as_view(), name="policy-list"),
     path("policies/<str:name>/", policy_views.PolicyDetailApi.as_view(), name="policy-detail"),
+    path("webhooks/", webhook_views.WebhookListCreateApi.as_view(), name="webhook-list"),
+    path(
+        "webhooks/<int:endpoint_id>/",
+        webhook_views.WebhookDetailApi.as_view(),
+        name="webhook-detail",
+    ),
+    path(
+        "webhooks/<int:endpoint_id>/deliveries/",
+        webhook_views.WebhookDeliveriesApi.as_view(),
+        name="webhook-deliveries",
+    ),
     path("health/", HealthApi.as_view(), name="health"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),

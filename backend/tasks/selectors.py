@@ -52,6 +52,15 @@ def get_task(*, user: User, task_id: int) -> Task:
     return task
 
 
+def get_own_task(*, user: User, task_id: int) -> Task:
+    """The user's own task with this id, or NotFound (staff included: seeing a task is not
+    owning it)."""
+    task = Task.objects.filter(pk=task_id, owner=user).first()
+    if task is None:
+        raise NotFound(f"Task {task_id} does not exist.")
+    return task
+
+
 # Where a spilled text stood in its turn (see `spilled_place`).
 SPILLED_MESSAGE, SPILLED_ERROR = "message", "error"
 SPILLED_VALUE, SPILLED_RESULT = "result.value", "result"

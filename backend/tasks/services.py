@@ -57,6 +57,11 @@ from backend.tasks.models import (
     TaskStatus,
     task_type_validator,
 )
+from backend.tasks.turn_events import (
+    announce_ended_turns,
+    announce_turn_outcome,
+    cancelled_turns,
+)
 from backend.tasks.wakeups import announce_pending
 
 
@@ -506,6 +511,9 @@ def cancel_task(*, task: Task) -> Task:
         )
         task.status = TaskStatus.CANCELLED
         task.save(update_fields=["status", "updated_at"])
+        announce_ended_turns(
+            task=task, turns=cancelled_turns(task=task, cancelled_at=now), occurred_at=now
+        )
     return task
 
 
@@ -567,6 +575,7 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
             task_id=task.pk, events=[task_events.finished_event(turn) for turn in turns]
         )
         refresh_task_status(task=task)
+        announce_ended_turns(task=task, turns=turns, occurred_at=now)
     return turns
 
 
@@ -772,6 +781,7 @@ def record_result(
             task_id=task.pk, events=[task_events.finished_event(turn) for turn in finished]
         )
         refresh_task_status(task=task)
+        announce_turn_outcome(task=task, subtask=subtask, occurred_at=now)
     return subtask
 
 
