@@ -478,6 +478,7 @@ def _stop_turns(*, task: Task, turns: list[Subtask], interrupt: bool) -> list[Su
         turn.finished_at = now
         turn.save()
     task_events.record(task_id=task.pk, events=[task_events.finished_event(t) for t in turns])
+    announce_ended_turns(task=task, turns=turns, occurred_at=now)
     return turns
 
 

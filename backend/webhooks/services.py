@@ -34,6 +34,8 @@ EVENT_FOR_STATUS = {
     "COMPLETED": EventType.TURN_COMPLETED,
     "FAILED": EventType.TURN_FAILED,
     "CANCELLED": EventType.TURN_CANCELLED,
+    # Stopped by a newer message: a cancellation the payload's status and error code tell apart.
+    "INTERRUPTED": EventType.TURN_CANCELLED,
 }
 
 _url_validator = URLValidator(schemes=["http", "https"])

@@ -19,6 +19,7 @@ from backend.tasks.services import (
     cancel_turn,
     create_task,
     record_result,
+    send_message,
 )
 from backend.webhooks.models import WebhookDelivery
 from backend.webhooks.services import create_endpoint
@@ -239,3 +240,19 @@ def test_worker_reports_through_the_api_are_announced(api, worker_api, settings)
         ("turn.failed", retried["subtask_id"]),
     ]
     assert WebhookDelivery.objects.get(event_type="turn.completed").task_id == completed["id"]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "status", "error_code"),
+    [("interrupt", "INTERRUPTED", "interrupted"), ("rollback", "CANCELLED", "rolled_back")],
+)
+def test_a_turn_a_follow_up_stops_is_announced_as_cancelled(
+    user, worker, strategy, status, error_code
+):
+    create_endpoint(owner=user, url=URL)
+    task = new_task(user)
+    [claimed] = claim_turns(worker=worker, worker_id="w", kinds=["codex"], limit=1)
+    send_message(task=task, message="Do this instead.", strategy=strategy)
+    [delivery] = WebhookDelivery.objects.all()
+    assert (delivery.event_type, delivery.subtask_id) == ("turn.cancelled", claimed.subtask.pk)
+    assert (delivery.payload["status"], delivery.payload["error_code"]) == (status, error_code)
