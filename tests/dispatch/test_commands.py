@@ -47,7 +47,7 @@ def test_seed_demo_is_idempotent_and_prints_a_login(settings, tmp_path):
     assert "http://127.0.0.1:8000/admin/" in first
     elsewhere = run("seed_demo", "--base-url", "http://127.0.0.1:18765/")
     assert "http://127.0.0.1:18765/admin/" in elsewhere
-    assert "8000" not in elsewhere
+    assert ":8000" not in elsewhere  # (a random token may hold the digits 8000)
     assert is_executor_worker(worker_token.user)
 
 
