@@ -2,13 +2,16 @@
 disconnect with `Last-Event-ID`, missing nothing and getting nothing twice.
 
 The stream reads the task's event log (`backend.tasks.task_events`): first what came after the
-client's last event id, from storage, then new events as they commit (looked for every
-POLL_SECONDS). Every event's `id:` is its number in the task's sequence. The stream ends after
-BATON_EVENT_STREAM_SECONDS, or when the client hangs up; a client (EventSource does this by
-itself) reconnects with the last id it got. Comment lines keep idle connections open through
-proxies. Each stream holds one of its server process's request threads while it is open, so a
-process serves at most BATON_MAX_EVENT_STREAMS of them at once and answers 503 with
-Retry-After beyond that, keeping threads free for the rest of the API.
+client's last event id, from storage, then new events as they commit: on PostgreSQL a stream
+sleeps until its process's listener hears a NOTIFY for its task (`backend.tasks.wakeups`), so an
+idle stream costs nothing but a look at its client every second; elsewhere, or while the
+listener is not connected, it looks every POLL_SECONDS. Every event's `id:` is its number in
+the task's sequence. The stream ends after BATON_EVENT_STREAM_SECONDS, or when the client
+hangs up; a client (EventSource does this by itself) reconnects with the last id it got.
+Comment lines keep idle connections open through proxies. Each stream holds one of its server
+process's request threads while it is open, so a process serves at most
+BATON_MAX_EVENT_STREAMS of them at once and answers 503 with Retry-After beyond that, keeping
+threads free for the rest of the API.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Callable, Generator, Iterator
 
 from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connection
 from django.http import HttpResponseBase, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -31,9 +35,11 @@ from backend.api.artifact_views import JSONErrorsNegotiation
 from backend.api.client_connection import client_still_connected
 from backend.api.permissions import IsProductClient, authenticated_user
 from backend.api.renderers import BatonJSONRenderer
+from backend.dispatch.waiting import CLIENT_CHECK_SECONDS, LISTENER
 from backend.errors import Busy, InvalidInput
 from backend.tasks import selectors
 from backend.tasks.models import TaskEvent
+from backend.tasks.wakeups import EVENT_BELL
 
 POLL_SECONDS = 0.05
 KEEPALIVE_SECONDS = 15.0
@@ -121,25 +127,37 @@ class _EventStream:
         deadline = time.monotonic() + seconds
         last_write = time.monotonic()
         cursor = after
-        while True:
-            events = list(
-                TaskEvent.objects.filter(task_id=task_id, seq__gt=cursor).order_by("seq")[
-                    :READ_BATCH
-                ]
-            )
-            for event in events:
-                yield sse_frame(event)
-                cursor = event.seq
-            now = time.monotonic()
-            if events:
-                last_write = now
-                continue
-            if now >= deadline or not still_connected():
-                return
-            if now - last_write >= KEEPALIVE_SECONDS:
-                yield ": keepalive\n\n"
-                last_write = now
-            time.sleep(POLL_SECONDS)
+        # PostgreSQL: woken by NOTIFY through the process's listener; else every POLL_SECONDS
+        # (and at once by writes of this process).
+        listening = connection.vendor == "postgresql" and LISTENER.start()
+        with EVENT_BELL.watch(task_id) as rung:
+            while True:
+                rung.clear()  # before the read: a ring during it is kept for the wait below
+                events = list(
+                    TaskEvent.objects.filter(task_id=task_id, seq__gt=cursor).order_by("seq")[
+                        :READ_BATCH
+                    ]
+                )
+                for event in events:
+                    yield sse_frame(event)
+                    cursor = event.seq
+                now = time.monotonic()
+                if events:
+                    last_write = now
+                    continue
+                if now >= deadline or not still_connected():
+                    return
+                if now - last_write >= KEEPALIVE_SECONDS:
+                    yield ": keepalive\n\n"
+                    last_write = now
+                pause = POLL_SECONDS
+                if listening and LISTENER.connected:
+                    pause = min(
+                        CLIENT_CHECK_SECONDS,
+                        deadline - now,
+                        KEEPALIVE_SECONDS - (now - last_write),
+                    )
+                rung.wait(max(pause, 0.0))
 
 
 class TaskEventsApi(APIView):

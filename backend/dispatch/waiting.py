@@ -37,7 +37,7 @@ from django.utils import timezone
 from backend.dispatch.claims import claim_turns, claimable_exists, next_ready_in_seconds
 from backend.dispatch.payload import ClaimedTurn
 from backend.events import log_event, opaque_id
-from backend.tasks.wakeups import BELL, PENDING_CHANNEL, Doorbell
+from backend.tasks.wakeups import BELL, EVENT_BELL, EVENTS_CHANNEL, PENDING_CHANNEL, Doorbell
 
 # How often a waiter without a listener looks for a claimable turn.
 POLL_SECONDS = 0.05
@@ -150,11 +150,12 @@ def _poll_until_claimable(
 
 class PendingListener:
     """The process's PostgreSQL listener: a daemon thread with its own autocommit connection
-    that LISTENs on PENDING_CHANNEL and rings `BELL` with each notification's executor kind.
+    that LISTENs on PENDING_CHANNEL and rings `BELL` with each notification's executor kind,
+    and on EVENTS_CHANNEL, ringing `EVENT_BELL` for the notification's task.
 
-    Started by the first waiter. After a lost connection it reconnects; on connecting and on
-    losing the connection it rings every waiter, since notifications may have been missed
-    (the waiters look again, and poll while it is away).
+    Started by the first waiter (or event stream). After a lost connection it reconnects; on
+    connecting and on losing the connection it rings every waiter, since notifications may
+    have been missed (the waiters look again, and poll while it is away).
     """
 
     def __init__(self) -> None:
@@ -195,12 +196,16 @@ class PendingListener:
             try:
                 with psycopg.connect(**params, autocommit=True) as listening:
                     listening.execute(f"LISTEN {PENDING_CHANNEL}")
+                    listening.execute(f"LISTEN {EVENTS_CHANNEL}")
                     self._set_connected(True)
                     log_event("dispatch_listener_connected")
                     while not self._stop.is_set():
                         # The timeout only lets the thread see a stop.
                         for notify in listening.notifies(timeout=1.0):
-                            BELL.ring([notify.payload])
+                            if notify.channel == EVENTS_CHANNEL:
+                                EVENT_BELL.ring(int(notify.payload))
+                            else:
+                                BELL.ring([notify.payload])
             except psycopg.Error as error:
                 if not self._stop.is_set():
                     log_event(
@@ -217,6 +222,7 @@ class PendingListener:
         self.connected = connected
         if changed:
             BELL.ring_all()
+            EVENT_BELL.ring_all()
         # After the ring: a waiter that `start` let through misses no notification.
         self._attempted.set()
 

@@ -21,6 +21,7 @@ from typing import Any
 from django.db import connection, transaction
 
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskEvent
+from backend.tasks.wakeups import announce_events
 
 # Progress: at most this many of a report's streamed events, each string in them cut to
 # EVENT_TEXT_CHARS, and at most PROGRESS_TEXT_CHARS of new partial text.
@@ -93,6 +94,7 @@ def record(*, task_id: int, events: Sequence[Event]) -> None:
             )
             for offset, event in enumerate(events)
         )
+        announce_events(task_id=task_id)
 
 
 def _allocate(*, task_id: int, count: int) -> int:
@@ -146,6 +148,8 @@ def record_claims(*, turns: Sequence[Subtask]) -> None:
             if task_id in firsts  # a task deleted meanwhile has no log left
             for offset, turn in enumerate(t for t in claimed if t.pk in running)
         )
+        for task_id in firsts:
+            announce_events(task_id=task_id)
 
 
 def _allocate_many(*, counts: dict[int, int]) -> dict[int, int]:

@@ -1,4 +1,5 @@
-"""Wake-ups: telling the workers that wait in a dispatch that a turn became pending.
+"""Wake-ups: telling the workers that wait in a dispatch that a turn became pending, and the
+event streams of a task that its events committed.
 
 Every write that makes an assistant turn pending (a new round, the next pipeline step, a
 requeue, a summary job) calls `announce_pending` inside its transaction. Once the transaction
@@ -12,13 +13,15 @@ claims through the exactly-once claim like any dispatch, and may find nothing.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from functools import partial
 
 from django.db import connection, transaction
 
-# The PostgreSQL channel; a notification's payload is one executor kind.
+# The PostgreSQL channels; a notification's payload is one executor kind, or one task's id.
 PENDING_CHANNEL = "baton_turn_pending"
+EVENTS_CHANNEL = "baton_task_events"
 
 
 class Doorbell:
@@ -105,3 +108,54 @@ def _wake(kinds: list[str]) -> None:
     with connection.cursor() as cursor:
         for kind in kinds:
             cursor.execute("SELECT pg_notify(%s, %s)", [PENDING_CHANNEL, kind])
+
+
+class TaskEventBell:
+    """Wakes the event streams of this process that follow a task (every one of them: each
+    listener needs every event)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._streams: dict[int, set[threading.Event]] = {}
+
+    @contextmanager
+    def watch(self, task_id: int) -> Iterator[threading.Event]:
+        """A stream's flag, set by each ring for the task while the stream is inside."""
+        rung = threading.Event()
+        with self._lock:
+            self._streams.setdefault(task_id, set()).add(rung)
+        try:
+            yield rung
+        finally:
+            with self._lock:
+                streams = self._streams.get(task_id, set())
+                streams.discard(rung)
+                if not streams:
+                    self._streams.pop(task_id, None)
+
+    def ring(self, task_id: int) -> None:
+        with self._lock:
+            for rung in self._streams.get(task_id, ()):
+                rung.set()
+
+    def ring_all(self) -> None:
+        with self._lock:
+            for streams in self._streams.values():
+                for rung in streams:
+                    rung.set()
+
+
+EVENT_BELL = TaskEventBell()
+
+
+def announce_events(*, task_id: int) -> None:
+    """Wake the streams following the task once the current transaction commits."""
+    transaction.on_commit(partial(_wake_streams, task_id), robust=True)
+
+
+def _wake_streams(task_id: int) -> None:
+    if connection.vendor != "postgresql":
+        EVENT_BELL.ring(task_id)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [EVENTS_CHANNEL, str(task_id)])

@@ -1,22 +1,32 @@
 """A task's live events: the log every change writes, and the Server-Sent Events stream that
-resumes with Last-Event-ID — no gap, no duplicate — through the test client and over real HTTP."""
+resumes with Last-Event-ID — no gap, no duplicate — over real HTTP."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 
+from backend.dispatch.waiting import LISTENER
 from backend.tasks import task_events
 from backend.tasks.models import TaskEvent
 from tests.dispatch.test_dispatch_api import PIPELINE, create, dispatch, report
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
+
+
+@pytest.fixture(autouse=True)
+def listener_stopped_after_each_test() -> Iterator[None]:
+    """A stream on PostgreSQL starts the process's listener, whose own connection would keep
+    PostgreSQL from dropping the test database."""
+    yield
+    LISTENER.stop()
 
 
 def logged(task) -> list[tuple[int, str, int | None]]:
