@@ -59,8 +59,6 @@ from backend.tasks.models import (
 )
 from backend.tasks.turn_events import (
     announce_ended_turns,
-    announce_turn_outcome,
-    cancelled_turns,
 )
 from backend.tasks.wakeups import announce_pending
 
@@ -512,9 +510,7 @@ def cancel_task(*, task: Task) -> Task:
         )
         task.status = TaskStatus.CANCELLED
         task.save(update_fields=["status", "updated_at"])
-        announce_ended_turns(
-            task=task, turns=cancelled_turns(task=task, cancelled_at=now), occurred_at=now
-        )
+        announce_ended_turns(task=task, turns=stopped, occurred_at=now)
     return task
 
 
@@ -782,7 +778,7 @@ def record_result(
             task_id=task.pk, events=[task_events.finished_event(turn) for turn in finished]
         )
         refresh_task_status(task=task)
-        announce_turn_outcome(task=task, subtask=subtask, occurred_at=now)
+        announce_ended_turns(task=task, turns=finished, occurred_at=now)
     return subtask
 
 

@@ -192,7 +192,7 @@ def test_one_query_for_an_owner_without_endpoints(user, django_assert_num_querie
 def test_delivery_creation_takes_constant_queries(
     user, pipeline_bots, django_assert_num_queries, turns
 ):
-    from backend.tasks.turn_events import announce_ended_turns, cancelled_turns
+    from backend.tasks.turn_events import announce_ended_turns
 
     create_endpoint(owner=user, url=URL)
     create_endpoint(owner=user, url=URL + "/2")
@@ -202,7 +202,9 @@ def test_delivery_creation_takes_constant_queries(
     # The endpoints, the cancelled turns, the insert.
     with django_assert_num_queries(3):
         announce_ended_turns(
-            task=task, turns=cancelled_turns(task=task, cancelled_at=now), occurred_at=now
+            task=task,
+            turns=task.subtasks.filter(role="ASSISTANT", status="CANCELLED", finished_at=now),
+            occurred_at=now,
         )
     assert WebhookDelivery.objects.count() == 2 * turns
 
