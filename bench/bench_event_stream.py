@@ -6,9 +6,10 @@ Run from the repository root (PostgreSQL is the target; SQLite works for compari
 
 Baton runs under gunicorn (2 processes, each with a thread per listener, since the kernel may
 hand either process every connection, and 10 more for the API; BATON_MAX_EVENT_STREAMS set to
-match) on a throwaway database. Each open stream
-holds a database connection: PostgreSQL's `max_connections` (100 by default) bounds the
-listeners a benchmark, and a deployment, can have.
+match) on a throwaway database. On PostgreSQL a stream holds a database connection only until
+it has caught up (then its process's feed reads for it), so the listeners connect 16 at a time.
+The listeners are coroutines on one event loop in this process, reading the raw chunked
+responses: a thread per listener would spend this machine's two cores on the clients.
 `--tasks` (8) tasks, each with `--listeners` / tasks clients following
 `GET /api/tasks/{id}/events/` (200 in all), and one worker per task that claims its turn and
 posts `--reports` progress reports (`POST /api/executor/subtasks/{id}/progress/`, one every
@@ -19,12 +20,14 @@ posts `--reports` progress reports (`POST /api/executor/subtasks/{id}/progress/`
 - Exactly once: each listener's event ids are checked to run 1, 2, 3, … with no gap and no
   duplicate, and every report reaches every listener of its task.
 - Idle cost: with every listener connected and nothing happening, the CPU time the gunicorn
-  processes use over `--idle-seconds` (streams look for new events every 50 ms).
+  processes use over `--idle-seconds`.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -41,41 +44,58 @@ from bench._django import bench_database  # noqa: E402
 from bench._live import LiveBaton, live_baton, server_cpu_seconds  # noqa: E402
 
 SERVER_PROCESSES = 2
-# A listener reads for as long as the benchmark runs.
-STREAM_TIMEOUT = httpx.Timeout(10.0, read=3600.0)
+CONNECTING_AT_ONCE = 16
 
 
-class Listener(threading.Thread):
-    """One client following a task's events; records when each progress piece arrived."""
+class Listener:
+    """One client following a task's events; records when each progress piece arrived.
+
+    Listeners are coroutines on one event loop (`Listeners`), reading the raw HTTP/1.1 chunked
+    response: 200 client threads would compete for this machine's two cores with the server
+    they measure, and so would a heavier client library per chunk."""
 
     def __init__(self, baton: LiveBaton, task_id: int) -> None:
-        super().__init__(daemon=True)
         self.baton, self.task_id = baton, task_id
         self.ids: list[int] = []
         self.pieces: dict[str, float] = {}
         self.connected = threading.Event()
-        self.stop = threading.Event()
 
-    def run(self) -> None:
-        headers = {"Authorization": f"Token {self.baton.product_token}"}
-        with (
-            httpx.Client(
-                base_url=self.baton.url, headers=headers, timeout=STREAM_TIMEOUT
-            ) as client,
-            client.stream("GET", f"/api/tasks/{self.task_id}/events/") as stream,
-        ):
-            if stream.status_code != 200:
-                raise SystemExit(f"stream answered {stream.status_code}: {stream.read()!r}")
+    async def run(self, connecting: asyncio.Semaphore) -> None:
+        """Follow the stream; `connecting` is held until the first event arrives (the server
+        has then read the task's past events and sleeps until new ones)."""
+        await connecting.acquire()
+        url = httpx.URL(self.baton.url)
+        reader, writer = await asyncio.open_connection(url.host, url.port)
+        writer.write(
+            (
+                f"GET /api/tasks/{self.task_id}/events/ HTTP/1.1\r\n"
+                f"Host: {url.host}:{url.port}\r\n"
+                f"Authorization: Token {self.baton.product_token}\r\n"
+                "Accept: text/event-stream\r\n\r\n"
+            ).encode()
+        )
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if not head.startswith(b"HTTP/1.1 200"):
+                raise SystemExit(f"stream answered {head.splitlines()[0]!r}")
+            if b"transfer-encoding: chunked" not in head.lower():
+                raise SystemExit("the stream is not chunked")
             buffer = ""
-            for chunk in stream.iter_text():
+            while True:
+                size = int((await reader.readline()).strip(), 16)
+                if size == 0:
+                    return
+                chunk = (await reader.readexactly(size + 2))[:-2]
                 now = time.monotonic()
-                self.connected.set()
-                buffer += chunk
+                buffer += chunk.decode()
                 while "\n\n" in buffer:
                     block, buffer = buffer.split("\n\n", 1)
                     self._frame(block, now)
-                if self.stop.is_set():
-                    return
+                if self.ids and not self.connected.is_set():
+                    self.connected.set()
+                    connecting.release()
+        finally:
+            writer.close()
 
     def _frame(self, block: str, now: float) -> None:
         fields = dict(
@@ -88,6 +108,33 @@ class Listener(threading.Thread):
         for piece in data.get("text", "").split(";"):
             if piece:
                 self.pieces[piece] = now
+
+
+class Listeners(threading.Thread):
+    """Every listener, on one event loop in a thread of its own."""
+
+    def __init__(self, listeners: list[Listener]) -> None:
+        super().__init__(daemon=True)
+        self.listeners = listeners
+        self.loop = asyncio.new_event_loop()
+        self.running: asyncio.Future | None = None
+
+    def run(self) -> None:
+        self.loop.run_until_complete(self._everyone())
+
+    async def _everyone(self) -> None:
+        # Listeners connect a few at a time, as clients of a real product do: a stream needs a
+        # database connection until it has caught up.
+        connecting = asyncio.Semaphore(CONNECTING_AT_ONCE)
+        self.running = asyncio.gather(*(listener.run(connecting) for listener in self.listeners))
+        with contextlib.suppress(asyncio.CancelledError):  # `stop` closes every connection
+            await self.running
+
+    def stop(self) -> None:
+        """Hang up every listener (the server then shuts down without waiting for them)."""
+        if self.running is not None:
+            self.loop.call_soon_threadsafe(self.running.cancel)
+        self.join(10)
 
 
 def work(baton: LiveBaton, index: int, reports: int, interval: float, sent: dict) -> None:
@@ -155,8 +202,8 @@ def main() -> None:
         listeners = [
             Listener(baton, task_ids[index % args.tasks]) for index in range(args.listeners)
         ]
-        for listener in listeners:
-            listener.start()
+        everyone = Listeners(listeners)
+        everyone.start()
         for listener in listeners:
             if not listener.connected.wait(60):
                 raise SystemExit("a listener did not connect")
@@ -185,8 +232,7 @@ def main() -> None:
             time.sleep(0.05)
         busy_seconds = time.monotonic() - started
         busy_cpu = (server_cpu_seconds(baton.server_pid) - before) / busy_seconds
-        for listener in listeners:
-            listener.stop.set()
+        everyone.stop()
     latencies = sorted(
         (arrived - sent[piece]) * 1000
         for listener in listeners

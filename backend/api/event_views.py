@@ -2,27 +2,28 @@
 disconnect with `Last-Event-ID`, missing nothing and getting nothing twice.
 
 The stream reads the task's event log (`backend.tasks.task_events`): first what came after the
-client's last event id, from storage, then new events as they commit: on PostgreSQL a stream
-sleeps until its process's listener hears a NOTIFY for its task (`backend.tasks.wakeups`), so an
-idle stream costs nothing but a look at its client every second; elsewhere, or while the
-listener is not connected, it looks every POLL_SECONDS. Every event's `id:` is its number in
-the task's sequence. The stream ends after BATON_EVENT_STREAM_SECONDS, or when the client
-hangs up; a client (EventSource does this by itself) reconnects with the last id it got.
-Comment lines keep idle connections open through proxies. Each stream holds one of its server
-process's request threads while it is open, so a process serves at most
-BATON_MAX_EVENT_STREAMS of them at once and answers 503 with Retry-After beyond that, keeping
-threads free for the rest of the API.
+client's last event id, from storage, then new events as they commit. On PostgreSQL, once
+caught up, a stream follows its task's feed (`backend.api.event_feeds`): one reader per process
+reads each new event once for every stream of the task, when the process's listener hears the
+task's NOTIFY (`backend.tasks.wakeups`), and the stream holds no database connection while it
+waits. Elsewhere, or while the listener is not connected, a stream reads storage every
+POLL_SECONDS itself. Every event's `id:` is its number in the task's sequence. The stream ends
+after BATON_EVENT_STREAM_SECONDS, or when the client hangs up (looked at every second); a
+client (EventSource does this by itself) reconnects with the last id it got. Comment lines
+keep idle connections open through proxies. Each stream holds one of its server process's
+request threads while it is open, so a process serves at most BATON_MAX_EVENT_STREAMS of them
+at once and answers 503 with Retry-After beyond that, keeping threads free for the rest of the
+API.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
+from contextlib import ExitStack
 
 from django.conf import settings
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection
 from django.http import HttpResponseBase, StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
@@ -33,18 +34,16 @@ from rest_framework.views import APIView
 from backend.api.artifact_serializers import ErrorOutput
 from backend.api.artifact_views import JSONErrorsNegotiation
 from backend.api.client_connection import client_still_connected
+from backend.api.event_feeds import FEEDS, Feed, read_after, sse_frame
 from backend.api.permissions import IsProductClient, authenticated_user
 from backend.api.renderers import BatonJSONRenderer
 from backend.dispatch.waiting import CLIENT_CHECK_SECONDS, LISTENER
 from backend.errors import Busy, InvalidInput
 from backend.tasks import selectors
-from backend.tasks.models import TaskEvent
 from backend.tasks.wakeups import EVENT_BELL
 
 POLL_SECONDS = 0.05
 KEEPALIVE_SECONDS = 15.0
-# Events read from storage per query while catching up.
-READ_BATCH = 200
 # What EventSource waits before it reconnects, in milliseconds.
 RECONNECT_MS = 1000
 
@@ -84,19 +83,6 @@ def _last_event_id(request: Request) -> int:
     return 0
 
 
-def sse_frame(event: TaskEvent) -> str:
-    payload = {
-        "seq": event.seq,
-        "type": event.type,
-        "task_id": event.task_id,
-        "created_at": event.created_at,
-        **event.data,
-    }
-    body = json.dumps(payload, cls=DjangoJSONEncoder, ensure_ascii=False, separators=(",", ":"))
-    # JSON has no raw line breaks, so the data is one `data:` line.
-    return f"id: {event.seq}\nevent: {event.type}\ndata: {body}\n\n"
-
-
 class _EventStream:
     """The response's content: the events, then the end of the stream. Holds one of the
     process's stream slots from its creation until the server closes the response (also when
@@ -127,37 +113,60 @@ class _EventStream:
         deadline = time.monotonic() + seconds
         last_write = time.monotonic()
         cursor = after
-        # PostgreSQL: woken by NOTIFY through the process's listener; else every POLL_SECONDS
-        # (and at once by writes of this process).
+        # PostgreSQL: once caught up, the stream reads from its task's feed, filled by the
+        # process's reader when the listener hears the task's NOTIFY; elsewhere, or while the
+        # listener is not connected, it reads storage every POLL_SECONDS (and at once on
+        # writes of this process).
         listening = connection.vendor == "postgresql" and LISTENER.start()
-        with EVENT_BELL.watch(task_id) as rung:
+        with ExitStack() as stack:
+            rung = stack.enter_context(EVENT_BELL.watch(task_id))
+            feed: Feed | None = None
             while True:
-                rung.clear()  # before the read: a ring during it is kept for the wait below
-                events = list(
-                    TaskEvent.objects.filter(task_id=task_id, seq__gt=cursor).order_by("seq")[
-                        :READ_BATCH
-                    ]
+                shared = (
+                    feed.frames_after(cursor) if feed is not None and LISTENER.connected else None
                 )
-                for event in events:
-                    yield sse_frame(event)
-                    cursor = event.seq
+                if shared is None:
+                    rung.clear()  # before the read: a ring during it is kept for the wait
+                    shared = [
+                        (event.seq, sse_frame(event)) for event in read_after(task_id, cursor)
+                    ]
+                for seq, frame in shared:
+                    yield frame
+                    cursor = seq
                 now = time.monotonic()
-                if events:
+                if shared:
                     last_write = now
+                    continue
+                if feed is None and listening and LISTENER.connected:
+                    # Caught up: the feed reads for this stream from now on, and the stream
+                    # holds no database connection while it waits.
+                    feed = stack.enter_context(FEEDS.subscribe(task_id, cursor))
+                    _release_connection()
                     continue
                 if now >= deadline or not still_connected():
                     return
                 if now - last_write >= KEEPALIVE_SECONDS:
                     yield ": keepalive\n\n"
                     last_write = now
-                pause = POLL_SECONDS
                 if listening and LISTENER.connected:
                     pause = min(
                         CLIENT_CHECK_SECONDS,
                         deadline - now,
                         KEEPALIVE_SECONDS - (now - last_write),
                     )
-                rung.wait(max(pause, 0.0))
+                    if feed is not None:
+                        feed.wait(cursor, max(pause, 0.0))
+                        continue
+                    rung.wait(max(pause, 0.0))
+                else:
+                    rung.wait(POLL_SECONDS)
+
+
+def _release_connection() -> None:
+    """Close this thread's database connection until it next needs one (never inside a
+    transaction: a test's, for one)."""
+    if not connection.in_atomic_block:
+        connection.close()
 
 
 class TaskEventsApi(APIView):

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
+from typing import Protocol
 
 from django.db import connection, transaction
 
@@ -110,39 +111,51 @@ def _wake(kinds: list[str]) -> None:
             cursor.execute("SELECT pg_notify(%s, %s)", [PENDING_CHANNEL, kind])
 
 
+class Flag(Protocol):
+    def set(self) -> None: ...
+
+
 class TaskEventBell:
     """Wakes the event streams of this process that follow a task (every one of them: each
-    listener needs every event)."""
+    listener needs every event), and the feeds that read for them (`backend.api.event_feeds`)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._streams: dict[int, set[threading.Event]] = {}
+        self._flags: dict[int, set[Flag]] = {}
 
     @contextmanager
     def watch(self, task_id: int) -> Iterator[threading.Event]:
         """A stream's flag, set by each ring for the task while the stream is inside."""
         rung = threading.Event()
-        with self._lock:
-            self._streams.setdefault(task_id, set()).add(rung)
+        self.add(task_id, rung)
         try:
             yield rung
         finally:
-            with self._lock:
-                streams = self._streams.get(task_id, set())
-                streams.discard(rung)
-                if not streams:
-                    self._streams.pop(task_id, None)
+            self.discard(task_id, rung)
+
+    def add(self, task_id: int, flag: Flag) -> None:
+        """Set `flag` on each ring for the task, until `discard`."""
+        with self._lock:
+            self._flags.setdefault(task_id, set()).add(flag)
+
+    def discard(self, task_id: int, flag: Flag) -> None:
+        with self._lock:
+            flags = self._flags.get(task_id, set())
+            flags.discard(flag)
+            if not flags:
+                self._flags.pop(task_id, None)
 
     def ring(self, task_id: int) -> None:
         with self._lock:
-            for rung in self._streams.get(task_id, ()):
-                rung.set()
+            flags = list(self._flags.get(task_id, ()))
+        for flag in flags:
+            flag.set()
 
     def ring_all(self) -> None:
         with self._lock:
-            for streams in self._streams.values():
-                for rung in streams:
-                    rung.set()
+            flags = [flag for task_flags in self._flags.values() for flag in task_flags]
+        for flag in flags:
+            flag.set()
 
 
 EVENT_BELL = TaskEventBell()

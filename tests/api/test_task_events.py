@@ -11,8 +11,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection as django_connection
 from rest_framework.authtoken.models import Token
 
+from backend.api import event_feeds
+from backend.api.event_feeds import FEEDS
 from backend.dispatch.waiting import LISTENER
 from backend.tasks import task_events
 from backend.tasks.models import TaskEvent
@@ -23,9 +26,10 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
 @pytest.fixture(autouse=True)
 def listener_stopped_after_each_test() -> Iterator[None]:
-    """A stream on PostgreSQL starts the process's listener, whose own connection would keep
-    PostgreSQL from dropping the test database."""
+    """A stream on PostgreSQL starts the process's listener and its feed reader, whose own
+    connections would keep PostgreSQL from dropping the test database."""
     yield
+    FEEDS.stop()
     LISTENER.stop()
 
 
@@ -272,3 +276,82 @@ def test_a_listener_over_http_sees_a_turn_live_and_resumes_after_dropping(
         "turn.progress",
         "turn.completed",
     ]
+
+
+def test_a_feed_hands_out_the_frames_after_a_cursor_and_says_when_it_no_longer_holds_them(
+    monkeypatch,
+):
+    monkeypatch.setattr(event_feeds, "BUFFER_EVENTS", 3)
+    feed = event_feeds.Feed(7, 2, on_ring=lambda feed: None)
+    assert feed.frames_after(2) == []
+    assert feed.frames_after(1) is None  # before the feed started: storage has it
+    feed.extend([(3, "c"), (4, "d"), (3, "c again")])  # an event read twice is kept once
+    assert feed.frames_after(2) == [(3, "c"), (4, "d")]
+    assert feed.frames_after(3) == [(4, "d")]
+    assert feed.frames_after(9) == []
+    feed.extend([(5, "e"), (6, "f")])  # holds 3 frames: 3 is let go
+    assert (feed.base, feed.head) == (3, 6)
+    assert feed.frames_after(2) is None
+    assert feed.frames_after(3) == [(4, "d"), (5, "e"), (6, "f")]
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+def test_streams_of_a_task_share_one_reader_and_hold_no_database_connection(
+    api, worker_api, product, settings
+):
+    settings.BATON_MAX_EVENT_STREAMS = 10
+    settings.BATON_EVENT_STREAM_SECONDS = 30
+    task = create(api)
+    url = f"/api/tasks/{task['id']}/events/"
+
+    def connections() -> int:
+        with django_connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            )
+            return cursor.fetchone()[0]
+
+    before = connections()
+    listeners = 6
+    got: list[list[dict]] = [[] for _ in range(listeners)]
+    caught_up = [threading.Event() for _ in range(listeners)]
+    done = [threading.Event() for _ in range(listeners)]
+
+    def listen(index: int) -> None:
+        with product.stream("GET", url) as stream:
+            assert stream.status_code == 200
+            buffer = ""
+            for chunk in stream.iter_text():
+                buffer += chunk
+                while "\n\n" in buffer:
+                    block, buffer = buffer.split("\n\n", 1)
+                    got[index].extend(parse_frames(block + "\n\n"))
+                if len(got[index]) >= 2:
+                    caught_up[index].set()
+                if len(got[index]) >= 4:
+                    done[index].set()
+                    return
+
+    threads = [threading.Thread(target=listen, args=(index,)) for index in range(listeners)]
+    for thread in threads:
+        thread.start()
+    assert all(event.wait(10) for event in caught_up)
+    deadline = time.monotonic() + 10
+    # Caught up, each stream let go of its connection: what is left is the process's
+    # listener and feed reader (and this test's own), however many streams are open.
+    while connections() > before + 2:
+        assert time.monotonic() < deadline, connections()
+        time.sleep(0.05)
+    reads = FEEDS.reads
+    [turn] = dispatch(worker_api)
+    progress(worker_api, turn, partial_text="working")
+    assert all(event.wait(10) for event in done)
+    for thread in threads:
+        thread.join(10)
+    for frames in got:
+        assert [frame["id"] for frame in frames] == [1, 2, 3, 4]
+        assert [frame["event"] for frame in frames][2:] == ["turn.claimed", "turn.progress"]
+    # Two events, six streams: the reader read once per wake-up, not once per stream.
+    assert 1 <= FEEDS.reads - reads <= 3
