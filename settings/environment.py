@@ -181,6 +181,10 @@ class BatonEnvironment(BaseModel):
         600.0, alias="BATON_WEBHOOK_BACKOFF_MAX_SECONDS", ge=0
     )
     webhook_timeout_seconds: float = Field(5.0, alias="BATON_WEBHOOK_TIMEOUT_SECONDS", gt=0, le=60)
+    # Unset: allowed in development, refused in production (`backend.webhooks.addresses`).
+    webhook_allow_private_addresses: bool | None = Field(
+        None, alias="BATON_WEBHOOK_ALLOW_PRIVATE_ADDRESSES"
+    )
 
     @property
     def history_fields_from_environment(self) -> frozenset[str]:
@@ -330,6 +334,12 @@ class BatonEnvironment(BaseModel):
     @property
     def is_production(self) -> bool:
         return self.mode is Mode.PRODUCTION
+
+    @property
+    def effective_webhook_allow_private_addresses(self) -> bool:
+        if self.webhook_allow_private_addresses is not None:
+            return self.webhook_allow_private_addresses
+        return not self.is_production
 
     @property
     def effective_log_format(self) -> LogFormat:

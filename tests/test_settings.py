@@ -46,6 +46,16 @@ def test_production_defaults_are_strict():
     assert env.effective_debug is False
     assert env.effective_allowed_hosts == []
     assert env.effective_secret_key == "x" * 50
+    assert env.effective_webhook_allow_private_addresses is False
+
+
+def test_webhooks_reach_private_addresses_in_development_or_when_set():
+    assert load_environment({}).effective_webhook_allow_private_addresses is True
+    production = {"BATON_ENV": "production", "SECRET_KEY": "x" * 50}
+    allowed = load_environment({**production, "BATON_WEBHOOK_ALLOW_PRIVATE_ADDRESSES": "true"})
+    assert allowed.effective_webhook_allow_private_addresses is True
+    refused = load_environment({"BATON_WEBHOOK_ALLOW_PRIVATE_ADDRESSES": "false"})
+    assert refused.effective_webhook_allow_private_addresses is False
 
 
 @pytest.mark.parametrize(

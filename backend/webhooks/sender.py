@@ -27,6 +27,11 @@ from django.db.models import F
 from django.utils import timezone
 
 from backend.events import log_event
+from backend.webhooks.addresses import (
+    BlockedAddress,
+    PublicOnlyTransport,
+    private_addresses_allowed,
+)
 from backend.webhooks.models import DeliveryStatus, WebhookDelivery
 from backend.webhooks.services import signature_header
 
@@ -132,7 +137,7 @@ def post(
             headers=headers,
             timeout=settings.BATON_WEBHOOK_TIMEOUT_SECONDS,
         )
-    except (httpx.HTTPError, httpx.InvalidURL) as error:
+    except (httpx.HTTPError, httpx.InvalidURL, BlockedAddress) as error:
         return None, type(error).__name__
     return response.status_code, ""
 
@@ -192,5 +197,7 @@ def deliver_due(
 
 def http_client() -> httpx.Client:
     """The sender's client: no redirects followed (a 3xx is a failed attempt), no proxies from
-    the environment."""
-    return httpx.Client(follow_redirects=False, trust_env=False)
+    the environment, and no connection to a private address unless
+    BATON_WEBHOOK_ALLOW_PRIVATE_ADDRESSES (`backend.webhooks.addresses`)."""
+    transport = None if private_addresses_allowed() else PublicOnlyTransport()
+    return httpx.Client(follow_redirects=False, trust_env=False, transport=transport)

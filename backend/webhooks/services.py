@@ -13,6 +13,7 @@ import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from urllib.parse import urlsplit
 
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
@@ -21,6 +22,7 @@ from django.db.models import Q
 from django.urls import reverse
 
 from backend.errors import InvalidInput
+from backend.webhooks.addresses import is_public, literal_address, private_addresses_allowed
 from backend.webhooks.models import (
     ALL_EVENT_TYPES,
     URL_MAX_LENGTH,
@@ -79,6 +81,13 @@ def _validated_url(url: str) -> str:
         _url_validator(url)
     except ValidationError:
         raise InvalidInput("url must be an http:// or https:// URL.", field="url") from None
+    address = literal_address(urlsplit(url).hostname or "")
+    if address is not None and not private_addresses_allowed() and not is_public(address):
+        raise InvalidInput(
+            "url must reach a public address: webhooks are not sent to loopback, private or "
+            "link-local addresses (BATON_WEBHOOK_ALLOW_PRIVATE_ADDRESSES).",
+            field="url",
+        )
     return url
 
 
