@@ -192,6 +192,7 @@ BATON_WEBHOOK_MAX_ATTEMPTS = BATON.webhook_max_attempts
 BATON_WEBHOOK_BACKOFF_SECONDS = BATON.webhook_backoff_seconds
 BATON_WEBHOOK_BACKOFF_MAX_SECONDS = BATON.webhook_backoff_max_seconds
 BATON_WEBHOOK_TIMEOUT_SECONDS = BATON.webhook_timeout_seconds
+BATON_PUBLIC_URL = BATON.public_url
 BATON_WEBHOOK_ALLOW_PRIVATE_ADDRESSES = BATON.effective_webhook_allow_private_addresses
 
 REST_FRAMEWORK = {

@@ -181,6 +181,9 @@ class BatonEnvironment(BaseModel):
         600.0, alias="BATON_WEBHOOK_BACKOFF_MAX_SECONDS", ge=0
     )
     webhook_timeout_seconds: float = Field(5.0, alias="BATON_WEBHOOK_TIMEOUT_SECONDS", gt=0, le=60)
+    # Where products reach this service (scheme, host and any path prefix, e.g.
+    # https://baton.example.com): links in webhook bodies start with it. Unset: they are paths.
+    public_url: str | None = Field(None, alias="BATON_PUBLIC_URL")
     # Unset: allowed in development, refused in production (`backend.webhooks.addresses`).
     webhook_allow_private_addresses: bool | None = Field(
         None, alias="BATON_WEBHOOK_ALLOW_PRIVATE_ADDRESSES"
@@ -292,6 +295,18 @@ class BatonEnvironment(BaseModel):
         if self.s3_region is not None:
             options["region_name"] = self.s3_region
         return {**options, **(self.artifact_storage_options or {})}
+
+    @field_validator("public_url", mode="before")
+    @classmethod
+    def _public_url_is_a_base(cls, value: object) -> object:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        if not isinstance(value, str):
+            return value
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+            raise ValueError("must be an http:// or https:// URL such as https://baton.example.com")
+        return value.strip().rstrip("/")
 
     @field_validator("proxy_ssl_header", mode="before")
     @classmethod

@@ -49,6 +49,26 @@ def test_production_defaults_are_strict():
     assert env.effective_webhook_allow_private_addresses is False
 
 
+@pytest.mark.parametrize(
+    ("value", "public_url"),
+    [
+        ("https://baton.example.com/", "https://baton.example.com"),
+        ("http://10.0.0.2:8000/baton", "http://10.0.0.2:8000/baton"),
+        ("", None),
+    ],
+)
+def test_the_public_url_is_a_base_without_a_trailing_slash(value, public_url):
+    assert load_environment({"BATON_PUBLIC_URL": value}).public_url == public_url
+
+
+@pytest.mark.parametrize(
+    "value", ["baton.example.com", "ftp://baton.example.com", "https://x/?a=1"]
+)
+def test_a_public_url_that_is_not_a_base_is_refused(value):
+    with pytest.raises(ConfigurationError, match="BATON_PUBLIC_URL"):
+        load_environment({"BATON_PUBLIC_URL": value})
+
+
 def test_webhooks_reach_private_addresses_in_development_or_when_set():
     assert load_environment({}).effective_webhook_allow_private_addresses is True
     production = {"BATON_ENV": "production", "SECRET_KEY": "x" * 50}

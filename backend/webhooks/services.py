@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from urllib.parse import urlsplit
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
@@ -127,8 +128,10 @@ def delete_endpoint(*, endpoint: WebhookEndpoint) -> None:
 def _payload(
     *, event: str, task_id: int, turn: EndedTurn, occurred_at: datetime
 ) -> dict[str, object]:
-    task_url = reverse("task-detail", kwargs={"task_id": task_id})
-    turns_url = reverse("task-subtasks", kwargs={"task_id": task_id})
+    # Absolute with BATON_PUBLIC_URL (a body is sent outside any request, so no host is known).
+    base = settings.BATON_PUBLIC_URL or ""
+    task_url = base + reverse("task-detail", kwargs={"task_id": task_id})
+    turns_url = base + reverse("task-subtasks", kwargs={"task_id": task_id})
     return {
         "id": event_id(subtask_id=turn.subtask_id, event_type=event),
         "type": event,

@@ -60,7 +60,10 @@ def test_completion_is_announced_once_with_a_small_payload(user):
         turn.message_id,
     )
     assert (payload["status"], payload["error_code"], payload["bot"]) == ("COMPLETED", "", "codex")
-    assert payload["links"]["task"] == f"/api/tasks/{task.pk}/"
+    assert payload["links"] == {
+        "task": f"/api/tasks/{task.pk}/",
+        "turn": f"/api/tasks/{task.pk}/subtasks/?after={turn.message_id - 1}&page_size=1",
+    }
     assert "secret answer" not in str(payload)
     assert "Run the tests" not in str(payload)
 
@@ -258,3 +261,16 @@ def test_a_turn_a_follow_up_stops_is_announced_as_cancelled(
     [delivery] = WebhookDelivery.objects.all()
     assert (delivery.event_type, delivery.subtask_id) == ("turn.cancelled", claimed.subtask.pk)
     assert (delivery.payload["status"], delivery.payload["error_code"]) == (status, error_code)
+
+
+def test_links_start_with_the_public_url_when_one_is_set(user, settings):
+    settings.BATON_PUBLIC_URL = "https://baton.example.com/agents"
+    create_endpoint(owner=user, url=URL)
+    task = answered_task(owner=user)
+    [delivery] = WebhookDelivery.objects.all()
+    assert delivery.payload["links"]["task"] == (
+        f"https://baton.example.com/agents/api/tasks/{task.pk}/"
+    )
+    assert delivery.payload["links"]["turn"].startswith(
+        f"https://baton.example.com/agents/api/tasks/{task.pk}/subtasks/?after="
+    )
