@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
 from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -27,13 +29,22 @@ from backend.api.executor_serializers import (
     ResultOutput,
     ValueUploadOutput,
 )
+from backend.api.links import artifact_download_urls
 from backend.api.permissions import IsExecutorWorker, authenticated_user
 from backend.dispatch import claims, leases, reports, waiting
 from backend.dispatch.payload import ClaimedTurn
 from backend.tasks.models import Subtask, SubtaskKind
 
+# How DRF writes a datetime (the API's one format).
+_DATETIME = serializers.DateTimeField()
 
-def _turn_payload(turn: ClaimedTurn, *, heartbeat_interval: int) -> dict[str, Any]:
+
+def _turn_payload(
+    turn: ClaimedTurn, *, heartbeat_interval: int, download_url: Callable[[str], str]
+) -> dict[str, Any]:
+    """The turn as `DispatchedTurnOutput` describes it, built as plain data: a manifest lists a
+    file per earlier turn, and a serializer per entry costs more than the rest of the answer
+    (tests check the two agree)."""
     subtask = turn.subtask
     bot = turn.bot
     return {
@@ -69,7 +80,19 @@ def _turn_payload(turn: ClaimedTurn, *, heartbeat_interval: int) -> dict[str, An
         },
         "prompt": turn.prompt.build.text,
         "prompt_report": turn.prompt.build.report.to_dict(),
-        "artifacts": turn.manifest,
+        "artifacts": [
+            {
+                "id": entry.id,
+                "sha256": entry.sha256,
+                "kind": entry.kind,
+                "size_bytes": entry.size_bytes,
+                "size_chars": entry.size_chars,
+                "size_lines": entry.size_lines,
+                "path": entry.workspace_path,
+                "download_url": download_url(entry.id),
+            }
+            for entry in turn.manifest
+        ],
         "native_session_id": turn.session.session_id if turn.session else "",
         "native_session": (
             {
@@ -83,7 +106,7 @@ def _turn_payload(turn: ClaimedTurn, *, heartbeat_interval: int) -> dict[str, An
         "resume_prompt": turn.resume.build.text if turn.resume else None,
         "resume_prompt_report": turn.resume.build.report.to_dict() if turn.resume else None,
         "resume_reason": turn.resume_reason,
-        "lease_expires_at": subtask.lease_expires_at,
+        "lease_expires_at": _DATETIME.to_representation(subtask.lease_expires_at),
         "heartbeat_interval_seconds": heartbeat_interval,
     }
 
@@ -122,16 +145,21 @@ class DispatchApi(ExecutorApi):
             still_connected=client_still_connected(request),
         )
         interval = leases.heartbeat_interval_seconds()
-        turns = [_turn_payload(turn, heartbeat_interval=interval) for turn in claimed]
+        urls = artifact_download_urls(request=request)
+        turns = [
+            _turn_payload(turn, heartbeat_interval=interval, download_url=urls) for turn in claimed
+        ]
         next_ready = (
             None
             if turns
             else claims.next_ready_in_seconds(kinds=data["kinds"], worker_id=data["worker_id"])
         )
-        output = DispatchOutput(
-            {"turns": turns, "next_ready_in_seconds": next_ready}, context={"request": request}
+        return Response(
+            {
+                "turns": turns,
+                "next_ready_in_seconds": None if next_ready is None else float(next_ready),
+            }
         )
-        return Response(output.data)
 
 
 class HeartbeatBatchApi(ExecutorApi):

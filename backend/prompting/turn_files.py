@@ -28,6 +28,7 @@ omission notice shows after the transcript's pointer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from backend.prompting.addressing import count_lines
@@ -49,6 +50,9 @@ _ESCAPES: dict[int, str] = {
     0x2028: "\\u2028",
     0x2029: "\\u2029",
 }
+
+
+_NEEDS_ESCAPE = re.compile("[" + re.escape("".join(map(chr, _ESCAPES))) + "]")
 
 
 def turn_file_path(message_id: int) -> str:
@@ -104,4 +108,5 @@ def first_line(text: str) -> str:
 
 
 def _field(value: str) -> str:
-    return value.translate(_ESCAPES)
+    # Most fields hold nothing to escape, and a search is much cheaper than a translation.
+    return value.translate(_ESCAPES) if _NEEDS_ESCAPE.search(value) else value

@@ -9,10 +9,16 @@ can read them.
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
+from django.core.serializers.json import DjangoJSONEncoder
+from rest_framework.request import Request
+from rest_framework.test import APIRequestFactory
 
+from backend.api import executor_views
+from backend.api.executor_serializers import DispatchOutput
 from backend.artifacts.models import Artifact
 from backend.prompting import history_files_note
 from backend.prompting.addressing import count_lines
@@ -155,3 +161,40 @@ def test_only_the_owner_and_the_worker_holding_the_turn_read_the_history_files(
     report(worker_api, turn, result={"value": "done"})
     for entry in entries:
         assert download(worker_api, entry)[0] == 404
+
+
+def test_the_dispatch_answer_is_what_its_serializer_describes(api, worker_api, monkeypatch):
+    """The answer is built as plain data (a manifest lists a file per earlier turn): it is
+    exactly what `DispatchOutput` makes of the same turn, download URLs and dates included."""
+    set_code_policy(max_messages=2)
+    task = create(api)
+    built = []
+    plain_payload = executor_views._turn_payload
+
+    def keeping(turn, **kwargs):
+        payload = plain_payload(turn, **kwargs)
+        built.append((turn, payload))
+        return payload
+
+    monkeypatch.setattr(executor_views, "_turn_payload", keeping)
+    answered = converse(
+        api,
+        worker_api,
+        task,
+        [{"result": {"value": "Looked."}}, {"result": {"value": LONG_ANSWER}}],
+    )
+    claimed, payload = built[-1]
+    assert len(answered["artifacts"]) >= 5  # spilled answer, transcript, index, turn files
+    described = {
+        **payload,
+        "artifacts": claimed.manifest,
+        "lease_expires_at": claimed.subtask.lease_expires_at,
+    }
+    request = Request(APIRequestFactory().post("/api/executor/dispatch/"))
+    serialized = DispatchOutput(
+        {"turns": [described], "next_ready_in_seconds": None}, context={"request": request}
+    ).data
+    assert json.loads(json.dumps(serialized, cls=DjangoJSONEncoder)) == {
+        "turns": [answered],
+        "next_ready_in_seconds": None,
+    }

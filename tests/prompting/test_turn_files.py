@@ -4,6 +4,8 @@ that names them in the omission notice."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from backend.prompting import (
     ArtifactPointer,
@@ -17,6 +19,7 @@ from backend.prompting import (
     escape_content,
     make_preview,
     parse_prompt,
+    turn_files,
 )
 from backend.prompting.turn_files import (
     FIRST_LINE_MAX_CHARS,
@@ -97,3 +100,11 @@ def test_the_notice_names_the_history_files_and_reads_back() -> None:
     assert escape_content(history_files_note()) == "\\" + history_files_note()
     with pytest.raises(PromptParseError):
         parse_prompt(build.text.replace(history_files_note(), "[note: elsewhere]"))
+
+
+@settings(max_examples=300)
+@given(st.text())
+def test_a_field_is_escaped_exactly_when_it_holds_a_character_to_escape(value):
+    escaped = turn_files._field(value)
+    assert escaped == value.translate(turn_files._ESCAPES)
+    assert len(escaped.splitlines()) <= 1 and "\t" not in escaped
