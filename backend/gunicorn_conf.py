@@ -7,11 +7,19 @@ keep them cheap while Baton's views stay plain synchronous Django. gthread keeps
 alive between requests; a body Baton refused unread (413, `backend.api.body_limits`) is
 drained by gunicorn up to 64 KiB and a few seconds, else the connection is closed.
 
-`--bind`, `--workers` and `--threads` come from the command line (the Makefile). Every log
-line, gunicorn's own and its access log, is one JSON object (`backend.log_format`).
+Each process runs BATON_WEB_THREADS threads for requests plus one per task event stream it may
+serve (BATON_MAX_EVENT_STREAMS), so listeners never take the threads the rest of the API needs
+(a stream beyond the limit is answered 503). `--bind` and `--workers` come from the command line
+(the Makefile). Every log line, gunicorn's own and its access log, is one JSON object
+(`backend.log_format`).
 """
 
+import os
+
 worker_class = "gthread"
+threads = int(os.environ.get("BATON_WEB_THREADS", "8")) + int(
+    os.environ.get("BATON_MAX_EVENT_STREAMS", "32")
+)
 # Under gthread `timeout` bounds a worker process's silence, not a request: a slow request
 # keeps its thread, and the process still checks in.
 timeout = 30

@@ -91,7 +91,7 @@ class BatonEnvironment(BaseModel):
     max_queued_messages: int = Field(20, alias="BATON_MAX_QUEUED_MESSAGES", ge=1)
     # Task event streams (Server-Sent Events): how many one server process serves at once (each
     # holds a request thread), and how long one stays open before the client reconnects.
-    max_event_streams: int = Field(4, alias="BATON_MAX_EVENT_STREAMS", ge=1)
+    max_event_streams: int = Field(32, alias="BATON_MAX_EVENT_STREAMS", ge=1)
     event_stream_seconds: float = Field(300.0, alias="BATON_EVENT_STREAM_SECONDS", gt=0)
     artifact_store: ArtifactStore = Field(ArtifactStore.FILESYSTEM, alias="BATON_ARTIFACT_STORAGE")
     s3_bucket: str | None = Field(None, alias="BATON_S3_BUCKET")

@@ -270,3 +270,16 @@ def test_gunicorn_and_django_log_json_lines_on_stderr(production):
     [line] = found
     assert set(line) == {"time", "level", "logger", "message"}
     assert (line["level"], line["logger"]) == ("WARNING", "django.request")
+
+
+def test_each_gunicorn_process_has_threads_for_its_event_streams_besides_the_api(monkeypatch):
+    import importlib
+
+    from backend import gunicorn_conf
+
+    monkeypatch.setenv("BATON_WEB_THREADS", "8")
+    monkeypatch.setenv("BATON_MAX_EVENT_STREAMS", "32")
+    assert importlib.reload(gunicorn_conf).threads == 40
+    monkeypatch.delenv("BATON_WEB_THREADS")
+    monkeypatch.setenv("BATON_MAX_EVENT_STREAMS", "100")
+    assert importlib.reload(gunicorn_conf).threads == 108
