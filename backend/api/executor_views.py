@@ -106,7 +106,11 @@ def _turn_payload(
         "resume_prompt": turn.resume.build.text if turn.resume else None,
         "resume_prompt_report": turn.resume.build.report.to_dict() if turn.resume else None,
         "resume_reason": turn.resume_reason,
-        "lease_expires_at": _DATETIME.to_representation(subtask.lease_expires_at),
+        "lease_expires_at": (
+            _DATETIME.to_representation(subtask.lease_expires_at)
+            if subtask.lease_expires_at is not None
+            else None
+        ),
         "heartbeat_interval_seconds": heartbeat_interval,
     }
 
