@@ -143,6 +143,12 @@ class EventFeeds:
                     del self._feeds[task_id]
                     EVENT_BELL.discard(task_id, feed)
 
+    @property
+    def reading(self) -> bool:
+        """Whether the reader thread runs: a stream whose feed has no reader reads storage."""
+        thread = self._thread
+        return thread is not None and thread.is_alive()
+
     def stop(self) -> None:
         """End the reader and close its connection (a test database is about to be dropped)."""
         with self._lock:
@@ -186,6 +192,11 @@ class EventFeeds:
                         connection.close()
                         self._ring(feed)
                         self._stop.wait(RETRY_SECONDS)
+        except BaseException as error:
+            # A bug, not the database: the thread ends, its streams read storage themselves,
+            # and the next new feed starts a reader again.
+            log_event("event_feed_reader_ended", level=logging.ERROR, error=type(error).__name__)
+            raise
         finally:
             connection.close()
 

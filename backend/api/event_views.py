@@ -122,9 +122,9 @@ class _EventStream:
             rung = stack.enter_context(EVENT_BELL.watch(task_id))
             feed: Feed | None = None
             while True:
-                shared = (
-                    feed.frames_after(cursor) if feed is not None and LISTENER.connected else None
-                )
+                # The feed, while its listener and reader run; else storage.
+                following = LISTENER.connected and FEEDS.reading
+                shared = feed.frames_after(cursor) if feed is not None and following else None
                 if shared is None:
                     rung.clear()  # before the read: a ring during it is kept for the wait
                     shared = [
@@ -148,7 +148,7 @@ class _EventStream:
                 if now - last_write >= KEEPALIVE_SECONDS:
                     yield ": keepalive\n\n"
                     last_write = now
-                if listening and LISTENER.connected:
+                if listening and LISTENER.connected and (feed is None or FEEDS.reading):
                     pause = min(
                         CLIENT_CHECK_SECONDS,
                         deadline - now,

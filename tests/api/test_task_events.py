@@ -355,3 +355,45 @@ def test_streams_of_a_task_share_one_reader_and_hold_no_database_connection(
         assert [frame["event"] for frame in frames][2:] == ["turn.claimed", "turn.progress"]
     # Two events, six streams: the reader read once per wake-up, not once per stream.
     assert 1 <= FEEDS.reads - reads <= 3
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_streams_read_storage_themselves_when_their_feed_reader_has_died(
+    api, worker_api, product, settings, monkeypatch
+):
+    settings.BATON_EVENT_STREAM_SECONDS = 30
+    FEEDS.stop()
+
+    def broken(feed):
+        raise RuntimeError("a bug in the reader")
+
+    monkeypatch.setattr(FEEDS, "_read", broken)
+    task = create(api)
+    got: list[dict] = []
+    three = threading.Event()
+
+    def listen() -> None:
+        with product.stream("GET", f"/api/tasks/{task['id']}/events/") as stream:
+            buffer = ""
+            for chunk in stream.iter_text():
+                buffer += chunk
+                while "\n\n" in buffer:
+                    block, buffer = buffer.split("\n\n", 1)
+                    got.extend(parse_frames(block + "\n\n"))
+                if len(got) >= 3:
+                    three.set()
+                    return
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    deadline = time.monotonic() + 10
+    while len(got) < 2 or FEEDS.reading:  # caught up, subscribed, and the reader is gone
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    dispatch(worker_api)
+    assert three.wait(10)
+    listener.join(10)
+    assert [frame["event"] for frame in got] == ["turn.created", "turn.created", "turn.claimed"]
