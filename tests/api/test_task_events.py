@@ -15,7 +15,7 @@ from django.db import connection as django_connection
 from rest_framework.authtoken.models import Token
 
 from backend.api import event_feeds
-from backend.api.event_feeds import FEEDS
+from backend.api.event_feeds import FEEDS, sse_frame
 from backend.dispatch.waiting import LISTENER
 from backend.tasks import task_events
 from backend.tasks.models import TaskEvent
@@ -152,6 +152,13 @@ def test_long_progress_text_goes_by_reference(api, worker_api):
     assert event.data["text_omitted_chars"] == 500
     assert len(event.data["events"][0]["text"]) == task_events.EVENT_TEXT_CHARS
     assert len(json.dumps(event.data)) < 10_000
+    # Its frame names where the whole partial text is: the turn's page of the task's turns.
+    frame = parse_frames(sse_frame(event))[0]
+    assert frame["partial_text_url"] == (
+        f"/api/tasks/{task['id']}/subtasks/?after={turn['message_id'] - 1}&page_size=1"
+    )
+    page = api.get(frame["partial_text_url"]).json()
+    assert [row["partial_text"] for row in page["results"]] == [text]
 
 
 @pytest.mark.django_db(transaction=True)
