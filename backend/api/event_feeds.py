@@ -1,20 +1,22 @@
 """Shared readers for live event streams: one read per server process and task, whatever the
 number of streams that follow the task.
 
-On PostgreSQL, with the process's listener connected (`backend.dispatch.waiting.LISTENER`), a
-stream that has caught up subscribes to its task's feed and lets go of its database
-connection. The feed is filled by one reader thread per process, with a connection of its own:
-woken by the task's bell (a NOTIFY the listener heard, a write of this process, or the listener
-reconnecting), it reads the events after the newest it holds, renders each as an SSE frame once,
-and wakes every subscribed stream, which sends the frames after its own cursor. So a process
-with 200 open streams holds one connection for them (besides the listener's), makes one query
-per task per wake-up and encodes each event once.
+A stream that has caught up subscribes to its task's feed; on PostgreSQL it also lets go of its
+database connection. The feed is filled by one reader thread per process, with a connection of
+its own: woken by the task's bell (a NOTIFY the process's listener heard — see
+`backend.dispatch.waiting.LISTENER` —, a write of this process, or the listener reconnecting),
+or every POLL_SECONDS where no NOTIFY comes (SQLite, or PostgreSQL while the listener is away),
+it reads the events after the newest it holds, renders each as an SSE frame once, and wakes
+every subscribed stream, which sends the frames after its own cursor. So a process with 200
+open streams holds one connection for them (besides the listener's), makes one query per task
+per wake-up and encodes each event once.
 
 A feed keeps the last BUFFER_EVENTS frames it read. A stream whose cursor is older than what
 the feed holds (it joined with an older cursor, or fell far behind) reads the gap from storage
 itself; the feed never skips an event (each read takes everything after the newest it holds,
 and the log commits in number order), so a stream that reads from it sees no gap and no
-duplicate.
+duplicate. While the reader is not running (it ended on a bug), streams read storage
+themselves.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import bisect
 import json
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,13 +35,16 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connection
 from django.urls import reverse
 
+from backend.dispatch.waiting import LISTENER
 from backend.events import log_event
-from backend.tasks.models import TaskEvent
+from backend.tasks.models import Task, TaskEvent
 from backend.tasks.wakeups import EVENT_BELL
 
 BUFFER_EVENTS = 1000
 # Events read from storage per query.
 READ_BATCH = 200
+# How often the reader reads every feed when no NOTIFY tells it of new events.
+POLL_SECONDS = 0.05
 # Pause before the reader reads again after a database error.
 RETRY_SECONDS = 1.0
 
@@ -186,27 +192,37 @@ class EventFeeds:
         self._thread.start()
 
     def _run(self) -> None:
+        next_look = time.monotonic()
         try:
             while not self._stop.is_set():
-                self._wake.wait()
+                # Without a listener to hear other processes' NOTIFY (SQLite, or PostgreSQL
+                # while it reconnects), the reader looks every POLL_SECONDS for feeds whose
+                # task has numbered events past what they hold.
+                # (Rings for this process's own writes do not put the look off.)
+                notified = connection.vendor == "postgresql" and LISTENER.connected
+                self._wake.wait(None if notified else max(next_look - time.monotonic(), 0.0))
                 self._wake.clear()
                 with self._lock:
-                    due = [self._feeds[task] for task in self._due if task in self._feeds]
+                    due = {task: self._feeds[task] for task in self._due if task in self._feeds}
                     self._due.clear()
-                for feed in due:
-                    if self._stop.is_set():
-                        break
-                    try:
+                    feeds = dict(self._feeds)
+                try:
+                    if not notified and time.monotonic() >= next_look:
+                        next_look = time.monotonic() + POLL_SECONDS
+                        if feeds:
+                            due.update(_behind(feeds))
+                    for feed in due.values():
+                        if self._stop.is_set():
+                            break
                         self._read(feed)
-                    except DatabaseError as error:  # the database went away: read again later
-                        log_event(
-                            "event_feed_read_failed",
-                            level=logging.WARNING,
-                            error=type(error).__name__,
-                        )
-                        connection.close()
-                        self._ring(feed)
-                        self._stop.wait(RETRY_SECONDS)
+                except DatabaseError as error:  # the database went away: read again later
+                    log_event(
+                        "event_feed_read_failed", level=logging.WARNING, error=type(error).__name__
+                    )
+                    connection.close()
+                    with self._lock:
+                        self._due.update(due)
+                    self._stop.wait(RETRY_SECONDS)
         except BaseException as error:
             # A bug, not the database: the thread ends, its streams read storage themselves,
             # and the next new feed starts a reader again.
@@ -222,6 +238,13 @@ class EventFeeds:
             feed.extend([(event.seq, sse_frame(event)) for event in events])
             if len(events) < READ_BATCH:
                 return
+
+
+def _behind(feeds: dict[int, Feed]) -> dict[int, Feed]:
+    """The feeds whose task has committed an event after the newest they hold: one query for
+    all of them (a task's counter is the number its next event will get)."""
+    counters = Task.objects.filter(pk__in=list(feeds)).values_list("pk", "next_event_seq")
+    return {task: feeds[task] for task, counter in counters if counter - 1 > feeds[task].head}
 
 
 FEEDS = EventFeeds()

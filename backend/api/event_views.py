@@ -2,15 +2,14 @@
 disconnect with `Last-Event-ID`, missing nothing and getting nothing twice.
 
 The stream reads the task's event log (`backend.tasks.task_events`): first what came after the
-client's last event id, from storage, then new events as they commit. On PostgreSQL, once
-caught up, a stream follows its task's feed (`backend.api.event_feeds`): one reader per process
-reads each new event once for every stream of the task, when the process's listener hears the
-task's NOTIFY (`backend.tasks.wakeups`), and the stream holds no database connection while it
-waits. Elsewhere, or while the listener is not connected, a stream reads storage every
-POLL_SECONDS itself. Every event's `id:` is its number in the task's sequence. The stream ends
-after BATON_EVENT_STREAM_SECONDS, or when the client hangs up (looked at every second); a
-client (EventSource does this by itself) reconnects with the last id it got. Comment lines
-keep idle connections open through proxies. Each stream holds one of its server process's
+client's last event id, from storage, then new events as they commit, from its task's feed
+(`backend.api.event_feeds`): one reader per process reads each new event once for every stream
+of the task — on PostgreSQL when the process's listener hears the task's NOTIFY
+(`backend.tasks.wakeups`), elsewhere every 50 ms — and on PostgreSQL the stream holds no
+database connection while it waits. Every event's `id:` is its number in the task's sequence.
+The stream ends after BATON_EVENT_STREAM_SECONDS, or when the client hangs up (looked at every
+second); a client (EventSource does this by itself) reconnects with the last id it got. Comment
+lines keep idle connections open through proxies. Each stream holds one of its server process's
 request threads while it is open, so a process serves at most BATON_MAX_EVENT_STREAMS of them
 at once and answers 503 with Retry-After beyond that, keeping threads free for the rest of the
 API.
@@ -113,18 +112,17 @@ class _EventStream:
         deadline = time.monotonic() + seconds
         last_write = time.monotonic()
         cursor = after
-        # PostgreSQL: once caught up, the stream reads from its task's feed, filled by the
-        # process's reader when the listener hears the task's NOTIFY; elsewhere, or while the
-        # listener is not connected, it reads storage every POLL_SECONDS (and at once on
-        # writes of this process).
+        # Once caught up, the stream reads from its task's feed (`event_feeds`), which the
+        # process's reader fills when its task's events commit: on PostgreSQL it hears the
+        # task's NOTIFY through the process's listener, elsewhere it looks every 50 ms. While
+        # the reader is not running, the stream reads storage itself every POLL_SECONDS (and
+        # at once on writes of this process).
         listening = connection.vendor == "postgresql" and LISTENER.start()
         with ExitStack() as stack:
             rung = stack.enter_context(EVENT_BELL.watch(task_id))
             feed: Feed | None = None
             while True:
-                # The feed, while its listener and reader run; else storage.
-                following = LISTENER.connected and FEEDS.reading
-                shared = feed.frames_after(cursor) if feed is not None and following else None
+                shared = feed.frames_after(cursor) if feed is not None and FEEDS.reading else None
                 if shared is None:
                     rung.clear()  # before the read: a ring during it is kept for the wait
                     shared = [
@@ -137,27 +135,25 @@ class _EventStream:
                 if shared:
                     last_write = now
                     continue
-                if feed is None and listening and LISTENER.connected:
-                    # Caught up: the feed reads for this stream from now on, and the stream
-                    # holds no database connection while it waits.
+                if feed is None:
+                    # Caught up: the feed reads for this stream from now on. On PostgreSQL the
+                    # stream holds no database connection while it waits.
                     feed = stack.enter_context(FEEDS.subscribe(task_id, cursor))
-                    _release_connection()
+                    if listening:
+                        _release_connection()
                     continue
                 if now >= deadline or not still_connected():
                     return
                 if now - last_write >= KEEPALIVE_SECONDS:
                     yield ": keepalive\n\n"
                     last_write = now
-                if listening and LISTENER.connected and (feed is None or FEEDS.reading):
+                if FEEDS.reading:
                     pause = min(
                         CLIENT_CHECK_SECONDS,
                         deadline - now,
                         KEEPALIVE_SECONDS - (now - last_write),
                     )
-                    if feed is not None:
-                        feed.wait(cursor, max(pause, 0.0))
-                        continue
-                    rung.wait(max(pause, 0.0))
+                    feed.wait(cursor, max(pause, 0.0))
                 else:
                     rung.wait(POLL_SECONDS)
 
