@@ -21,7 +21,6 @@ themselves.
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import threading
@@ -106,9 +105,14 @@ class Feed:
         with self._changed:
             if cursor < self.base:
                 return None
-            seqs = list(self._seqs)
-            start = bisect.bisect_right(seqs, cursor)
-            return list(zip(seqs[start:], list(self._frames)[start:], strict=True))
+            # From the newest back: a stream that keeps up wants the last few frames.
+            newer: list[tuple[int, str]] = []
+            for seq, frame in zip(reversed(self._seqs), reversed(self._frames), strict=True):
+                if seq <= cursor:
+                    break
+                newer.append((seq, frame))
+            newer.reverse()
+            return newer
 
     def wait(self, cursor: int, timeout: float) -> None:
         """Until the feed holds an event after `cursor`, or `timeout` passes."""
