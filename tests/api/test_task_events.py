@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
@@ -74,6 +74,30 @@ def read_stream(product: httpx.Client, task, **headers) -> list[dict]:
     assert response.headers["content-type"].startswith("text/event-stream")
     assert response.text.startswith("retry: ")
     return parse_frames(response.text)
+
+
+def follow(
+    client: httpx.Client,
+    url: str,
+    got: list[dict],
+    *,
+    stop_after: int,
+    headers: dict[str, str] | None = None,
+    seen: Callable[[int], object] = lambda count: None,
+) -> None:
+    """Follow a stream live, adding each frame to `got` and calling `seen` with their count,
+    until `stop_after` frames are in; then the client drops the connection."""
+    with client.stream("GET", url, headers=headers or {}) as stream:
+        assert stream.status_code == 200
+        buffer = ""
+        for chunk in stream.iter_text():
+            buffer += chunk
+            while "\n\n" in buffer:
+                block, buffer = buffer.split("\n\n", 1)
+                got.extend(parse_frames(block + "\n\n"))
+                seen(len(got))
+                if len(got) >= stop_after:
+                    return
 
 
 @pytest.fixture
@@ -251,18 +275,14 @@ def test_a_listener_over_http_sees_a_turn_live_and_resumes_after_dropping(
 
         def listen(last_event_id: int | None, stop_after: int) -> None:
             extra = {} if last_event_id is None else {"Last-Event-ID": str(last_event_id)}
-            with product.stream("GET", f"/api/tasks/{task['id']}/events/", headers=extra) as stream:
-                assert stream.status_code == 200
-                buffer = ""
-                for chunk in stream.iter_text():
-                    buffer += chunk
-                    while "\n\n" in buffer:
-                        block, buffer = buffer.split("\n\n", 1)
-                        got.extend(parse_frames(block + "\n\n"))
-                        if len(got) >= 2:
-                            two_seen.set()
-                        if len(got) >= stop_after:
-                            return  # the client drops the connection
+            follow(
+                product,
+                f"/api/tasks/{task['id']}/events/",
+                got,
+                stop_after=stop_after,
+                headers=extra,
+                seen=lambda count: count >= 2 and two_seen.set(),
+            )
 
         listener = threading.Thread(target=listen, args=(None, 3))
         listener.start()
@@ -328,19 +348,14 @@ def test_streams_of_a_task_share_one_reader_and_hold_no_database_connection(
     done = [threading.Event() for _ in range(listeners)]
 
     def listen(index: int) -> None:
-        with product.stream("GET", url) as stream:
-            assert stream.status_code == 200
-            buffer = ""
-            for chunk in stream.iter_text():
-                buffer += chunk
-                while "\n\n" in buffer:
-                    block, buffer = buffer.split("\n\n", 1)
-                    got[index].extend(parse_frames(block + "\n\n"))
-                if len(got[index]) >= 2:
-                    caught_up[index].set()
-                if len(got[index]) >= 4:
-                    done[index].set()
-                    return
+        follow(
+            product,
+            url,
+            got[index],
+            stop_after=4,
+            seen=lambda count: count >= 2 and caught_up[index].set(),
+        )
+        done[index].set()
 
     threads = [threading.Thread(target=listen, args=(index,)) for index in range(listeners)]
     for thread in threads:
@@ -383,16 +398,8 @@ def test_streams_read_storage_themselves_when_their_feed_reader_has_died(
     three = threading.Event()
 
     def listen() -> None:
-        with product.stream("GET", f"/api/tasks/{task['id']}/events/") as stream:
-            buffer = ""
-            for chunk in stream.iter_text():
-                buffer += chunk
-                while "\n\n" in buffer:
-                    block, buffer = buffer.split("\n\n", 1)
-                    got.extend(parse_frames(block + "\n\n"))
-                if len(got) >= 3:
-                    three.set()
-                    return
+        follow(product, f"/api/tasks/{task['id']}/events/", got, stop_after=3)
+        three.set()
 
     listener = threading.Thread(target=listen)
     listener.start()
