@@ -6,11 +6,11 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 HOST ?= 127.0.0.1
 PORT ?= 8000
-# `make serve`: gunicorn processes, the requests each serves at once (one per thread), and the
-# task event streams each serves at once besides them (a thread each; backend/gunicorn_conf.py).
+# `make serve`: gunicorn processes, and the requests each serves at once (one per thread);
+# each also gets a thread per event stream it may serve (BATON_MAX_EVENT_STREAMS,
+# backend/gunicorn_conf.py).
 BATON_WEB_WORKERS ?= 2
 BATON_WEB_THREADS ?= 8
-BATON_MAX_EVENT_STREAMS ?= 32
 
 .PHONY: run serve test lint format bench install install-test clean
 
@@ -51,8 +51,8 @@ serve: install
 	BATON_ENV=$${BATON_ENV:-production} $(PY) manage.py migrate --noinput
 	BATON_ENV=$${BATON_ENV:-production} $(PY) manage.py collectstatic --noinput --verbosity 0
 	BATON_ENV=$${BATON_ENV:-production} BATON_WEB_THREADS=$(BATON_WEB_THREADS) \
-	  BATON_MAX_EVENT_STREAMS=$(BATON_MAX_EVENT_STREAMS) exec $(PY) -m gunicorn backend.wsgi \
-	  --config python:backend.gunicorn_conf --bind $(HOST):$(PORT) --workers $(BATON_WEB_WORKERS)
+	  exec $(PY) -m gunicorn backend.wsgi --config python:backend.gunicorn_conf \
+	  --bind $(HOST):$(PORT) --workers $(BATON_WEB_WORKERS)
 
 test: install-test
 	@bash .ci/install-browser || echo "note: chromium/chromedriver missing and not installable here; the admin browser test will be skipped"

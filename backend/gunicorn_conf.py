@@ -16,9 +16,13 @@ serve (BATON_MAX_EVENT_STREAMS), so listeners never take the threads the rest of
 
 import os
 
+from settings.environment import BatonEnvironment
+
 worker_class = "gthread"
 threads = int(os.environ.get("BATON_WEB_THREADS", "8")) + int(
-    os.environ.get("BATON_MAX_EVENT_STREAMS", "32")
+    os.environ.get(
+        "BATON_MAX_EVENT_STREAMS", BatonEnvironment.model_fields["max_event_streams"].default
+    )
 )
 # Under gthread `timeout` bounds a worker process's silence, not a request: a slow request
 # keeps its thread, and the process still checks in.

@@ -29,15 +29,14 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connection
-from django.urls import reverse
 
 from backend.dispatch.waiting import LISTENER
 from backend.events import log_event
 from backend.tasks.models import Task, TaskEvent
 from backend.tasks.wakeups import EVENT_BELL
+from backend.webhooks.services import turn_page_path
 
 BUFFER_EVENTS = 1000
 # Events read from storage per query.
@@ -65,13 +64,6 @@ def sse_frame(event: TaskEvent) -> str:
     body = json.dumps(payload, cls=DjangoJSONEncoder, ensure_ascii=False, separators=(",", ":"))
     # JSON has no raw line breaks, so the data is one `data:` line.
     return f"id: {event.seq}\nevent: {event.type}\ndata: {body}\n\n"
-
-
-def turn_page_path(*, task_id: int, message_id: int) -> str:
-    """The page of the task's turns that holds turn `message_id` alone (a path, or a URL under
-    BATON_PUBLIC_URL)."""
-    turns = reverse("task-subtasks", kwargs={"task_id": task_id})
-    return f"{settings.BATON_PUBLIC_URL or ''}{turns}?after={message_id - 1}&page_size=1"
 
 
 def read_after(task_id: int, cursor: int) -> list[TaskEvent]:

@@ -125,13 +125,21 @@ def delete_endpoint(*, endpoint: WebhookEndpoint) -> None:
     endpoint.delete()
 
 
+def turn_page_path(*, task_id: int, message_id: int) -> str:
+    """The page of the task's turns that holds turn `message_id` alone: a path, or a URL under
+    BATON_PUBLIC_URL. Webhook bodies and event streams, written outside any request, link to a
+    turn with it."""
+    turns = reverse("task-subtasks", kwargs={"task_id": task_id})
+    return f"{settings.BATON_PUBLIC_URL or ''}{turns}?after={message_id - 1}&page_size=1"
+
+
 def _payload(
     *, event: str, task_id: int, turn: EndedTurn, occurred_at: datetime
 ) -> dict[str, object]:
     # Absolute with BATON_PUBLIC_URL (a body is sent outside any request, so no host is known).
-    base = settings.BATON_PUBLIC_URL or ""
-    task_url = base + reverse("task-detail", kwargs={"task_id": task_id})
-    turns_url = base + reverse("task-subtasks", kwargs={"task_id": task_id})
+    task_url = (settings.BATON_PUBLIC_URL or "") + reverse(
+        "task-detail", kwargs={"task_id": task_id}
+    )
     return {
         "id": event_id(subtask_id=turn.subtask_id, event_type=event),
         "type": event,
@@ -145,7 +153,7 @@ def _payload(
         "pipeline_step": turn.pipeline_step,
         "links": {
             "task": task_url,
-            "turn": f"{turns_url}?after={turn.message_id - 1}&page_size=1",
+            "turn": turn_page_path(task_id=task_id, message_id=turn.message_id),
         },
     }
 
