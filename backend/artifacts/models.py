@@ -38,6 +38,11 @@ class Artifact(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
     last_read_at = models.DateTimeField(null=True, blank=True)
+    # A composite artifact stores no file of its own: its content is its parts' contents in
+    # order (`ArtifactPart`), its sha256 the digest of their sha256s (`composite_sha256`), and
+    # its sizes their sums. A long task's transcript is one: the parts sealed once never
+    # change, so a dispatch stores only the newest part (backend.tasks.transcript_parts).
+    composite = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-created_at"]
@@ -50,3 +55,23 @@ class Artifact(models.Model):
     def workspace_path(self) -> str:
         """Where an executor finds the whole text inside its workspace."""
         return workspace_path(self.id)
+
+
+class ArtifactPart(models.Model):
+    """One part of a composite artifact, at its position (0 first)."""
+
+    composite = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="part_links")
+    # A part outlives no composite that lists it: pruning skips it while one does.
+    part = models.ForeignKey(Artifact, on_delete=models.PROTECT, related_name="composite_links")
+    position = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["composite", "position"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["composite", "position"], name="artifact_part_position_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.composite_id}[{self.position}] = {self.part_id}"

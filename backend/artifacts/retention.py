@@ -8,6 +8,8 @@ A stored file is owned by the artifact row of its sha256, and is removed only wh
 it, under the same hold on its content address that writers take (`remove_unowned_file`; see
 `backend.artifacts.services`). Files no row owns are left by rolled-back writes and crashes;
 `remove_orphan_files` sweeps them once they are older than BATON_ARTIFACT_ORPHAN_GRACE_SECONDS.
+A composite artifact owns no file (its content is its parts'): removing one removes its row and
+its part rows only.
 """
 
 from __future__ import annotations
@@ -72,7 +74,8 @@ def remove_artifacts(
     this up on commit. The stored file is removed only after the row's deletion has committed,
     and only if no row owns it by then (`remove_unowned_file`): identical content recorded again
     meanwhile keeps its file, and a crash in between leaves an orphan file for the sweep, never
-    a row without its file.
+    a row without its file. A composite has no file to remove; its part rows go with its row,
+    and its parts stay until a later selection lists them.
     """
     candidates = list(selection().values_list("id", "kind", "size_bytes"))
     if dry_run:
@@ -93,10 +96,11 @@ def remove_artifacts(
         except (ProtectedError, IntegrityError):
             logger.info("artifact %s gained a reference while pruning; kept", artifact_id)
             continue
-        try:
-            remove_unowned_file(sha256=artifact.sha256, storage_key=artifact.storage_key)
-        except Exception:  # noqa: BLE001 - the row is gone; the sweep removes the file later
-            logger.exception("artifact %s: could not delete its stored file", artifact_id)
+        if not artifact.composite:
+            try:
+                remove_unowned_file(sha256=artifact.sha256, storage_key=artifact.storage_key)
+            except Exception:  # noqa: BLE001 - the row is gone; the sweep removes the file later
+                logger.exception("artifact %s: could not delete its stored file", artifact_id)
         removed = PrunedArtifact(id=artifact_id, kind=artifact.kind, size_bytes=artifact.size_bytes)
         logger.info(
             "pruned artifact %s (%s, %d bytes)", removed.id, removed.kind, removed.size_bytes

@@ -10,17 +10,28 @@ Content is served only after the stored object has been hashed whole and matched
 recorded sha256, so a damaged or missing file is an error, never wrong bytes (docs/architecture.md,
 principle 2). The same pass finds the byte offsets of a requested line slice, so serving
 `?lines=` or a byte range costs one verifying read plus the slice itself.
+
+A composite artifact has no stored object of its own: its content is its parts' files read one
+after the other. Each part's file is hashed whole against that part's sha256, and the
+composite's sha256 against its parts' (`services.composite_sha256`), so the same guarantee holds;
+line offsets and byte ranges are found in the bytes of the whole, across the parts' boundaries.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
+import itertools
 import logging
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Protocol
 
-from backend.artifacts.models import Artifact
+from django.core.files.storage import Storage
+
+from backend.artifacts.models import Artifact, ArtifactPart
+from backend.artifacts.services import composite_sha256
 from backend.artifacts.storage import READ_CHUNK_BYTES, ArtifactIntegrityError, artifact_storage
 from backend.errors import NotFound, NotSatisfiable
 
@@ -28,6 +39,16 @@ logger = logging.getLogger(__name__)
 
 # What an executor needs to materialize an artifact in its workspace and check it.
 MANIFEST_FIELDS = ("id", "sha256", "kind", "size_bytes", "size_chars", "size_lines")
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestPart:
+    """One part of a composite file a manifest lists, or a list of more files (an executor
+    fetches it by id and checks it against its sha256)."""
+
+    id: str
+    sha256: str
+    size_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +64,8 @@ class ManifestEntry:
     size_chars: int
     size_lines: int
     workspace_path: str
+    # A composite artifact's parts, in order: the file at `workspace_path` is their bytes.
+    parts: tuple[ManifestPart, ...] | None = None
 
     @classmethod
     def of(cls, artifact: Artifact, *, workspace_path: str) -> ManifestEntry:
@@ -109,6 +132,16 @@ def manifest_artifacts(*, artifact_ids: Sequence[str]) -> list[Artifact]:
     return [by_id[artifact_id] for artifact_id in ordered_ids]
 
 
+class SeekableContent(Protocol):
+    """What `ArtifactContent` streams from: a stored file, or a composite's parts read as one."""
+
+    def seek(self, offset: int, /) -> int: ...
+
+    def read(self, size: int, /) -> bytes: ...
+
+    def close(self) -> None: ...
+
+
 class ArtifactContent:
     """Verified content, open and positioned: iterate it for the slice's bytes, then close it.
 
@@ -119,7 +152,7 @@ class ArtifactContent:
     def __init__(
         self,
         *,
-        stored: IO[bytes],
+        stored: SeekableContent,
         start: int,
         end: int,
         size_bytes: int,
@@ -169,29 +202,37 @@ def artifact_content(
     line without a trailing newline still counts. Raises LinesNotSatisfiable when `line_range`
     starts after the last line. (`storage.verified_chunks` streams from the first byte only; a
     slice needs its offsets before the response headers go out, and a seek to its start.)
+
+    A composite is served from its parts' files, every one opened and hashed whole (and its
+    parts checked against its sha256) before returning, and closed with the content; finding
+    its parts costs one query per level of nesting (none for a plain artifact).
     """
+    pieces = _stored_pieces(artifact)
     storage = artifact_storage()
+    opened: list[IO[bytes]] = []
     try:
-        stored = storage.open(artifact.storage_key, "rb")
-    except FileNotFoundError:
-        logger.error("artifact %s: content missing from storage", artifact.id)
-        raise ArtifactIntegrityError(
-            f"Artifact {artifact.id} cannot be served: its stored content is missing."
-        ) from None
-    try:
-        digest = hashlib.sha256()
         finder = _LineOffsets(line_range) if line_range is not None else None
         size = 0
-        while chunk := stored.read(READ_CHUNK_BYTES):
-            digest.update(chunk)
-            if finder is not None:
-                finder.feed(chunk, offset=size)
-            size += len(chunk)
-        if digest.hexdigest() != artifact.sha256:
-            logger.error("artifact %s: stored content fails its sha256 check", artifact.id)
-            raise ArtifactIntegrityError(
-                f"Artifact {artifact.id} cannot be served: its stored content fails its "
-                "sha256 check."
+        piece_sizes = []
+        for piece in pieces:
+            stored = _open_stored(storage, artifact=artifact, piece=piece)
+            opened.append(stored)
+            digest = hashlib.sha256()
+            piece_start = size
+            while chunk := stored.read(READ_CHUNK_BYTES):
+                digest.update(chunk)
+                if finder is not None:
+                    finder.feed(chunk, offset=size)
+                size += len(chunk)
+            if digest.hexdigest() != piece.sha256:
+                raise _integrity_error(
+                    artifact, f"{_stored_content(artifact, piece)} fails its sha256 check"
+                )
+            piece_sizes.append(size - piece_start)
+        if size != artifact.size_bytes and artifact.composite:
+            # The view resolved the byte range against the recorded size: it must be the size.
+            raise _integrity_error(
+                artifact, f"its parts hold {size} bytes, not its recorded {artifact.size_bytes}"
             )
         if finder is not None:
             start, end, lines, total_lines = finder.result(size_bytes=size, artifact_id=artifact.id)
@@ -200,16 +241,118 @@ def artifact_content(
         else:
             start, end, lines, total_lines = 0, size, None, None
     except BaseException:
-        stored.close()
+        _close_all(opened)
         raise
+    content: SeekableContent = (
+        opened[0] if len(opened) == 1 else _ConcatenatedFiles(opened, sizes=piece_sizes)
+    )
     return ArtifactContent(
-        stored=stored,
+        stored=content,
         start=start,
         end=end,
         size_bytes=size,
         lines=lines,
         total_lines=total_lines,
     )
+
+
+def _stored_pieces(artifact: Artifact) -> list[Artifact]:
+    """The artifacts whose stored files, read in order, are `artifact`'s content: the artifact
+    itself, or a composite's parts, a part that is itself a composite replaced by its own.
+
+    One query per level of nesting. Each composite's sha256 is checked against its parts'
+    (`composite_sha256`) before they are used, so parts that are not the ones it was made of
+    are an ArtifactIntegrityError, like a damaged file. (That check also rules out a cycle: a
+    composite would have to be a part of its own digest.)
+    """
+    pieces = [artifact]
+    while composites := {piece.pk: piece for piece in pieces if piece.composite}:
+        parts: dict[str, list[Artifact]] = {pk: [] for pk in composites}
+        for link in (
+            ArtifactPart.objects.filter(composite_id__in=list(composites))
+            .select_related("part")
+            .order_by("composite_id", "position")
+        ):
+            parts[link.composite_id].append(link.part)
+        for pk, composite in composites.items():
+            if composite_sha256([part.sha256 for part in parts[pk]]) != composite.sha256:
+                raise _integrity_error(
+                    artifact,
+                    "its parts do not match its sha256"
+                    if pk == artifact.pk
+                    else f"the parts of its part {pk} do not match that part's sha256",
+                )
+        pieces = [part for piece in pieces for part in parts.get(piece.pk, [piece])]
+    return pieces
+
+
+def _open_stored(storage: Storage, *, artifact: Artifact, piece: Artifact) -> IO[bytes]:
+    try:
+        stored: IO[bytes] = storage.open(piece.storage_key, "rb")
+    except FileNotFoundError:
+        raise _integrity_error(artifact, f"{_stored_content(artifact, piece)} is missing") from None
+    return stored
+
+
+def _stored_content(artifact: Artifact, piece: Artifact) -> str:
+    """How an error names a stored file of `artifact`'s: its own, or one of its parts'."""
+    if piece.pk == artifact.pk:
+        return "its stored content"
+    return f"the stored content of its part {piece.id}"
+
+
+def _integrity_error(artifact: Artifact, problem: str) -> ArtifactIntegrityError:
+    """Log why `artifact` cannot be served (with its id; never a byte of its content) and
+    return the error to raise."""
+    logger.error("artifact %s: %s", artifact.id, problem)
+    return ArtifactIntegrityError(f"Artifact {artifact.id} cannot be served: {problem}.")
+
+
+def _close_all(files: Sequence[IO[bytes]]) -> None:
+    """Close every file, even when closing one fails (the last failure is raised)."""
+    with ExitStack() as stack:
+        for file in files:
+            stack.callback(file.close)
+
+
+class _ConcatenatedFiles:
+    """A composite's part files, opened and verified, read as one: `seek` to an offset in the
+    whole, `read` across the boundaries between parts; `close` closes every part.
+
+    Only a chunk is ever in memory: a read takes what it needs from one part after another.
+    """
+
+    def __init__(self, files: Sequence[IO[bytes]], *, sizes: Sequence[int]) -> None:
+        self._files = files
+        # Where each part ends in the whole; a part starts where the one before it ends.
+        self._ends = list(itertools.accumulate(sizes))
+        self._position = 0
+
+    def seek(self, offset: int, /) -> int:
+        self._position = offset
+        return offset
+
+    def read(self, size: int, /) -> bytes:
+        chunks: list[bytes] = []
+        wanted = size
+        while wanted > 0:
+            # The first part that ends after the position (empty parts end where they start).
+            index = bisect.bisect_right(self._ends, self._position)
+            if index == len(self._files):
+                break
+            part_start = self._ends[index - 1] if index else 0
+            file = self._files[index]
+            file.seek(self._position - part_start)
+            chunk = file.read(min(wanted, self._ends[index] - self._position))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            self._position += len(chunk)
+            wanted -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        _close_all(self._files)
 
 
 class _LineOffsets:

@@ -14,6 +14,7 @@ removes (`retention.remove_orphan_files`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -22,7 +23,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from backend.artifacts.models import Artifact
+from backend.artifacts.models import Artifact, ArtifactPart
 from backend.artifacts.retention import remove_unowned_file
 from backend.artifacts.storage import (
     ArtifactIntegrityError,
@@ -131,11 +132,97 @@ def store_artifacts(texts: Sequence[ArtifactText]) -> list[Artifact]:
     return [artifacts[artifact_id_for(address.sha256)] for address in addresses]
 
 
+def composite_sha256(part_sha256s: Sequence[str]) -> str:
+    """The sha256 that names a composite of parts with these sha256s, in this order.
+
+    Distinct from the sha256 of any stored text (a prefix no text's digest input has), so a
+    composite never shares an id with a text, and two composites with the same parts in the
+    same order are one.
+    """
+    digest = hashlib.sha256(b"baton-composite-v1\n")
+    for sha256 in part_sha256s:
+        digest.update(sha256.encode("ascii") + b"\n")
+    return digest.hexdigest()
+
+
+def composite_row(parts: Sequence[Artifact], *, kind: str, task_id: int | None) -> Artifact:
+    """The (unsaved) row of the composite of `parts`: `store_composites` stores it. A part may
+    itself be a composite stored in the same batch."""
+    if not parts:
+        raise ValueError("a composite artifact needs at least one part")
+    sha256 = composite_sha256([part.sha256 for part in parts])
+    return Artifact(
+        id=artifact_id_for(sha256),
+        sha256=sha256,
+        storage_key="",
+        composite=True,
+        size_chars=sum(part.size_chars for part in parts),
+        size_bytes=sum(part.size_bytes for part in parts),
+        size_lines=sum(part.size_lines for part in parts),
+        kind=kind,
+        task_id=task_id,
+    )
+
+
+def store_composites(
+    composites: Sequence[tuple[Sequence[Artifact], str, int | None]],
+) -> list[Artifact]:
+    """Store each composite (its parts in order, its kind, its task) once; return their rows.
+
+    A composite's content is its parts' contents in order: nothing is written to storage. Its
+    sizes are the sums of its parts' (its lines too: every part but the last must end with a
+    newline). A part may be a composite of the same batch (every row is inserted before any
+    part is linked). Runs inside the caller's transaction, like `store_artifacts`, and locks
+    the rows the same way. One query for the batch when every composite exists, three when one
+    is new, however many parts.
+    """
+    rows: dict[str, tuple[Artifact, Sequence[Artifact]]] = {}
+    ordered: list[str] = []
+    for parts, kind, task_id in composites:
+        row = composite_row(parts, kind=kind, task_id=task_id)
+        ordered.append(row.pk)
+        rows.setdefault(row.pk, (row, parts))
+    # A composite that exists is locked and left as it is (a long transcript's sealed parts'
+    # composite is the same on every dispatch until a part is sealed): only new ones are
+    # inserted with their part rows, so a dispatch never rewrites a part list.
+    locked = {
+        artifact.pk: artifact
+        for artifact in Artifact.objects.select_for_update()
+        .filter(pk__in=list(rows))
+        .order_by("pk")
+    }
+    new = [row for artifact_id, (row, _) in rows.items() if artifact_id not in locked]
+    if new:
+        # A concurrent writer of the same composite wrote the same parts: conflicts are that.
+        Artifact.objects.bulk_create(new, ignore_conflicts=True)
+        ArtifactPart.objects.bulk_create(
+            [
+                ArtifactPart(composite_id=row.pk, part_id=part.pk, position=position)
+                for row in new
+                for position, part in enumerate(rows[row.pk][1])
+            ],
+            ignore_conflicts=True,
+        )
+        # Rows this transaction inserted are its own until it ends; one a concurrent writer
+        # inserted first is new too, so no prune can take it (pruning waits for age).
+        locked |= {row.pk: row for row in new}
+    for artifact_id, (row, _) in rows.items():
+        if locked[artifact_id].sha256 != row.sha256:
+            raise ArtifactIntegrityError(
+                f"artifact id {artifact_id} already names different content (sha256 prefix clash)"
+            )
+    return [locked[artifact_id] for artifact_id in ordered]
+
+
 def restore_artifact_file(*, artifact: Artifact, text: str) -> bool:
     """Write `artifact`'s file again from `text` when it is missing or damaged; True when it
-    was written. Text whose sha256 is not the artifact's is never written (False). Must run
-    inside the caller's transaction: the row is locked first, as every writer of a file does.
+    was written. Text whose sha256 is not the artifact's is never written (False), nor is
+    anything for a composite, which has no file of its own (its parts' files are their own
+    artifacts'). Must run inside the caller's transaction: the row is locked first, as every
+    writer of a file does.
     """
+    if artifact.composite:
+        return False
     address = content_address(text)
     if address.sha256 != artifact.sha256:
         return False
@@ -147,9 +234,10 @@ def restore_artifact_file(*, artifact: Artifact, text: str) -> bool:
 def locked_stored_artifact(*, sha256: str) -> Artifact | None:
     """The artifact of `sha256`, its row locked until the caller's transaction ends, when its
     stored file is whole (checked against the sha256); else None: no such row, or its file is
-    missing or damaged, which only the text itself can mend. Must run inside the caller's
+    missing or damaged, which only the text itself can mend. A composite's sha256 names no
+    stored file (it is no text's digest), so it gives None too. Must run inside the caller's
     transaction, like every writer that holds an address."""
-    artifact = Artifact.objects.select_for_update().filter(sha256=sha256).first()
+    artifact = Artifact.objects.select_for_update().filter(sha256=sha256, composite=False).first()
     if artifact is None:
         return None
     try:

@@ -354,8 +354,15 @@ def verified_chunks(*, storage_key: str, sha256: str, artifact_id: str) -> Itera
     """Check the stored content against its sha256, then yield it in chunks.
 
     The whole object is hashed before the first byte is handed out, so a corrupted artifact
-    raises ArtifactIntegrityError instead of sending wrong bytes.
+    raises ArtifactIntegrityError instead of sending wrong bytes. A composite artifact has no
+    stored object (its key is empty): it is refused with ValueError, never opened as the
+    storage's root; `selectors.artifact_content` reads it from its parts.
     """
+    if not storage_key:
+        raise ValueError(
+            f"artifact {artifact_id} has no stored object of its own (a composite artifact); "
+            "read it with artifacts.selectors.artifact_content"
+        )
     storage = artifact_storage()
     try:
         actual = stored_sha256(storage, storage_key)

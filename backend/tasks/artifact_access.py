@@ -6,6 +6,13 @@ claim on a task's turn, reads the artifacts that task's turns reference (a spill
 a turn file) and the task's transcript and turn index, and no longer once the claim ends;
 staff read them all.
 
+A task's transcript and turn index may be composite artifacts (`artifacts.models.ArtifactPart`):
+an executor fetches their parts one by one and assembles the file. So whoever may read a task's
+history files (the task's viewers, and the worker holding its turn) may also read each part of
+its current transcript or turn index, and the three artifacts of each of its sealed transcript
+parts (`TranscriptPart`: its piece of the transcript, its rows of the index, the list of its
+turn files), which the composites are made of.
+
 The rule lives with the turns because only they know who refers to what; the artifacts package
 stores content and knows nothing of tasks (dependencies point from tasks to artifacts).
 """
@@ -17,9 +24,9 @@ import copy
 from django.contrib.auth.models import User
 from django.db.models import Exists, OuterRef, Q
 
-from backend.artifacts.models import Artifact
+from backend.artifacts.models import Artifact, ArtifactPart
 from backend.errors import NotFound
-from backend.tasks.models import Subtask, SubtaskStatus, Task
+from backend.tasks.models import Subtask, SubtaskStatus, Task, TranscriptPart
 from backend.tasks.selectors import visible_tasks
 
 
@@ -27,7 +34,8 @@ def visible_artifact(*, user: User, artifact_id: str) -> Artifact:
     """The artifact, or NotFound when it does not exist or the user may not see it (one query).
 
     Staff see every artifact, including orphans whose turns are gone and that wait for
-    `prune_artifacts`; anyone else needs a visible task that produced or references it.
+    `prune_artifacts`; anyone else needs a visible task that produced or references it (see the
+    module docstring for what a task references).
     """
     artifacts = Artifact.objects.filter(pk=artifact_id)
     if not user.is_staff:
@@ -36,14 +44,31 @@ def visible_artifact(*, user: User, artifact_id: str) -> Artifact:
         claimed = Task.objects.filter(
             subtasks__claimed_by=user, subtasks__status=SubtaskStatus.RUNNING
         )
+        readable = Task.objects.filter(Q(pk__in=tasks) | Q(pk__in=claimed))
         referenced = Subtask.objects.filter(artifact_id=OuterRef("pk")).filter(
             Q(task__in=tasks) | Q(task__in=claimed)
         )
         # A task's current transcript and turn index are the task's own files.
-        history_of = Task.objects.filter(
+        history_of = readable.filter(
             Q(transcript_id=OuterRef("pk")) | Q(turn_index_id=OuterRef("pk"))
-        ).filter(Q(pk__in=tasks) | Q(pk__in=claimed))
-        artifacts = artifacts.filter(Q(task__in=tasks) | Exists(referenced) | Exists(history_of))
+        )
+        # So are the parts an executor assembles them from.
+        part_of_history = ArtifactPart.objects.filter(part_id=OuterRef("pk")).filter(
+            Q(composite_id__in=readable.values("transcript_id"))
+            | Q(composite_id__in=readable.values("turn_index_id"))
+        )
+        sealed_part = TranscriptPart.objects.filter(task__in=readable).filter(
+            Q(transcript_id=OuterRef("pk"))
+            | Q(turn_index_id=OuterRef("pk"))
+            | Q(turn_files_id=OuterRef("pk"))
+        )
+        artifacts = artifacts.filter(
+            Q(task__in=tasks)
+            | Exists(referenced)
+            | Exists(history_of)
+            | Exists(part_of_history)
+            | Exists(sealed_part)
+        )
     artifact = artifacts.first()
     if artifact is None:
         raise NotFound(f"Artifact {artifact_id} does not exist.")

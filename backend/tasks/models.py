@@ -587,6 +587,50 @@ class NativeSession(models.Model):
         return f"{self.executor} session of {self.bot} in task {self.task_id}"
 
 
+class TranscriptPart(models.Model):
+    """A sealed part of a task's transcript: a fixed number of consecutive earlier turns,
+    rendered once (backend.tasks.transcript_parts).
+
+    A part holds the next `TRANSCRIPT_PART_TURNS` turns in history after the part before it,
+    and is sealed only when every turn in its range of message ids has finished: turns in
+    history never change after that, so neither does the part. Its three artifacts are its
+    piece of the transcript, its rows of the turn index and the list of its turn files.
+    """
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="transcript_parts")
+    number = models.PositiveIntegerField()
+    first_message_id = models.PositiveIntegerField()
+    last_message_id = models.PositiveIntegerField()
+    # The message ids it shows, as inclusive runs [[first, last], ...] (a cancelled turn
+    # between two shown ones splits a run).
+    message_runs = models.JSONField()
+    turns = models.PositiveIntegerField()
+    # Of those, how many are the user's and the assistants': a history's totals (the omission
+    # notice's counts) add these up instead of counting every turn again.
+    users = models.PositiveIntegerField()
+    assistants = models.PositiveIntegerField()
+    # What it was rendered with: a part rendered otherwise is never used (and is replaced).
+    is_group_chat = models.BooleanField()
+    multi_bot = models.BooleanField()
+    builder_version = models.CharField(max_length=32)
+    transcript = models.ForeignKey("artifacts.Artifact", on_delete=models.PROTECT, related_name="+")
+    turn_index = models.ForeignKey("artifacts.Artifact", on_delete=models.PROTECT, related_name="+")
+    turn_files = models.ForeignKey("artifacts.Artifact", on_delete=models.PROTECT, related_name="+")
+    # Each of the three as [id, sha256, size_bytes, size_chars, size_lines]: a dispatch reads
+    # every part of its task, and this copy spares it three joins per part.
+    pieces = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["task_id", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "number"], name="transcript_part_number")
+        ]
+
+    def __str__(self) -> str:
+        return f"part {self.number} of task {self.task_id}'s transcript"
+
+
 class QueuedMessage(models.Model):
     """A follow-up that arrived while a turn of its task ran (strategy `enqueue`).
 
