@@ -33,7 +33,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import httpx
 from pydantic import BaseModel, ConfigDict
@@ -96,6 +96,16 @@ class BotConfigPayload(_Payload):
     pipeline_length: int = 1
 
 
+class ArtifactPartRef(_Payload):
+    """One artifact a worker fetches by itself: a part of a composite file, or an artifact
+    list (manifest version 2)."""
+
+    id: str
+    sha256: str
+    size_bytes: int
+    download_url: str
+
+
 class ArtifactEntry(_Payload):
     id: str
     sha256: str
@@ -105,6 +115,34 @@ class ArtifactEntry(_Payload):
     size_lines: int
     path: str
     download_url: str
+    # A composite file (manifest version 2): the file at `path` is these parts' bytes, in
+    # order; `sha256` then names the composite, not the file's bytes, and `size_bytes` is
+    # the parts' total.
+    parts: list[ArtifactPartRef] | None = None
+
+
+class ListedArtifact(_Payload):
+    """One file of an artifact list: a manifest entry whose download URL the dispatch's
+    `artifact_url_template` gives."""
+
+    id: str
+    sha256: str
+    kind: str
+    size_bytes: int
+    size_chars: int
+    size_lines: int
+    path: str
+
+    def entry(self, *, artifact_url_template: str) -> ArtifactEntry:
+        # Quoted: whatever the id holds, the URL names that one artifact.
+        download_url = artifact_url_template.replace("{id}", quote(self.id, safe=""))
+        return ArtifactEntry(**self.model_dump(), download_url=download_url)
+
+
+class ArtifactList(_Payload):
+    """The document an artifact list holds (UTF-8 JSON): more files of the manifest."""
+
+    files: list[ListedArtifact]
 
 
 class NativeSessionPayload(_Payload):
@@ -127,7 +165,13 @@ class DispatchedTurn(_Payload):
     bot_config: BotConfigPayload
     prompt: str
     prompt_report: dict[str, Any] = {}
+    # 1: every manifest file is a plain artifact. 2: `parts` and `artifact_lists` may be used.
+    manifest_version: int = 1
     artifacts: list[ArtifactEntry] = []
+    # More manifest entries, in JSON documents the worker fetches (`ArtifactList`).
+    artifact_lists: list[ArtifactPartRef] = []
+    # Any artifact's download URL, with `{id}` in place of its id ("" when unused).
+    artifact_url_template: str = ""
     native_session_id: str = ""
     # Offered when this worker holds the bot's native session: resume it with resume_prompt.
     native_session: NativeSessionPayload | None = None
@@ -313,7 +357,7 @@ class BackendClient:
         target = urljoin(self.base_url + "/", url)
         if _origin(target) != _origin(self.base_url):
             raise BackendError(f"artifact URL is not on this backend ({_origin(target)})")
-        partial = destination.with_name(f".{destination.name}.{uuid.uuid4().hex[:12]}.partial")
+        partial = partial_beside(destination)
 
         def attempt() -> None:
             digest = hashlib.sha256()
@@ -448,6 +492,12 @@ class _DispatchLine:
             return
         with suppress(OSError):  # closed already: nothing is in flight on it
             sock.shutdown(socket.SHUT_RDWR)
+
+
+def partial_beside(destination: Path) -> Path:
+    """A temporary file beside `destination`, this writer's own, to be renamed into place once
+    whole: two runs in one task's workspace may write the same file at once."""
+    return destination.with_name(f".{destination.name}.{uuid.uuid4().hex[:12]}.partial")
 
 
 def uploads_value(value: object) -> bool:

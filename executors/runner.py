@@ -141,7 +141,14 @@ class TurnRun:
         workspace = task_workspace(root=self.workspace_root, task_id=turn.task_id)
         started = time.monotonic()
         try:
-            materialize_artifacts(client=self.client, workspace=workspace, manifest=turn.artifacts)
+            materialize_artifacts(
+                client=self.client,
+                workspace=workspace,
+                manifest=turn.artifacts,
+                artifact_lists=turn.artifact_lists,
+                artifact_url_template=turn.artifact_url_template,
+                manifest_version=turn.manifest_version,
+            )
         except (ArtifactRefused, BackendError) as error:
             self.timings.artifacts_ms = (time.monotonic() - started) * 1000
             retryable = isinstance(error, BackendUnavailable)

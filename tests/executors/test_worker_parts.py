@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import select
 import threading
 import time
@@ -33,6 +34,7 @@ from executors.progress import MAX_EVENTS_PER_POST, MAX_PARTIAL_TEXT_BYTES, Prog
 from executors.runner import TurnRun
 from executors.worker import Worker
 from executors.workspace import (
+    CACHE_GRACE_SECONDS,
     ArtifactRefused,
     artifact_destination,
     materialize_artifacts,
@@ -197,7 +199,8 @@ HOLD = (0, {})
 
 
 class _Backend(BaseHTTPRequestHandler):
-    """A loopback stand-in for Baton's executor API that answers from a per-test script."""
+    """A loopback stand-in for Baton's executor API that answers from a per-test script, and
+    serves the bytes of `files` at their paths (GET)."""
 
     protocol_version = "HTTP/1.1"  # connections are kept alive, as Baton's servers keep them
 
@@ -218,7 +221,10 @@ class _Backend(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         self.server.seen.append((self.command, self.path, self.headers.get("Authorization"), body))
         self.server.peers.append(self.client_address)
-        status, payload = self.server.script.pop(0) if self.server.script else (200, {})
+        if self.command == "GET" and self.path in self.server.files:
+            status, payload = 200, self.server.files[self.path]
+        else:
+            status, payload = self.server.script.pop(0) if self.server.script else (200, {})
         if (status, payload) == HOLD:
             poller = select.poll()
             poller.register(self.connection, select.POLLRDHUP)
@@ -236,6 +242,7 @@ class _Backend(BaseHTTPRequestHandler):
 def backend() -> Iterator[ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Backend)
     server.script, server.seen, server.peers, server.hung_up = [], [], [], []
+    server.files = {}
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield server
@@ -473,6 +480,296 @@ def test_workspaces_are_per_task_and_reused(tmp_path):
     assert (first / "notes.txt").read_text() == "kept"
     assert task_workspace(root=tmp_path, task_id=4) != first
     assert isinstance(first, Path)
+
+
+# --- long histories: composite files and artifact lists (manifest version 2) ---------------
+
+CACHE = (".baton", "cache")
+
+
+def _served(backend: ThreadingHTTPServer, artifact_id: str, content: bytes) -> dict:
+    """An artifact the stand-in serves by its id, as a dispatch names a part or a list."""
+    url = f"/api/artifacts/{artifact_id}/content/"
+    backend.files[url] = content
+    sha256 = hashlib.sha256(content).hexdigest()
+    return {"id": artifact_id, "sha256": sha256, "size_bytes": len(content), "download_url": url}
+
+
+def _composite(path: str, parts: list[dict]) -> dict:
+    """A manifest entry whose file is `parts` in order; its sha256 names the composite."""
+    name = hashlib.sha256("".join(part["sha256"] for part in parts).encode()).hexdigest()
+    return {
+        "id": name[:16],
+        "sha256": name,
+        "kind": "transcript",
+        "size_bytes": sum(part["size_bytes"] for part in parts),
+        "size_chars": 0,
+        "size_lines": 0,
+        "path": path,
+        "download_url": f"/api/artifacts/{name[:16]}/content/",
+        "parts": parts,
+    }
+
+
+def _listed(backend: ThreadingHTTPServer, artifact_id: str, content: bytes, path: str) -> dict:
+    """A file of an artifact list: served by its id, with no download URL of its own."""
+    served = _served(backend, artifact_id, content)
+    return {
+        "id": artifact_id,
+        "sha256": served["sha256"],
+        "kind": "turn",
+        "size_bytes": len(content),
+        "size_chars": len(content.decode()),
+        "size_lines": content.count(b"\n"),
+        "path": path,
+    }
+
+
+def _turn(backend: ThreadingHTTPServer, **fields: object) -> DispatchedTurn:
+    """A dispatched turn as the client reads it from the backend's JSON."""
+    host, port = backend.server_address
+    payload = {
+        "task_id": 3,
+        "subtask_id": 7,
+        "message_id": 2,
+        "attempt": 1,
+        "task_type": "chat",
+        "executor": "agno",
+        "bot": "agno",
+        "bot_config": {"bot": "agno", "executor": "agno"},
+        "prompt": "p",
+        "manifest_version": 2,
+        "artifact_url_template": f"http://{host}:{port}/api/artifacts/{{id}}/content/",
+        **fields,
+    }
+    return DispatchedTurn.model_validate_json(json.dumps(payload))
+
+
+def _materialize(client: BackendClient, workspace: Path, turn: DispatchedTurn) -> int:
+    return materialize_artifacts(
+        client=client,
+        workspace=workspace,
+        manifest=turn.artifacts,
+        artifact_lists=turn.artifact_lists,
+        artifact_url_template=turn.artifact_url_template,
+        manifest_version=turn.manifest_version,
+    )
+
+
+def _workspace_files(workspace: Path) -> list[str]:
+    """The files at workspace paths: what the agent sees, the worker's cache left out."""
+    return sorted(
+        str(path.relative_to(workspace))
+        for path in workspace.rglob("*")
+        if path.is_file() and path.relative_to(workspace).parts[:2] != CACHE
+    )
+
+
+TRANSCRIPT, INDEX = ".baton/history/task-3.md", ".baton/history/turns/index.md"
+PART_TEXTS = [
+    "User: first ✓\n".encode() * 500,
+    b"Assistant: second\n" * 300,
+    "User: third, ünïcödé\n".encode() * 200,
+    b"| 1 | turns/1.md |\n" * 50,
+]
+
+
+def _history_turn(backend: ThreadingHTTPServer) -> DispatchedTurn:
+    """A transcript of three parts and a turn index whose parts share the second one."""
+    one, two, three, four = (
+        _served(backend, f"p{n}", text) for n, text in enumerate(PART_TEXTS, 1)
+    )
+    return _turn(
+        backend,
+        artifacts=[_composite(TRANSCRIPT, [one, two, three]), _composite(INDEX, [four, two])],
+    )
+
+
+def test_a_composite_file_is_its_parts_in_order_and_is_assembled_once(backend, tmp_path):
+    client = _client(backend)
+    workspace = task_workspace(root=tmp_path, task_id=3)
+    turn = _history_turn(backend)
+    one, two, three, four = PART_TEXTS
+
+    assert _materialize(client, workspace, turn) == 4  # the shared part is fetched once
+    assert (workspace / TRANSCRIPT).read_bytes() == one + two + three
+    assert (workspace / INDEX).read_bytes() == four + two
+    assert len(backend.seen) == 4
+    assert _workspace_files(workspace) == [TRANSCRIPT, INDEX]
+    # The next turn names the same composites: nothing is fetched or written again.
+    modified = (workspace / TRANSCRIPT).stat().st_mtime_ns
+    assert _materialize(client, workspace, turn) == 0
+    assert len(backend.seen) == 4
+    assert (workspace / TRANSCRIPT).stat().st_mtime_ns == modified
+    # A file the agent changed (same size) is assembled again, from the parts kept.
+    with (workspace / TRANSCRIPT).open("r+b") as file:
+        file.write(b"Robot")
+    assert _materialize(client, workspace, turn) == 0
+    assert (workspace / TRANSCRIPT).read_bytes() == one + two + three
+    assert len(backend.seen) == 4
+
+
+def test_cached_parts_no_turn_uses_go_after_the_grace_period(backend, tmp_path):
+    """A long task's newest part is new on every turn: old ones must not pile up."""
+    client = _client(backend)
+    workspace = task_workspace(root=tmp_path, task_id=3)
+    one, two, three = (_served(backend, f"p{n}", PART_TEXTS[n - 1]) for n in (1, 2, 3))
+    newest = _served(backend, "p5", b"Assistant: fifth\n" * 10)
+    first = _turn(backend, artifacts=[_composite(TRANSCRIPT, [one, two, three])])
+    assert _materialize(client, workspace, first) == 3
+    cache = workspace.joinpath(*CACHE)
+    old = time.time() - CACHE_GRACE_SECONDS - 60
+    for path in cache.rglob("*"):
+        os.utime(path, (old, old))
+    # The next turn's transcript has another newest part in place of the third.
+    later = _turn(backend, artifacts=[_composite(TRANSCRIPT, [one, two, newest])])
+    assert _materialize(client, workspace, later) == 1
+    kept = sorted(path.name for path in (cache / "parts").iterdir())
+    assert kept == sorted(part["sha256"] for part in (one, two, newest))
+    assert len(list((cache / "composites").iterdir())) == 1  # the first assembly's record went
+    assert (workspace / TRANSCRIPT).read_bytes() == PART_TEXTS[0] + PART_TEXTS[1] + (
+        b"Assistant: fifth\n" * 10
+    )
+    # Within the grace period nothing goes, used or not: another run may be using it.
+    assert _materialize(client, workspace, first) == 1
+    assert len(list((cache / "parts").iterdir())) == 4
+
+
+def test_a_damaged_cached_part_is_fetched_again(backend, tmp_path):
+    client = _client(backend)
+    workspace = task_workspace(root=tmp_path, task_id=3)
+    turn = _history_turn(backend)
+    assert _materialize(client, workspace, turn) == 4
+    second = turn.artifacts[0].parts[1]
+    cached = workspace.joinpath(*CACHE, "parts", second.sha256)
+    cached.write_bytes(b"damaged" + cached.read_bytes()[7:])
+    (workspace / TRANSCRIPT).unlink()
+
+    assert _materialize(client, workspace, turn) == 1
+    assert [path for _, path, _, _ in backend.seen[4:]] == [second.download_url]
+    assert (workspace / TRANSCRIPT).read_bytes() == b"".join(PART_TEXTS[:3])
+    assert (workspace / INDEX).read_bytes() == PART_TEXTS[3] + PART_TEXTS[1]
+    assert cached.read_bytes() == PART_TEXTS[1]
+
+
+def test_a_part_that_does_not_match_its_sha256_writes_nothing_at_the_path(backend, tmp_path):
+    client = _client(backend)
+    workspace = task_workspace(root=tmp_path, task_id=3)
+    turn = _history_turn(backend)
+    backend.files[turn.artifacts[0].parts[2].download_url] = b"tampered" + PART_TEXTS[2]
+
+    with pytest.raises(BackendError, match="checksum mismatch"):
+        _materialize(client, workspace, turn)
+    assert _workspace_files(workspace) == []  # no partial file left either
+    assert list(workspace.rglob("*.partial")) == []
+
+
+def test_a_composite_whose_parts_do_not_add_up_is_refused(backend, tmp_path):
+    workspace = task_workspace(root=tmp_path, task_id=3)
+    entry = _composite(TRANSCRIPT, [_served(backend, "p1", PART_TEXTS[0])])
+    turn = _turn(backend, artifacts=[{**entry, "size_bytes": entry["size_bytes"] + 1}])
+    with pytest.raises(ArtifactRefused, match="parts add up to"):
+        _materialize(_client(backend), workspace, turn)
+    assert backend.seen == []
+
+
+def test_artifact_lists_expand_into_files_at_their_paths(backend, tmp_path):
+    client = _client(backend)
+    workspace = task_workspace(root=tmp_path, task_id=3)
+    texts = {n: f"Turn {n}: ✓\n".encode() * n for n in range(1, 5)}
+    texts[4] = texts[2]  # equal turns share one artifact
+    files = [
+        _listed(backend, f"t{n}" if n != 4 else "t2", text, f".baton/history/turns/{n}.md")
+        for n, text in texts.items()
+    ]
+    lists = [
+        _served(backend, "list-a", json.dumps({"files": files[:2]}).encode()),
+        _served(backend, "list-b", json.dumps({"files": files[2:]}).encode()),
+    ]
+    tail = _entry(b"Turn 5\n", ".baton/history/turns/5.md", url="/api/artifacts/t5/content/")
+    backend.files[tail.download_url] = b"Turn 5\n"
+    turn = _turn(backend, artifacts=[tail.model_dump()], artifact_lists=lists)
+
+    assert _materialize(client, workspace, turn) == 2 + 4  # two lists, four distinct turns
+    assert _workspace_files(workspace) == [f".baton/history/turns/{n}.md" for n in range(1, 6)]
+    for n, text in texts.items():
+        assert (workspace / f".baton/history/turns/{n}.md").read_bytes() == text
+    assert workspace.joinpath(*CACHE, "lists", f"{lists[0]['sha256']}.json").is_file()
+    # The next turn names the same lists: the cached ones are read, nothing is fetched.
+    seen = len(backend.seen)
+    assert _materialize(client, workspace, turn) == 0
+    assert len(backend.seen) == seen
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (
+            {"files": [{"path": ".baton/history/turns/1.md"}, {"path": "../escape.md"}]},
+            "not a path inside the workspace",
+        ),
+        ({"files": [{"path": ".baton/history/turns/2.md", "drop": "sha256"}]}, "files.0.sha256"),
+        ({"entries": []}, "files: Field required"),
+        (b'{"files": [', "not a list of files"),
+        (b'{"files": [], "note": "\xff"}', "not a list of files"),
+    ],
+    ids=["path outside", "missing field", "no files", "not JSON", "not UTF-8"],
+)
+def test_a_bad_artifact_list_refuses_the_whole_manifest(backend, tmp_path, document, message):
+    client = _client(backend)
+    workspace = task_workspace(root=tmp_path, task_id=3)
+    if isinstance(document, dict) and "files" in document:
+        files = []
+        for number, file in enumerate(document["files"]):
+            listed = _listed(backend, f"t{number}", b"text\n", file["path"])
+            files.append({key: value for key, value in listed.items() if key != file.get("drop")})
+        document = {"files": files}
+    content = document if isinstance(document, bytes) else json.dumps(document).encode()
+    plain = _entry(b"good", ".baton/artifacts/good.txt", url="/api/artifacts/good/content/")
+    backend.files[plain.download_url] = b"good"
+    turn = _turn(
+        backend,
+        artifacts=[plain.model_dump(), _composite(TRANSCRIPT, [_served(backend, "p1", b"x")])],
+        artifact_lists=[_served(backend, "list", content)],
+    )
+
+    with pytest.raises(ArtifactRefused, match=message):
+        _materialize(client, workspace, turn)
+    assert _workspace_files(workspace) == []
+    assert [path for _, path, _, _ in backend.seen] == ["/api/artifacts/list/content/"]
+
+
+def test_artifact_lists_without_a_url_template_are_refused(backend, tmp_path):
+    listed = _served(backend, "list", b'{"files": []}')
+    turn = _turn(backend, artifact_lists=[listed], artifact_url_template="")
+    with pytest.raises(ArtifactRefused, match="no artifact URL template"):
+        _materialize(_client(backend), task_workspace(root=tmp_path, task_id=3), turn)
+    assert backend.seen == []
+
+
+def test_a_manifest_newer_than_the_worker_fails_the_turn_with_a_clear_message(backend, tmp_path):
+    backend.script = [(200, {})]
+    turn = _turn(backend, manifest_version=3, artifact_lists=[_served(backend, "l", b"{}")])
+    run = TurnRun(
+        turn=turn,
+        adapter=AgnoAdapter(),
+        client=_client(backend),
+        endpoint=ModelEndpoint(),
+        workspace_root=tmp_path / "workspaces",
+        state_root=tmp_path / "state",
+        passthrough_env={},
+        on_done=lambda run: None,
+    )
+    run.run()
+    assert run.reported == "FAILED"
+    [(method, path, _, body)] = backend.seen  # nothing fetched, the executor never started
+    assert (method, path) == ("POST", "/api/executor/subtasks/7/result/")
+    report = json.loads(body)
+    assert (report["status"], report["error_code"]) == ("FAILED", "artifact_error")
+    assert report["error"] == (
+        "Baton could not put the turn's artifacts in the workspace: this worker lays out "
+        "manifest version 2 at most; the backend sent 3: upgrade the worker"
+    )
 
 
 # --- long polling ----------------------------------------------------------------------------
