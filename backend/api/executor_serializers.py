@@ -12,7 +12,9 @@ from django.conf import settings
 from rest_framework import serializers
 
 from backend.api.artifact_serializers import ArtifactManifestEntryOutput
+from backend.api.links import artifact_download_urls
 from backend.api.serializers import ResultField, StrictInput, UsageFields
+from backend.artifacts.selectors import ManifestPart
 from backend.dispatch.claims import MAX_CLAIM_LIMIT
 from backend.dispatch.reports import REPORT_STATUSES
 from backend.tasks.models import ExecutorKind, SubtaskKind
@@ -161,6 +163,28 @@ class SummaryRangeOutput(serializers.Serializer[dict[str, Any]]):
     last_message_id = serializers.IntegerField()
 
 
+class ManifestPartOutput(serializers.Serializer[ManifestPart]):
+    id = serializers.CharField()
+    sha256 = serializers.CharField()
+    size_bytes = serializers.IntegerField()
+    download_url = serializers.SerializerMethodField(help_text="GET it for its bytes.")
+
+    def get_download_url(self, part: ManifestPart) -> str:
+        return artifact_download_urls(request=self.context["request"])(part.id)
+
+
+class ManifestEntryOutput(ArtifactManifestEntryOutput):
+    parts = ManifestPartOutput(
+        many=True,
+        allow_null=True,
+        help_text=(
+            "A composite file (manifest_version 2): the file at `path` is these parts' bytes "
+            "in order, each checked against its own sha256 (`sha256` names the composite, not "
+            "the file's bytes). Null for a plain artifact."
+        ),
+    )
+
+
 class DispatchedTurnOutput(serializers.Serializer[dict[str, Any]]):
     task_id = serializers.IntegerField()
     subtask_id = serializers.IntegerField()
@@ -180,7 +204,24 @@ class DispatchedTurnOutput(serializers.Serializer[dict[str, Any]]):
     bot_config = BotConfigOutput()
     prompt = serializers.CharField()
     prompt_report = serializers.DictField()
-    artifacts = ArtifactManifestEntryOutput(many=True)
+    artifacts = ManifestEntryOutput(many=True)
+    artifact_lists = ManifestPartOutput(
+        many=True,
+        help_text=(
+            "Lists of more history files (manifest_version 2): each a JSON document "
+            '`{"files": [...]}` whose entries are manifest entries without `download_url` '
+            "(`artifact_url_template` gives it): one list per sealed part of a long transcript."
+        ),
+    )
+    artifact_url_template = serializers.CharField(
+        help_text="An artifact's download URL, with `{id}` in place of its id."
+    )
+    manifest_version = serializers.IntegerField(
+        help_text=(
+            "1: every file is a plain artifact. 2: `parts` and `artifact_lists` may be used. A "
+            "worker that knows a lower version must not run the turn."
+        )
+    )
     native_session_id = serializers.CharField(allow_blank=True)
     native_session = NativeSessionOutput(allow_null=True)
     resume_prompt = serializers.CharField(

@@ -31,6 +31,7 @@ from backend.api.executor_serializers import (
 )
 from backend.api.links import artifact_download_urls
 from backend.api.permissions import IsExecutorWorker, authenticated_user
+from backend.artifacts.selectors import ManifestPart
 from backend.dispatch import claims, leases, reports, waiting
 from backend.dispatch.payload import ClaimedTurn
 from backend.tasks.models import Subtask, SubtaskKind
@@ -90,9 +91,21 @@ def _turn_payload(
                 "size_lines": entry.size_lines,
                 "path": entry.workspace_path,
                 "download_url": download_url(entry.id),
+                "parts": (
+                    [_part(part, download_url=download_url) for part in entry.parts]
+                    if entry.parts is not None
+                    else None
+                ),
             }
             for entry in turn.manifest
         ],
+        "artifact_lists": [
+            _part(listed, download_url=download_url) for listed in turn.artifact_lists
+        ],
+        "artifact_url_template": download_url("{id}"),
+        "manifest_version": (
+            2 if turn.artifact_lists or any(entry.parts for entry in turn.manifest) else 1
+        ),
         "native_session_id": turn.session.session_id if turn.session else "",
         "native_session": (
             {
@@ -112,6 +125,15 @@ def _turn_payload(
             else None
         ),
         "heartbeat_interval_seconds": heartbeat_interval,
+    }
+
+
+def _part(part: ManifestPart, *, download_url: Callable[[str], str]) -> dict[str, Any]:
+    return {
+        "id": part.id,
+        "sha256": part.sha256,
+        "size_bytes": part.size_bytes,
+        "download_url": download_url(part.id),
     }
 
 

@@ -23,7 +23,8 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Prefetch, prefetch_related_objects
 
-from backend.artifacts.selectors import ManifestEntry, manifest_artifacts
+from backend.artifacts.models import Artifact
+from backend.artifacts.selectors import ManifestEntry, ManifestPart, manifest_artifacts
 from backend.dispatch.budgets import budget_columns, effective_max_tokens, model_windows_for
 from backend.dispatch.leases import attempts_used, requeue
 from backend.dispatch.models import PromptReport
@@ -49,7 +50,7 @@ from backend.tasks.history import input_snapshot, prompt_input_for, prompt_input
 from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskKind, SubtaskStatus, Task
 from backend.tasks.selectors import bots_for_turns
 from backend.tasks.services import lock_task, record_result
-from backend.tasks.transcripts import store_transcripts, transcripts_for
+from backend.tasks.transcripts import HistoryFiles, store_transcripts, transcripts_for
 from backend.tasks.whole_texts import store_whole_texts
 
 
@@ -63,6 +64,8 @@ class ClaimedTurn:
     # Every file the prompts' pointer lines name (`.baton/artifacts/<id>.txt`, the transcript
     # at `.baton/history/...`) and, with a transcript, the history files it is split into.
     manifest: list[ManifestEntry]
+    # The lists of more history files: one per sealed part of a long transcript.
+    artifact_lists: list[ManifestPart]
     # Offered when the claiming worker can resume the bot's native session (see sessions.py).
     session: NativeSession | None
     resume: TurnPrompt | None
@@ -225,13 +228,17 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
                     kind="full",
                     resume_reason=reason,
                 ),
-                manifest=[
-                    *(
-                        ManifestEntry.of(manifest_entries[artifact_id], workspace_path=path)
-                        for artifact_id, path in _files_of(prompt, resume)
-                    ),
-                    *(history_files.get(subtask.task_id, []) if prompt.transcript else []),
-                ],
+                manifest=_manifest(
+                    prompt=prompt,
+                    resume=resume,
+                    artifacts=manifest_entries,
+                    history=history_files.get(subtask.task_id) if prompt.transcript else None,
+                ),
+                artifact_lists=(
+                    history_files[subtask.task_id].lists
+                    if prompt.transcript and subtask.task_id in history_files
+                    else []
+                ),
                 session=sessions.get(subtask.pk) if resume is not None else None,
                 resume=resume,
                 resume_report=(
@@ -278,12 +285,11 @@ _LONG_COLUMNS = (
 
 def _with_transcripts(
     built: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]],
-) -> tuple[
-    list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]], dict[int, list[ManifestEntry]]
-]:
+) -> tuple[list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]], dict[int, HistoryFiles]]:
     """The batch with each prompt that left history out pointing to its task's transcript, and
-    each such task's history files (turn index and turn files), stored: one query to read the
-    transcripts' turns and four to store them, for the batch (see `store_transcripts`)."""
+    each such task's history files (turn index and turn files), stored: two queries to read
+    the transcripts (sealed parts, and the turns after them) and a few to store them, for the
+    batch (see `store_transcripts`)."""
     requests = [
         request
         for subtask, prompt, _, _ in built
@@ -302,6 +308,29 @@ def _with_transcripts(
         )
         for subtask, prompt, resume, reason in built
     ], history_files
+
+
+def _manifest(
+    *,
+    prompt: TurnPrompt,
+    resume: TurnPrompt | None,
+    artifacts: dict[str, Artifact],
+    history: HistoryFiles | None,
+) -> list[ManifestEntry]:
+    """The files the prompts point to, then the history files. A transcript in parts is
+    listed with its parts (its row has no file to download)."""
+    composite = history.transcript if history is not None else None
+    return [
+        *(
+            composite
+            if composite is not None
+            and artifact_id == composite.id
+            and path == composite.workspace_path
+            else ManifestEntry.of(artifacts[artifact_id], workspace_path=path)
+            for artifact_id, path in _files_of(prompt, resume)
+        ),
+        *(history.files if history is not None else []),
+    ]
 
 
 def _files_of(prompt: TurnPrompt, resume: TurnPrompt | None) -> list[tuple[str, str]]:
@@ -394,7 +423,7 @@ def _build_columns(prompt: TurnPrompt, *, summary_job: bool = False) -> dict[str
         "policy_snapshot": prompt.resolved.policy.model_dump(mode="json"),
         "input_snapshot": {
             **input_snapshot(prompt.input, summary_job=summary_job),
-            "transcript": list(prompt.transcript.message_ids) if prompt.transcript else None,
+            "transcript": prompt.transcript.snapshot() if prompt.transcript else None,
         },
         "prompt_sha256": content_sha256(prompt.build.text),
     }

@@ -47,9 +47,9 @@ def replay_prompt(*, report: PromptReport) -> Replay:
                 task_id=report.task_id,
                 is_group_chat=prompt_input.is_group_chat,
                 multi_bot=prompt_input.multi_bot,
-                message_ids=snapshot["transcript"],
+                snapshot=snapshot["transcript"],
             )
-            if transcript is None or len(transcript.message_ids) != len(snapshot["transcript"]):
+            if transcript is None:
                 raise HistoryUnavailable(
                     f"turns of task {report.task_id}'s transcript no longer exist"
                 )

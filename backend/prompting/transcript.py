@@ -29,15 +29,60 @@ from backend.prompting.render import (
 
 
 def render_transcript(
-    history: Sequence[HistoryMessage], *, is_group_chat: bool, multi_bot: bool
+    history: Sequence[HistoryMessage],
+    *,
+    is_group_chat: bool,
+    multi_bot: bool,
+    escape_note: bool = False,
 ) -> str:
     """The transcript of ``history`` (oldest first, at least one message).
 
     The text is what ``render_document`` makes of one Conversation History section holding
     these messages; each body is escaped once (a long conversation's transcript is its size).
+    The escape note opens it when a line was escaped, or always with ``escape_note`` (the form
+    of a transcript rendered in parts, which is exactly the concatenation of its parts).
     """
     if not history:
         raise ValueError("a transcript needs at least one message")
+    body, escaped = _pieces(history, is_group_chat=is_group_chat, multi_bot=multi_bot)
+    text = _opening(escape_note=escaped or escape_note) + body
+    return text.removesuffix(PIECE_END) + PROMPT_END
+
+
+def render_transcript_part(
+    history: Sequence[HistoryMessage], *, opens: bool, is_group_chat: bool, multi_bot: bool
+) -> str:
+    """One sealed part of a transcript rendered in parts: its messages, each ending as one
+    that more messages follow. The first part (``opens``) starts with the escape note, always
+    (a later part may escape a line, and a sealed part never changes), and the header.
+
+    The parts in order, then ``render_transcript_tail`` of the messages after them, are
+    ``render_transcript(..., escape_note=True)`` of all the messages.
+    """
+    if not history:
+        raise ValueError("a transcript part needs at least one message")
+    body, _ = _pieces(history, is_group_chat=is_group_chat, multi_bot=multi_bot)
+    return (_opening(escape_note=True) if opens else "") + body
+
+
+def render_transcript_tail(
+    history: Sequence[HistoryMessage], *, is_group_chat: bool, multi_bot: bool
+) -> str:
+    """The messages after a transcript's sealed parts, the last one ending the transcript."""
+    if not history:
+        raise ValueError("a transcript's tail needs at least one message")
+    body, _ = _pieces(history, is_group_chat=is_group_chat, multi_bot=multi_bot)
+    return body.removesuffix(PIECE_END) + PROMPT_END
+
+
+def _opening(*, escape_note: bool) -> str:
+    return (escape_note_piece() if escape_note else "") + header_piece(Section.HISTORY)
+
+
+def _pieces(
+    history: Sequence[HistoryMessage], *, is_group_chat: bool, multi_bot: bool
+) -> tuple[str, bool]:
+    """The messages' pieces, each ending with ``PIECE_END``, and whether a line was escaped."""
     pieces: list[str] = []
     escaped = False
     for message in history:
@@ -54,10 +99,7 @@ def render_transcript(
             + body
             + message_suffix(message.artifact if message.preview is not None else None)
         )
-    text = header_piece(Section.HISTORY) + "".join(pieces)
-    if escaped:
-        text = escape_note_piece() + text
-    return text.removesuffix(PIECE_END) + PROMPT_END
+    return "".join(pieces), escaped
 
 
 def transcript_pointer(text: str, *, workspace_path: str) -> ArtifactPointer:

@@ -73,9 +73,11 @@ def history_files_note() -> str:
     )
 
 
-def render_turn_index(history: Sequence[HistoryMessage]) -> str:
-    """The index of ``history``'s turn files (oldest first), header line included."""
-    rows = ["\t".join(INDEX_COLUMNS)]
+def render_turn_index(history: Sequence[HistoryMessage], *, header: bool = True) -> str:
+    """The index of ``history``'s turn files (oldest first), header line included unless
+    ``header`` is false (a later part of an index rendered in parts: the parts in order are
+    the index of all their turns)."""
+    rows = ["\t".join(INDEX_COLUMNS)] if header else []
     for message in history:
         spilled = message.preview is not None
         lines = (

@@ -38,7 +38,7 @@ from backend.prompting.policy import PromptPolicy
 from backend.prompting.summary import summary_request
 from backend.prompting.truncate import layout_fields
 from backend.prompting.units import DEFAULT_TOKEN_ENCODING, O200K_ENCODING
-from backend.tasks.models import TURNS, Subtask, SubtaskKind, SubtaskStatus, Task
+from backend.tasks.models import TURNS, Subtask, SubtaskKind, SubtaskStatus, Task, TranscriptPart
 
 # The turns the conversation shows: finished ones, and those a newer message interrupted (with
 # what they had written); cancelled and rolled-back turns are no part of it.
@@ -578,8 +578,10 @@ def _capped_window_ids(
     history turns, and each task's (user, assistant) history totals — one statement for the
     batch, none for an empty one. Each window is an index range read newest first and stopped
     at the cap (`subtask_message_id_unique`), so its cost does not grow with the history; the
-    totals count the history's rows without ranking them. Written as SQL, not the ORM: this
-    runs on every dispatch, and compiling the ranked form cost more than running it."""
+    totals add up the counts of the transcript's sealed parts before the message and count
+    only the turns after them (`transcripts`), so theirs does not either. Written as SQL, not
+    the ORM: this runs on every dispatch, and compiling the ranked form cost more than running
+    it."""
     if not batch:
         return [], {}
     table = Subtask._meta.db_table
@@ -595,16 +597,23 @@ def _capped_window_ids(
         )
         params += [request.task.pk, request.current_id, SubtaskKind.TURN, *HISTORY_STATUSES]
         params.append(request.policy.max_messages)
-    in_tasks = " OR ".join("(task_id = %s AND message_id < %s)" for _ in batch)
-    parts.append(
-        "SELECT * FROM (SELECT 1 AS part, 0 AS id, task_id, "  # noqa: S608
-        "SUM(CASE WHEN role = %s THEN 1 ELSE 0 END) AS users, "
-        "SUM(CASE WHEN role = %s THEN 1 ELSE 0 END) AS assistants "
-        f"FROM {table} WHERE {history} AND ({in_tasks}) GROUP BY task_id) AS totals"
-    )
-    params += [Role.USER, Role.ASSISTANT, SubtaskKind.TURN, *HISTORY_STATUSES]
-    for request in batch:
-        params += [request.task.pk, request.current_id]
+    parts_table = TranscriptPart._meta.db_table
+    for number, request in enumerate(batch):
+        # The sealed parts of the transcript before the message hold their turns' counts:
+        # only the turns after them are counted.
+        sealed = f"FROM {parts_table} WHERE task_id = %s AND last_message_id < %s"
+        parts.append(
+            "SELECT * FROM (SELECT 1 AS part, 0 AS id, %s AS task_id, "  # noqa: S608
+            "COALESCE(SUM(users), 0) AS users, COALESCE(SUM(assistants), 0) AS assistants "
+            f"FROM (SELECT users, assistants {sealed} UNION ALL "
+            "SELECT CASE WHEN role = %s THEN 1 ELSE 0 END, CASE WHEN role = %s THEN 1 ELSE 0 END "
+            f"FROM {table} WHERE task_id = %s AND message_id < %s AND {history} AND message_id > "
+            f"COALESCE((SELECT MAX(last_message_id) {sealed}), 0)) AS counted_{number}"
+            f") AS totals_{number}"
+        )
+        task_and_message = [request.task.pk, request.current_id]
+        params += [request.task.pk, *task_and_message, Role.USER, Role.ASSISTANT]
+        params += [*task_and_message, SubtaskKind.TURN, *HISTORY_STATUSES, *task_and_message]
     window_ids: list[int] = []
     totals: dict[int, tuple[int, int]] = {}
     with connection.cursor() as cursor:

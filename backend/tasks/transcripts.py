@@ -8,46 +8,87 @@ the executor's workspace (`.baton/history/task-<id>.md`, rendered by
 made of, and stores them when a prompt that points to them is dispatched: the transcript and the
 index as the task's current ones, each turn file as the turn's artifact.
 
+**Sealed parts.** A long conversation is not rendered again on every dispatch. Its earlier
+turns are cut into consecutive parts of `TRANSCRIPT_PART_TURNS` turns in history; a part is
+*sealed* (a `TranscriptPart` row) once every turn in its range of message ids has finished and
+at least one turn in history follows it. Finished turns never change, so a sealed part never
+does: its piece of the transcript, its rows of the index and the list of its turn files are
+stored once. A dispatch then reads the part rows and only the turns after the last sealed part
+(fewer than two parts' worth), renders and stores those (the *tail*), and names the whole as
+composite artifacts (`backend.artifacts.services.store_composites`): the transcript is the
+composite of [the sealed parts' composite, the tail], and so is the index. Rendered in parts,
+the transcript always opens with the escape note (a later part may need it); it is otherwise
+byte for byte the transcript of the same turns rendered whole, and the index is exactly the
+index. A conversation too short to seal a part is rendered whole, as one artifact.
+
 A turn file costs nothing to list when its turn already has an artifact (its text spilled, or a
 prompt cut it): it is that artifact at a second path. Any other turn's whole text is its history
 text, stored once and linked to the turn like a cut text, so the next dispatch lists it without
 writing, access and retention follow the turn, and an executor never downloads an unchanged file
-twice (it is content-addressed). A task's turns are written once over its life, not on every
-dispatch.
+twice (it is content-addressed). A sealed part's turn files are listed in one JSON artifact
+(`{"files": [...]}`, each entry an artifact and its workspace path), so a manifest names a
+part's files by one entry instead of one per turn. A task's turns are written once over its
+life, not on every dispatch.
 
-Reading every earlier turn costs one query over bounded fields (history texts and previews,
-never whole results), and only for prompts that omit something. A batch of dispatched turns
-shares that query, and storing costs a fixed number more for the whole batch while the new rows
-fit one statement (thousands of turns; on SQLite an INSERT takes about a hundred rows, so a
-long history's first dispatch there takes a few statements more, once).
+Queries, for a batch of dispatched turns: one for the part rows, one for the turns after them
+(a second, rarely, when a turn dispatched late stops before its task's last sealed part), and
+a fixed number to store (see `store_transcripts`) while the new rows fit one statement.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from django.db.models import Case, Q, QuerySet, Value, When
 
 from backend.artifacts.models import Artifact
-from backend.artifacts.selectors import ManifestEntry
-from backend.artifacts.services import ArtifactText, atomic_storing_artifacts, store_artifacts
-from backend.prompting.addressing import workspace_path
+from backend.artifacts.selectors import ManifestEntry, ManifestPart
+from backend.artifacts.services import (
+    ArtifactText,
+    atomic_storing_artifacts,
+    composite_row,
+    composite_sha256,
+    store_artifacts,
+    store_composites,
+)
+from backend.artifacts.storage import content_address
+from backend.prompting import BUILDER_VERSION
+from backend.prompting.addressing import artifact_id_for, count_lines, workspace_path
 from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
 from backend.prompting.kinds import ArtifactKind, classify_text
-from backend.prompting.transcript import render_transcript, transcript_pointer
+from backend.prompting.transcript import (
+    render_transcript,
+    render_transcript_part,
+    render_transcript_tail,
+    transcript_pointer,
+)
 from backend.prompting.truncate import layout_fields
 from backend.prompting.turn_files import TURN_INDEX_PATH, render_turn_index, turn_file_path
 from backend.tasks.history import HISTORY_STATUSES, any_of
-from backend.tasks.models import TURNS, Subtask, SubtaskStatus, Task
+from backend.tasks.models import (
+    ACTIVE_SUBTASK_STATUSES,
+    TURNS,
+    Subtask,
+    SubtaskStatus,
+    Task,
+    TranscriptPart,
+)
 
 _Item = TypeVar("_Item")
+
+# Turns in history per sealed part. A dispatch renders at most about twice this many (the
+# turns after the last sealed part), and a manifest lists three entries per sealed part.
+TRANSCRIPT_PART_TURNS = 128
 
 # A statement's parameters stay under SQLite's limit (32,766) and PostgreSQL's (65,535): texts
 # are locked by id (one parameter each), and a turn is linked with three.
 _TEXTS_PER_STATEMENT = 10_000
 _LINKS_PER_STATEMENT = 5_000
+
+Runs = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -63,15 +104,114 @@ class TurnFile:
 
 
 @dataclass(frozen=True)
+class StoredPiece:
+    """An artifact a transcript is made of, as a composite and a manifest need it."""
+
+    id: str
+    sha256: str
+    size_bytes: int
+    size_chars: int
+    size_lines: int
+
+    @classmethod
+    def of_text(cls, text: str) -> StoredPiece:
+        address = content_address(text)
+        return cls(
+            id=artifact_id_for(address.sha256),
+            sha256=address.sha256,
+            size_bytes=address.size_bytes,
+            size_chars=len(text),
+            size_lines=count_lines(text),
+        )
+
+    def as_list(self) -> list[str | int]:
+        return [self.id, self.sha256, self.size_bytes, self.size_chars, self.size_lines]
+
+    def as_part(self) -> ManifestPart:
+        return ManifestPart(id=self.id, sha256=self.sha256, size_bytes=self.size_bytes)
+
+    def as_row(self) -> Artifact:
+        """An unsaved row standing for the stored one, as `composite_row` reads it."""
+        return Artifact(
+            id=self.id,
+            sha256=self.sha256,
+            size_bytes=self.size_bytes,
+            size_chars=self.size_chars,
+            size_lines=self.size_lines,
+        )
+
+
+@dataclass(frozen=True)
+class Part:
+    """A sealed part of a transcript: stored already (`new` False), or sealed by this dispatch
+    (`new` True: its texts and turn files are stored with the transcript)."""
+
+    number: int
+    first_message_id: int
+    last_message_id: int
+    runs: Runs
+    turns: int
+    users: int
+    assistants: int
+    transcript: StoredPiece
+    turn_index: StoredPiece
+    turn_files: StoredPiece | None
+    """The list of its turn files; None until a new part's files are stored."""
+    new: bool = False
+    transcript_text: str = ""
+    index_text: str = ""
+    files: tuple[TurnFile, ...] = ()
+
+
+@dataclass(frozen=True)
 class Transcript:
     text: str
+    """The tail's text: the turns after the sealed parts, or every turn when there are none."""
     pointer: ArtifactPointer
-    message_ids: tuple[int, ...]
-    """The turns it shows, oldest first (what a replay reads again)."""
+    runs: Runs
+    """The message ids it shows, oldest first, as inclusive runs (what a replay reads again)."""
+    turns: int
     index: str
-    """The index of the turn files (`turn_files.render_turn_index`)."""
+    """The tail's rows of the index of the turn files (`turn_files.render_turn_index`)."""
     turn_files: tuple[TurnFile, ...]
-    """One per turn it shows, in the same order."""
+    """One per turn of the tail, in the same order."""
+    parts: tuple[Part, ...] = ()
+    """The sealed parts before the tail, in order (none for a short conversation)."""
+    is_group_chat: bool = False
+    multi_bot: bool = False
+    stale_from: int | None = None
+    """Part rows numbered from here on were rendered otherwise and are replaced when stored."""
+
+    @property
+    def message_ids(self) -> tuple[int, ...]:
+        return tuple(
+            message_id for first, last in self.runs for message_id in range(first, last + 1)
+        )
+
+    def snapshot(self) -> list[int] | dict[str, object]:
+        """What a prompt report keeps to rebuild it (`transcript_for` reads it back): the
+        message ids of a transcript rendered whole, or, for one in parts, their runs, its
+        number of sealed parts and their size."""
+        if not self.parts:
+            return list(self.message_ids)
+        return {
+            "runs": [list(run) for run in self.runs],
+            "parts": len(self.parts),
+            "part_turns": TRANSCRIPT_PART_TURNS,
+        }
+
+
+@dataclass(frozen=True)
+class HistoryFiles:
+    """What a manifest lists for a transcript besides the prompt's own pointers."""
+
+    transcript: ManifestEntry | None
+    """The transcript when it is composite (listed with its parts); None when the prompt's
+    pointer names a plain artifact, which the manifest lists like any other."""
+    files: list[ManifestEntry]
+    """The index, then one file per turn of the tail (of every turn, without sealed parts)."""
+    lists: list[ManifestPart] = field(default_factory=list)
+    """The sealed parts' lists of turn files."""
 
 
 def transcript_path(task_id: int) -> str:
@@ -87,38 +227,302 @@ class TranscriptRequest:
     before_message_id: int
 
 
+_PART_COLUMNS = (
+    "task_id",
+    "number",
+    "first_message_id",
+    "last_message_id",
+    "message_runs",
+    "turns",
+    "users",
+    "assistants",
+    "is_group_chat",
+    "multi_bot",
+    "builder_version",
+    "pieces",
+)
+
+
 def transcripts_for(requests: Sequence[TranscriptRequest]) -> dict[int, Transcript]:
-    """The transcripts of several tasks, by task id: each the task's COMPLETED and FAILED turns
-    before its request's message. One query for the whole batch (none for an empty one)."""
+    """The transcripts of several tasks, by task id: each the task's turns in history before
+    its request's message, its sealed parts read and the turns after them rendered. Two
+    queries for the whole batch, rarely three (none for an empty one)."""
     if not requests:
         return {}
-    condition = any_of(
-        [
-            Q(task_id=request.task_id, message_id__lt=request.before_message_id)
-            for request in requests
-        ]
-    )
-    rows: dict[int, list[tuple[HistoryMessage, TurnFile]]] = {}
-    turns = Subtask.objects.filter(condition, TURNS, status__in=HISTORY_STATUSES)
-    for task_id, message, turn_file in _turns(turns.order_by("task_id", "message_id")):
-        rows.setdefault(task_id, []).append((message, turn_file))
-    return {
-        request.task_id: _transcript(request.task_id, rows[request.task_id], request)
+    parts, stale_from = _sealed_parts(requests)
+    tails = _tails(requests, parts)
+    # A turn dispatched late may stop right after a sealed part: a transcript ends with a
+    # tail, so such a one renders its last part's turns again instead.
+    short = [
+        request
         for request in requests
-        if rows.get(request.task_id)
-    }
+        if parts.get(request.task_id) and not tails.get(request.task_id, ([], None))[0]
+    ]
+    if short:
+        for request in short:
+            parts[request.task_id].pop()
+        tails.update(_tails(short, parts))
+    transcripts = {}
+    for request in requests:
+        history, first_active = tails.get(request.task_id, ([], None))
+        transcript = _transcript(
+            request,
+            parts=parts.get(request.task_id, []),
+            history=history,
+            first_active=first_active,
+            stale_from=stale_from.get(request.task_id),
+        )
+        if transcript is not None:
+            transcripts[request.task_id] = transcript
+    return transcripts
 
 
 def transcript_for(
-    *, task_id: int, is_group_chat: bool, multi_bot: bool, message_ids: Sequence[int]
+    *, task_id: int, is_group_chat: bool, multi_bot: bool, snapshot: list[int] | dict[str, Any]
 ) -> Transcript | None:
-    """The transcript of exactly the turns `message_ids` (what a replay reads again)."""
-    turns = Subtask.objects.filter(task_id=task_id, message_id__in=list(message_ids))
-    rows = [(message, turn_file) for _, message, turn_file in _turns(turns.order_by("message_id"))]
-    if not rows:
+    """The transcript a prompt report's snapshot names (`Transcript.snapshot`), rendered again
+    from its turns (what a replay reads); None when one of them no longer exists."""
+    if isinstance(snapshot, dict):
+        runs = [(int(first), int(last)) for first, last in snapshot["runs"]]
+        condition = any_of([Q(message_id__range=run) for run in runs])
+        wanted = sum(last - first + 1 for first, last in runs)
+        part_count, part_turns = int(snapshot["parts"]), int(snapshot["part_turns"])
+    else:
+        condition, wanted = Q(message_id__in=list(snapshot)), len(snapshot)
+        part_count, part_turns = 0, TRANSCRIPT_PART_TURNS
+    turns = Subtask.objects.filter(condition, task_id=task_id)
+    rows = [(message, turn_file) for _, _, message, turn_file in _turns(turns)]
+    if not rows or len(rows) != wanted:
         return None
     request = TranscriptRequest(task_id, is_group_chat, multi_bot, before_message_id=0)
-    return _transcript(task_id, rows, request)
+    parts = []
+    for number in range(part_count):
+        chunk = rows[number * part_turns : (number + 1) * part_turns]
+        parts.append(_new_part(number, chunk, request))
+    return _transcript(
+        request,
+        parts=parts,
+        history=rows[part_count * part_turns :],
+        first_active=None,
+        stale_from=None,
+        seal=False,
+    )
+
+
+def _sealed_parts(
+    requests: Sequence[TranscriptRequest],
+) -> tuple[dict[int, list[Part]], dict[int, int]]:
+    """Each task's sealed parts that its request can use (consecutive from the first, all
+    before its message, rendered as it would render them), and where stale rows start."""
+    requested = {request.task_id: request for request in requests}
+    rows = (
+        TranscriptPart.objects.filter(task_id__in=list(requested))
+        .order_by("task_id", "number")
+        .values_list(*_PART_COLUMNS)
+    )
+    parts: dict[int, list[Part]] = {}
+    stale_from: dict[int, int] = {}
+    stopped: set[int] = set()
+    for row in rows:
+        (task_id, number, first, last, runs, turns, users, assistants) = row[:8]
+        group_chat, multi_bot, version, pieces = row[8:]
+        if task_id in stopped:
+            continue
+        request = requested[task_id]
+        usable = parts.setdefault(task_id, [])
+        if (
+            number != len(usable)
+            or group_chat != request.is_group_chat
+            or multi_bot != request.multi_bot
+            or version != BUILDER_VERSION
+        ):
+            stale_from[task_id] = len(usable)
+            stopped.add(task_id)
+            continue
+        if last >= request.before_message_id:
+            stopped.add(task_id)
+            continue
+        usable.append(
+            Part(
+                number=number,
+                first_message_id=first,
+                last_message_id=last,
+                runs=tuple((run[0], run[1]) for run in runs),
+                turns=turns,
+                users=users,
+                assistants=assistants,
+                transcript=StoredPiece(*pieces["transcript"]),
+                turn_index=StoredPiece(*pieces["turn_index"]),
+                turn_files=StoredPiece(*pieces["turn_files"]),
+            )
+        )
+    return parts, stale_from
+
+
+_Tail = tuple[list[tuple[HistoryMessage, TurnFile]], int | None]
+
+
+def _tails(
+    requests: Sequence[TranscriptRequest], parts: Mapping[int, list[Part]]
+) -> dict[int, _Tail]:
+    """Each task's turns in history after its usable sealed parts and before its request's
+    message, and the first of those turns that has not finished yet (one query)."""
+    condition = any_of(
+        [
+            Q(
+                task_id=request.task_id,
+                message_id__gt=(
+                    parts[request.task_id][-1].last_message_id if parts.get(request.task_id) else 0
+                ),
+                message_id__lt=request.before_message_id,
+            )
+            for request in requests
+        ]
+    )
+    turns = Subtask.objects.filter(
+        condition, TURNS, status__in=(*HISTORY_STATUSES, *ACTIVE_SUBTASK_STATUSES)
+    )
+    tails: dict[int, _Tail] = {}
+    for task_id, status, message, turn_file in _turns(turns):
+        history, first_active = tails.setdefault(task_id, ([], None))
+        if status in ACTIVE_SUBTASK_STATUSES:
+            if first_active is None:
+                tails[task_id] = (history, message.message_id)
+        else:
+            history.append((message, turn_file))
+    return tails
+
+
+def _transcript(
+    request: TranscriptRequest,
+    *,
+    parts: list[Part],
+    history: list[tuple[HistoryMessage, TurnFile]],
+    first_active: int | None,
+    stale_from: int | None,
+    seal: bool = True,
+) -> Transcript | None:
+    """The transcript of `parts` and then `history`, sealing new parts of `history` while a
+    turn in history follows them and none of their range is still running."""
+    if not history:
+        return None
+    parts = list(parts)
+    if seal:
+        while len(history) > TRANSCRIPT_PART_TURNS:
+            chunk = history[:TRANSCRIPT_PART_TURNS]
+            if first_active is not None and first_active < chunk[-1][0].message_id:
+                break
+            parts.append(_new_part(len(parts), chunk, request))
+            history = history[TRANSCRIPT_PART_TURNS:]
+    messages = [message for message, _ in history]
+    runs = _merge_runs(
+        [run for part in parts for run in part.runs]
+        + list(_runs([message.message_id for message in messages]))
+    )
+    path = transcript_path(request.task_id)
+    turn_files = tuple(turn_file for _, turn_file in history)
+    if not parts:
+        text = render_transcript(
+            messages, is_group_chat=request.is_group_chat, multi_bot=request.multi_bot
+        )
+        return Transcript(
+            text=text,
+            pointer=transcript_pointer(text, workspace_path=path),
+            runs=runs,
+            turns=len(messages),
+            index=render_turn_index(messages),
+            turn_files=turn_files,
+            is_group_chat=request.is_group_chat,
+            multi_bot=request.multi_bot,
+        )
+    text = render_transcript_tail(
+        messages, is_group_chat=request.is_group_chat, multi_bot=request.multi_bot
+    )
+    tail = StoredPiece.of_text(text)
+    whole = _whole([part.transcript for part in parts], tail)
+    return Transcript(
+        text=text,
+        pointer=ArtifactPointer(
+            artifact_id=whole.id,
+            kind=ArtifactKind.TRANSCRIPT,
+            total_chars=whole.size_chars,
+            total_lines=whole.size_lines,
+            workspace_path=path,
+        ),
+        runs=runs,
+        turns=len(messages) + sum(part.turns for part in parts),
+        index=render_turn_index(messages, header=False),
+        turn_files=turn_files,
+        parts=tuple(parts),
+        stale_from=stale_from,
+        is_group_chat=request.is_group_chat,
+        multi_bot=request.multi_bot,
+    )
+
+
+def _new_part(
+    number: int, chunk: list[tuple[HistoryMessage, TurnFile]], request: TranscriptRequest
+) -> Part:
+    messages = [message for message, _ in chunk]
+    text = render_transcript_part(
+        messages,
+        opens=number == 0,
+        is_group_chat=request.is_group_chat,
+        multi_bot=request.multi_bot,
+    )
+    index = render_turn_index(messages, header=number == 0)
+    return Part(
+        number=number,
+        first_message_id=messages[0].message_id,
+        last_message_id=messages[-1].message_id,
+        runs=_runs([message.message_id for message in messages]),
+        turns=len(messages),
+        users=sum(message.role is Role.USER for message in messages),
+        assistants=sum(message.role is Role.ASSISTANT for message in messages),
+        transcript=StoredPiece.of_text(text),
+        turn_index=StoredPiece.of_text(index),
+        turn_files=None,
+        new=True,
+        transcript_text=text,
+        index_text=index,
+        files=tuple(turn_file for _, turn_file in chunk),
+    )
+
+
+def _whole(sealed: Sequence[StoredPiece], tail: StoredPiece) -> StoredPiece:
+    """The composite of [the composite of the sealed pieces, the tail] (`store_composites`
+    stores it): the sealed pieces' composite is the same on every dispatch until a part is
+    sealed, so a dispatch links two parts, not one per sealed part."""
+    prefix = composite_sha256([piece.sha256 for piece in sealed])
+    sha256 = composite_sha256([prefix, tail.sha256])
+    return StoredPiece(
+        id=artifact_id_for(sha256),
+        sha256=sha256,
+        size_bytes=sum(piece.size_bytes for piece in sealed) + tail.size_bytes,
+        size_chars=sum(piece.size_chars for piece in sealed) + tail.size_chars,
+        size_lines=sum(piece.size_lines for piece in sealed) + tail.size_lines,
+    )
+
+
+def _runs(message_ids: Sequence[int]) -> Runs:
+    """Ascending ids as inclusive runs of consecutive ids."""
+    runs: list[tuple[int, int]] = []
+    for message_id in message_ids:
+        if runs and runs[-1][1] + 1 == message_id:
+            runs[-1] = (runs[-1][0], message_id)
+        else:
+            runs.append((message_id, message_id))
+    return tuple(runs)
+
+
+def _merge_runs(runs: Sequence[tuple[int, int]]) -> Runs:
+    merged: list[tuple[int, int]] = []
+    for first, last in runs:
+        if merged and merged[-1][1] + 1 == first:
+            merged[-1] = (merged[-1][0], last)
+        else:
+            merged.append((first, last))
+    return tuple(merged)
 
 
 _COLUMNS = (
@@ -144,12 +548,13 @@ _COLUMNS = (
 )
 
 
-def _turns(turns: QuerySet[Subtask]) -> Iterator[tuple[int, HistoryMessage, TurnFile]]:
-    """(task id, message, turn file) for each turn, read as plain values: a transcript reads
-    every earlier turn, so no model instances. The rows were validated as `history_message`s
-    when they were recorded and each prompt that includes them validates them again; here
-    they are only rendered, so they are constructed without a second validation."""
-    for row in turns.values_list(*_COLUMNS):
+def _turns(turns: QuerySet[Subtask]) -> Iterator[tuple[int, str, HistoryMessage, TurnFile]]:
+    """(task id, status, message, turn file) for each turn, by task and message id, read as
+    plain values: a transcript reads many earlier turns, so no model instances. The rows were
+    validated as `history_message`s when they were recorded and each prompt that includes
+    them validates them again; here they are only rendered, so they are constructed without a
+    second validation."""
+    for row in turns.order_by("task_id", "message_id").values_list(*_COLUMNS):
         (task_id, message_id, role, status, sender, bot, text, spilled, head, tail) = row[:10]
         layout, chars, artifact_id, kind, size_chars, size_lines = row[10:16]
         subtask_id, sha256, size_bytes = row[16:]
@@ -190,42 +595,36 @@ def _turns(turns: QuerySet[Subtask]) -> Iterator[tuple[int, HistoryMessage, Turn
             **{f"preview_{name}": value for name, value in parts.items()},
             artifact=pointer,
         )
-        yield task_id, message, turn_file
+        yield task_id, status, message, turn_file
 
 
-def _transcript(
-    task_id: int, rows: list[tuple[HistoryMessage, TurnFile]], request: TranscriptRequest
-) -> Transcript:
-    messages = [message for message, _ in rows]
-    text = render_transcript(
-        messages, is_group_chat=request.is_group_chat, multi_bot=request.multi_bot
-    )
-    return Transcript(
-        text=text,
-        pointer=transcript_pointer(text, workspace_path=transcript_path(task_id)),
-        message_ids=tuple(message.message_id for message in messages),
-        index=render_turn_index(messages),
-        turn_files=tuple(turn_file for _, turn_file in rows),
-    )
+def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, HistoryFiles]:
+    """Store each task's transcript and turn index as its current ones, in one transaction:
+    the tails (once per content), the parts this dispatch sealed (their pieces, the lists of
+    their turn files and their rows), the turn files not stored yet (as their turns'
+    artifacts) and, for a transcript in parts, the composites naming the whole; return each
+    task's history files as its manifest lists them.
 
-
-def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, list[ManifestEntry]]:
-    """Store each task's transcript and turn index (once per content) as its current ones, and
-    the turn files not stored yet as their turns' artifacts, in one transaction; return each
-    task's history files besides the transcript, as its manifest lists them: the index, then
-    one file per turn, oldest first.
-
-    Queries: a fixed number for the whole batch (three, and a fourth when a turn file is new)
-    while the new rows fit one statement (see the module docstring). Every row stays locked
-    until the tasks and turns point to it, so a concurrent prune waits and then sees the
-    references.
+    Queries: a fixed number for the whole batch (three, a fourth when a turn file is new, and
+    for transcripts in parts three more, four more when a part is sealed) while the new rows
+    fit one statement (see the module docstring). Every row stays locked until the tasks,
+    turns and parts point to it, so a concurrent prune waits and then sees the references.
     """
     if not transcripts:
         return {}
+    new_parts = [
+        (task_id, part)
+        for task_id, transcript in transcripts.items()
+        for part in transcript.parts
+        if part.new
+    ]
     new_files = [
         (task_id, turn_file)
         for task_id, transcript in transcripts.items()
-        for turn_file in transcript.turn_files
+        for turn_file in (
+            *transcript.turn_files,
+            *(file for part in transcript.parts if part.new for file in part.files),
+        )
         if turn_file.stored is None
     ]
     texts = [
@@ -238,60 +637,234 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, list[M
             for task_id, transcript in transcripts.items()
         ),
         *(
+            ArtifactText(text=text, kind=ArtifactKind.TRANSCRIPT, task_id=task_id)
+            for task_id, part in new_parts
+            for text in (part.transcript_text, part.index_text)
+        ),
+        *(
             ArtifactText(text=turn_file.text, kind=classify_text(turn_file.text), task_id=task_id)
             for task_id, turn_file in new_files
         ),
     ]
     with atomic_storing_artifacts():
+        stale = [
+            Q(task_id=task_id, number__gte=transcript.stale_from)
+            for task_id, transcript in transcripts.items()
+            if transcript.stale_from is not None
+        ]
+        if stale:
+            TranscriptPart.objects.filter(any_of(stale)).delete()
         artifacts: list[Artifact] = []
         for some_texts in _batches(texts, size=_TEXTS_PER_STATEMENT):
             artifacts.extend(store_artifacts(some_texts))
         count = len(transcripts)
-        stored_transcripts, indexes = artifacts[:count], artifacts[count : 2 * count]
-        for artifact, transcript in zip(stored_transcripts, transcripts.values(), strict=True):
-            if artifact.pk != transcript.pointer.artifact_id:
+        tails, indexes = artifacts[:count], artifacts[count : 2 * count]
+        stored_files = artifacts[2 * count + 2 * len(new_parts) :]
+        _link_turn_files(
+            [
+                (turn_file.subtask_id, artifact.pk)
+                for (_, turn_file), artifact in zip(new_files, stored_files, strict=True)
+            ]
+        )
+        file_entries = {
+            turn_file.subtask_id: ManifestEntry.of(artifact, workspace_path=turn_file.path)
+            for (_, turn_file), artifact in zip(new_files, stored_files, strict=True)
+        }
+        lists = _store_new_parts(new_parts, file_entries, transcripts)
+        wholes = _store_wholes(transcripts, tails=tails, indexes=indexes)
+        current = {
+            task_id: wholes.get(task_id, (tail, index))
+            for task_id, tail, index in zip(transcripts, tails, indexes, strict=True)
+        }
+        for task_id, transcript in transcripts.items():
+            if current[task_id][0].pk != transcript.pointer.artifact_id:
                 raise RuntimeError("content address mismatch")
         Task.objects.filter(pk__in=list(transcripts)).update(
-            transcript_id=_by_task(transcripts, stored_transcripts),
-            turn_index_id=_by_task(transcripts, indexes),
+            transcript_id=_by_task({task_id: pair[0] for task_id, pair in current.items()}),
+            turn_index_id=_by_task({task_id: pair[1] for task_id, pair in current.items()}),
         )
-        links = [
-            (turn_file.subtask_id, artifact.pk)
-            for (_, turn_file), artifact in zip(new_files, artifacts[2 * count :], strict=True)
+    history_files = {}
+    for (task_id, transcript), tail, index in zip(transcripts.items(), tails, indexes, strict=True):
+        files = [
+            turn_file.stored or file_entries[turn_file.subtask_id]
+            for turn_file in transcript.turn_files
         ]
-        for batch in _batches(links, size=_LINKS_PER_STATEMENT):
-            Subtask.objects.filter(
-                pk__in=[subtask_id for subtask_id, _ in batch], artifact__isnull=True
-            ).update(
-                artifact_id=Case(
-                    *[
-                        When(pk=subtask_id, then=Value(artifact_id))
-                        for subtask_id, artifact_id in batch
-                    ]
-                )
+        if task_id not in wholes:
+            history_files[task_id] = HistoryFiles(
+                transcript=None,
+                files=[ManifestEntry.of(index, workspace_path=TURN_INDEX_PATH), *files],
             )
-    new_entries = {
-        turn_file.subtask_id: ManifestEntry.of(artifact, workspace_path=turn_file.path)
-        for (_, turn_file), artifact in zip(new_files, artifacts[2 * count :], strict=True)
-    }
-    return {
-        task_id: [
-            ManifestEntry.of(index, workspace_path=TURN_INDEX_PATH),
-            *(
-                turn_file.stored or new_entries[turn_file.subtask_id]
-                for turn_file in transcript.turn_files
+            continue
+        whole_transcript, whole_index = wholes[task_id]
+        parts = transcript.parts
+        history_files[task_id] = HistoryFiles(
+            transcript=_composite_entry(
+                whole_transcript,
+                path=transcript_path(task_id),
+                parts=[*(part.transcript for part in parts), _piece(tail)],
             ),
+            files=[
+                _composite_entry(
+                    whole_index,
+                    path=TURN_INDEX_PATH,
+                    parts=[*(part.turn_index for part in parts), _piece(index)],
+                ),
+                *files,
+            ],
+            lists=[(part.turn_files or lists[(task_id, part.number)]).as_part() for part in parts],
+        )
+    return history_files
+
+
+def _link_turn_files(links: Sequence[tuple[int, str]]) -> None:
+    """Make each newly stored turn file (subtask id, artifact id) its turn's artifact."""
+    for batch in _batches(links, size=_LINKS_PER_STATEMENT):
+        Subtask.objects.filter(
+            pk__in=[subtask_id for subtask_id, _ in batch], artifact__isnull=True
+        ).update(
+            artifact_id=Case(
+                *[When(pk=subtask_id, then=Value(artifact_id)) for subtask_id, artifact_id in batch]
+            )
+        )
+
+
+def _store_new_parts(
+    new_parts: Sequence[tuple[int, Part]],
+    file_entries: Mapping[int, ManifestEntry],
+    transcripts: Mapping[int, Transcript],
+) -> dict[tuple[int, int], StoredPiece]:
+    """Store the lists of the new parts' turn files and the parts' rows (two queries more
+    when a part is new); the lists by (task id, part number)."""
+    if not new_parts:
+        return {}
+    listings = store_artifacts(
+        [
+            ArtifactText(
+                text=turn_file_list(
+                    [
+                        turn_file.stored or file_entries[turn_file.subtask_id]
+                        for turn_file in part.files
+                    ]
+                ),
+                kind=ArtifactKind.JSON,
+                task_id=task_id,
+            )
+            for task_id, part in new_parts
         ]
-        for (task_id, transcript), index in zip(transcripts.items(), indexes, strict=True)
+    )
+    TranscriptPart.objects.bulk_create(
+        [
+            TranscriptPart(
+                task_id=task_id,
+                number=part.number,
+                first_message_id=part.first_message_id,
+                last_message_id=part.last_message_id,
+                message_runs=[list(run) for run in part.runs],
+                turns=part.turns,
+                users=part.users,
+                assistants=part.assistants,
+                pieces={
+                    "transcript": part.transcript.as_list(),
+                    "turn_index": part.turn_index.as_list(),
+                    "turn_files": _piece(listing).as_list(),
+                },
+                is_group_chat=transcripts[task_id].is_group_chat,
+                multi_bot=transcripts[task_id].multi_bot,
+                builder_version=BUILDER_VERSION,
+                transcript_id=part.transcript.id,
+                turn_index_id=part.turn_index.id,
+                turn_files_id=listing.pk,
+            )
+            for (task_id, part), listing in zip(new_parts, listings, strict=True)
+        ],
+        # A part sealed meanwhile by a concurrent dispatch of the same task is the same part.
+        ignore_conflicts=True,
+    )
+    return {
+        (task_id, part.number): _piece(listing)
+        for (task_id, part), listing in zip(new_parts, listings, strict=True)
     }
 
 
-def _by_task(transcripts: Mapping[int, Transcript], artifacts: list[Artifact]) -> Case:
+def _store_wholes(
+    transcripts: Mapping[int, Transcript], *, tails: list[Artifact], indexes: list[Artifact]
+) -> dict[int, tuple[Artifact, Artifact]]:
+    """For each transcript in parts: the composites of [the sealed parts' composite, the
+    tail], for the transcript and for the index (see `_whole`); by task id."""
+    batch: list[tuple[Sequence[Artifact], str, int | None]] = []
+    tasks = []
+    for (task_id, transcript), tail, index in zip(transcripts.items(), tails, indexes, strict=True):
+        if not transcript.parts:
+            continue
+        tasks.append(task_id)
+        for sealed, newest in (
+            ([part.transcript.as_row() for part in transcript.parts], tail),
+            ([part.turn_index.as_row() for part in transcript.parts], index),
+        ):
+            prefix = composite_row(sealed, kind=ArtifactKind.TRANSCRIPT, task_id=task_id)
+            batch += [
+                (sealed, ArtifactKind.TRANSCRIPT, task_id),
+                ([prefix, newest], ArtifactKind.TRANSCRIPT, task_id),
+            ]
+    if not batch:
+        return {}
+    rows = store_composites(batch)
+    return {task_id: (rows[4 * at + 1], rows[4 * at + 3]) for at, task_id in enumerate(tasks)}
+
+
+def turn_file_list(entries: Sequence[ManifestEntry]) -> str:
+    """The list of a sealed part's turn files, as an executor reads it: a JSON object whose
+    `files` are manifest entries (an artifact and the workspace path it goes to)."""
+    return (
+        json.dumps(
+            {
+                "files": [
+                    {
+                        "id": entry.id,
+                        "sha256": entry.sha256,
+                        "kind": entry.kind,
+                        "size_bytes": entry.size_bytes,
+                        "size_chars": entry.size_chars,
+                        "size_lines": entry.size_lines,
+                        "path": entry.workspace_path,
+                    }
+                    for entry in entries
+                ]
+            },
+            separators=(",", ":"),
+        )
+        + "\n"
+    )
+
+
+def _composite_entry(
+    artifact: Artifact, *, path: str, parts: Sequence[StoredPiece]
+) -> ManifestEntry:
+    return ManifestEntry(
+        id=artifact.id,
+        sha256=artifact.sha256,
+        kind=artifact.kind,
+        size_bytes=artifact.size_bytes,
+        size_chars=artifact.size_chars,
+        size_lines=artifact.size_lines,
+        workspace_path=path,
+        parts=tuple(piece.as_part() for piece in parts),
+    )
+
+
+def _piece(artifact: Artifact) -> StoredPiece:
+    return StoredPiece(
+        id=artifact.id,
+        sha256=artifact.sha256,
+        size_bytes=artifact.size_bytes,
+        size_chars=artifact.size_chars,
+        size_lines=artifact.size_lines,
+    )
+
+
+def _by_task(artifacts: Mapping[int, Artifact]) -> Case:
     return Case(
-        *[
-            When(pk=task_id, then=Value(artifact.pk))
-            for task_id, artifact in zip(transcripts, artifacts, strict=True)
-        ]
+        *[When(pk=task_id, then=Value(artifact.pk)) for task_id, artifact in artifacts.items()]
     )
 
 

@@ -48,13 +48,14 @@ POLICIES = {
 # transaction (here a savepoint and its release) of three queries for any number of tasks:
 # numbering them on the tasks, checking the turns still run, inserting them.
 FIXED_QUERIES = 16
-# When a prompt leaves history out: the transcripts' turns; in their own transaction (here a
+# When a prompt leaves history out: the transcripts' sealed parts (none here: the histories
+# are shorter than a part) and the turns after them; in their own transaction (here a
 # savepoint and its release) inserting the new artifacts (transcripts, turn indexes, the turn
 # files of turns without an artifact), locking them all, pointing the tasks to their transcript
 # and index and linking the new turn files to their turns; and reading the manifest (which a
 # batch without pointer lines skips). Every claim here has new turn files: the rounds they
 # answer were recorded since the last claim.
-TRANSCRIPT_QUERIES = 8
+TRANSCRIPT_QUERIES = 9
 
 
 def claim_queries(claimed: int) -> int:

@@ -377,7 +377,9 @@ def test_spilled_history_comes_with_its_manifest(api, worker_api, settings):
         "size_lines": 500,
         "path": f".baton/artifacts/{artifact.id}.txt",
         "download_url": f"http://testserver/api/artifacts/{artifact.id}/content/",
+        "parts": None,
     }
+    assert (turn["manifest_version"], turn["artifact_lists"]) == (1, [])
     assert f"full text: .baton/artifacts/{entry['id']}.txt]" in turn["prompt"]
 
 

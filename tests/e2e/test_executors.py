@@ -26,7 +26,8 @@ from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import set_policy
 from backend.prompting.render import ESCAPE_NOTE
 from backend.prompting.units import count_tokens
-from backend.tasks.models import LanguageModel
+from backend.tasks import transcripts
+from backend.tasks.models import LanguageModel, Task, TranscriptPart
 from executors.standin import extract_prompt
 from tests.conftest import register_bot
 from tests.e2e.live import FINISHED, REPO_ROOT, WorkerProcess, prompts, run_processes, worker
@@ -468,3 +469,48 @@ def test_a_worker_asked_for_an_executor_that_is_not_installed_refuses_to_start(t
     assert result.returncode == 2
     assert "claude_code" in result.stderr
     assert "pip install" in result.stderr
+
+
+def test_the_agent_reads_a_long_conversation_assembled_from_sealed_parts(
+    baton, model_server, tmp_path, monkeypatch
+):
+    """The real worker lays out a transcript in parts (manifest version 2): the composite
+    transcript and index are assembled byte for byte, and a turn file listed only in a sealed
+    part's list is in the workspace for the agent's tools."""
+    monkeypatch.setattr(transcripts, "TRANSCRIPT_PART_TURNS", 2)
+    set_policy(task_type="code", values={"resume_native_sessions": False, "max_messages": 2})
+    answers = [f"Answer {number}: noted." for number in range(4)]
+    model_server.set_turns([{"text": text} for text in answers])
+    with worker(baton, model_server, tmp_path, ["codex"]) as running:
+        task = baton.create(executor="codex", message="The code word is heliotrope.")
+        baton.wait(task["id"])
+        for number in range(1, 4):
+            baton.follow_up(task["id"], f"Round {number}.")
+            baton.wait(task["id"])
+        model_server.clear()
+        path = f".baton/history/task-{task['id']}.md"
+        model_server.set_turns(
+            [
+                tool_call("codex", "cat .baton/history/turns/1.md; wc -l < " + path),
+                {"text": "heliotrope"},
+            ]
+        )
+        baton.follow_up(task["id"], "What was the code word?")
+        done = baton.wait(task["id"])
+    assert done["turns"][-1]["result"]["value"] == "heliotrope"
+    # Turns 1-8 came before the question: three parts of two sealed, the tail holds 7 and 8.
+    assert TranscriptPart.objects.filter(task_id=task["id"]).count() == 3
+    workspace = running.workspace_root / str(task["id"])
+    transcript = Task.objects.get(pk=task["id"]).transcript
+    served = baton.product.get(f"/api/artifacts/{transcript.pk}/content/")
+    assert transcript.composite and served.status_code == 200
+    assert (workspace / path).read_bytes() == served.content
+    index = (workspace / ".baton/history/turns/index.tsv").read_text()
+    assert [line.split("\t")[0] for line in index.splitlines()] == [
+        "message_id",
+        *map(str, range(1, 9)),
+    ]
+    # The tool ran in that workspace: turn 1's file came from part 0's list.
+    tool_output = str(model_server.model_requests()[1].body)
+    assert "The code word is heliotrope." in tool_output
+    assert str(served.content.count(b"\n")) in tool_output

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from backend.prompting import (
     ArtifactPointer,
     CurrentMessage,
@@ -14,10 +17,16 @@ from backend.prompting import (
     make_preview,
     parse_prompt,
 )
-from backend.prompting.addressing import content_sha256
+from backend.prompting.addressing import content_sha256, count_lines
 from backend.prompting.render import ESCAPE_NOTE
-from backend.prompting.transcript import render_transcript, transcript_pointer
-from backend.prompting.turn_files import history_files_note
+from backend.prompting.transcript import (
+    render_transcript,
+    render_transcript_part,
+    render_transcript_tail,
+    transcript_pointer,
+)
+from backend.prompting.turn_files import history_files_note, render_turn_index
+from tests.prompting.strategies import history_messages
 
 SPILLED = make_preview("$ make\n" + "ok\n" * 100 + "done\n", head_chars=7, tail_chars=5)
 ARTIFACT = ArtifactPointer(
@@ -85,3 +94,56 @@ def test_the_omission_notice_points_to_the_transcript() -> None:
     # Nothing omitted, nothing to point to.
     whole = build_prompt(prompt_input, PromptPolicy(max_messages=None))
     assert "transcript" not in whole.text and pointer.artifact_id not in whole.report.artifacts
+
+
+def test_a_transcript_in_parts_always_opens_with_the_escape_note() -> None:
+    """A sealed first part cannot learn that a later part escapes a line, so it always carries
+    the note; the parts and the tail are otherwise the transcript rendered whole."""
+    plain = HISTORY[:2]
+    flags = {"is_group_chat": True, "multi_bot": False}
+    first = render_transcript_part(plain[:1], opens=True, **flags)
+    tail = render_transcript_tail(plain[1:], **flags)
+    assert first == f"{ESCAPE_NOTE}\n\n## Conversation History\n\nUser[alice]:\nBuild it.\n\n"
+    assert tail == (
+        "Assistant:\n$ make\n…300 chars truncated…done\n\n"
+        "[artifact 0123456789abcdef · command_output · 312 chars, 102 lines · "
+        "full text: .baton/artifacts/0123456789abcdef.txt]\n"
+    )
+    whole = render_transcript(plain, **flags)
+    assert not whole.startswith(ESCAPE_NOTE)  # nothing was escaped
+    assert first + tail == f"{ESCAPE_NOTE}\n\n{whole}"
+    assert first + tail == render_transcript(plain, escape_note=True, **flags)
+    [history] = parse_prompt(first + tail).sections
+    assert len(history.messages) == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    history=st.integers(1, 9).flatmap(
+        lambda size: st.tuples(*(history_messages(message_id=index + 1) for index in range(size)))
+    ),
+    cuts=st.lists(st.integers(1, 4), max_size=4),
+    is_group_chat=st.booleans(),
+    multi_bot=st.booleans(),
+)
+def test_parts_and_their_tail_are_the_transcript_rendered_whole(
+    history, cuts, is_group_chat, multi_bot
+) -> None:
+    flags = {"is_group_chat": is_group_chat, "multi_bot": multi_bot}
+    pieces, index_pieces, start = [], [], 0
+    for size in cuts:
+        if start + size >= len(history):  # a tail keeps at least one message
+            break
+        chunk = history[start : start + size]
+        pieces.append(render_transcript_part(chunk, opens=start == 0, **flags))
+        index_pieces.append(render_turn_index(chunk, header=start == 0))
+        start += size
+    if not pieces:
+        return
+    pieces.append(render_transcript_tail(history[start:], **flags))
+    index_pieces.append(render_turn_index(history[start:], header=False))
+    assert "".join(pieces) == render_transcript(history, escape_note=True, **flags)
+    assert "".join(index_pieces) == render_turn_index(history)
+    # Every part ends a line, so the lines of the whole are the sum of its parts'.
+    assert all(piece.endswith("\n") for piece in pieces)
+    assert sum(map(count_lines, pieces)) == count_lines("".join(pieces))

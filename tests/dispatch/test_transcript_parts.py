@@ -1,0 +1,235 @@
+"""A long conversation's transcript in sealed parts: what the executor assembles is the whole
+conversation, a dispatch's work does not grow with it, and a part never changes once sealed.
+
+The part size is made small (3 turns) so a few rounds seal several parts.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from backend.dispatch.models import PromptReport
+from backend.dispatch.replay import replay_prompt
+from backend.prompting import ArtifactPointer, parse_prompt
+from backend.prompting.addressing import count_lines
+from backend.prompting.render import ESCAPE_NOTE, PIECE_END, pointer_line
+from backend.tasks import transcripts
+from backend.tasks.history import HISTORY_STATUSES
+from backend.tasks.models import Subtask, SubtaskStatus, Task, TranscriptPart
+from backend.tasks.transcripts import TranscriptRequest, store_transcripts, transcripts_for
+from tests.dispatch.test_dispatch_api import create, dispatch, report
+from tests.dispatch.test_history_files import INDEX
+from tests.dispatch.test_whole_texts import set_code_policy
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
+
+PART_TURNS = 3
+TURNS = ".baton/history/turns/"
+
+
+@pytest.fixture(autouse=True)
+def small_parts(monkeypatch):
+    monkeypatch.setattr(transcripts, "TRANSCRIPT_PART_TURNS", PART_TURNS)
+    set_code_policy(max_messages=2)
+
+
+def fetch(client, url: str) -> str:
+    response = client.get(url)
+    assert response.status_code == 200, url
+    return b"".join(response.streaming_content).decode()
+
+
+def assembled(client, entry: dict) -> str:
+    """What the worker writes at a composite entry's path: its parts' bytes, in order."""
+    assert entry["parts"], entry
+    return "".join(fetch(client, part["download_url"]) for part in entry["parts"])
+
+
+def entry_at(turn: dict, path: str) -> dict:
+    [entry] = [entry for entry in turn["artifacts"] if entry["path"] == path]
+    return entry
+
+
+def listed_turn_files(client, turn: dict) -> dict[str, str]:
+    """Every turn file the payload names, by path: the tail's entries and the sealed parts'
+    lists expanded, each downloaded."""
+    files = {
+        entry["path"]: fetch(client, entry["download_url"])
+        for entry in turn["artifacts"]
+        if entry["path"].startswith(TURNS) and entry["path"] != INDEX
+    }
+    for listed in turn["artifact_lists"]:
+        for entry in json.loads(fetch(client, listed["download_url"]))["files"]:
+            assert entry["path"] not in files
+            url = turn["artifact_url_template"].replace("{id}", entry["id"])
+            files[entry["path"]] = fetch(client, url)
+    return files
+
+
+def whole(task_id: int, before: int) -> transcripts.Transcript:
+    """The same turns' transcript rendered whole, as a short conversation's is."""
+    ids = Subtask.objects.filter(
+        task_id=task_id, message_id__lt=before, status__in=HISTORY_STATUSES
+    ).order_by("message_id")
+    transcript = transcripts.transcript_for(
+        task_id=task_id,
+        is_group_chat=False,
+        multi_bot=False,
+        snapshot=list(ids.values_list("message_id", flat=True)),
+    )
+    assert transcript is not None and not transcript.parts
+    return transcript
+
+
+def next_round(api, worker_api, task: dict, turn: dict, number: int) -> dict:
+    # Every third answer has a line that reads like a turn: a later part escapes it.
+    answer = f"Answer {number}." + ("\nUser: pretend" if number % 3 == 2 else "")
+    assert report(worker_api, turn, result={"value": answer}).status_code == 200
+    response = api.post(f"/api/tasks/{task['id']}/messages/", {"message": f"q{number}"})
+    assert response.status_code == 201
+    [turn] = dispatch(worker_api)
+    return turn
+
+
+def test_the_executor_assembles_the_whole_conversation_from_sealed_parts(
+    api, worker_api, monkeypatch
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    for number in range(9):
+        turn = next_round(api, worker_api, task, turn, number)
+        if not turn["prompt_report"]["messages_omitted"]:
+            continue
+        # The transcript holds the turns before the message this turn answers.
+        earlier = turn["message_id"] - 2
+        expected = whole(task["id"], earlier + 1)
+        sealed = (earlier - 1) // PART_TURNS  # a tail keeps at least one turn
+        assert TranscriptPart.objects.filter(task_id=task["id"]).count() == sealed
+
+        # The notice's counts add up the sealed parts' and the turns after them: odd message
+        # ids are the user's here.
+        included = turn["prompt_report"]["included_message_ids"]
+        users = (earlier + 1) // 2
+        assert turn["prompt_report"]["omitted_user"] == users - sum(m % 2 for m in included)
+        assert turn["prompt_report"]["omitted_assistant"] == (earlier - users) - sum(
+            1 - m % 2 for m in included
+        )
+        transcript = entry_at(turn, f".baton/history/task-{task['id']}.md")
+        index = entry_at(turn, INDEX)
+        text = assembled(worker_api, transcript)
+        if sealed:
+            assert turn["manifest_version"] == 2
+            assert len(transcript["parts"]) == len(index["parts"]) == sealed + 1
+            assert len(turn["artifact_lists"]) == sealed
+            opening = "" if expected.text.startswith(ESCAPE_NOTE) else ESCAPE_NOTE + PIECE_END
+            assert text == opening + expected.text
+        else:
+            assert turn["manifest_version"] == 1 and transcript["parts"] is None
+        assert assembled(worker_api, index) == expected.index
+        assert (transcript["size_chars"], transcript["size_lines"]) == (
+            len(text),
+            count_lines(text),
+        )
+        # The pointer line the model reads names the assembled file and measures it.
+        pointer = ArtifactPointer(
+            artifact_id=transcript["id"],
+            kind="transcript",
+            total_chars=len(text),
+            total_lines=count_lines(text),
+            workspace_path=transcript["path"],
+        )
+        assert f"\n{pointer_line(pointer)}\n" in turn["prompt"]
+        # And the API serves the composite whole under that id.
+        assert fetch(worker_api, transcript["download_url"]) == text
+        # One file per earlier turn, each its turn's whole text.
+        files = listed_turn_files(worker_api, turn)
+        assert sorted(files) == sorted(f"{TURNS}{message}.md" for message in range(1, earlier + 1))
+        assert files[f"{TURNS}{earlier}.md"].startswith(f"Answer {number}.")
+        assert parse_prompt(text).sections[0].messages[-1].content.startswith(f"Answer {number}.")
+
+
+def test_a_part_is_sealed_once_and_a_dispatch_reads_only_the_turns_after_the_parts(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    queries: dict[int, set[int]] = {}
+    for number in range(14):
+        before = TranscriptPart.objects.filter(task_id=task["id"]).count()
+        sealed_rows = list(TranscriptPart.objects.filter(task_id=task["id"]).values())
+        assert report(worker_api, turn, result={"value": f"a{number}"}).status_code == 200
+        api.post(f"/api/tasks/{task['id']}/messages/", {"message": f"q{number}"})
+        with CaptureQueriesContext(connection) as captured:
+            [turn] = dispatch(worker_api)
+        after = TranscriptPart.objects.filter(task_id=task["id"]).count()
+        if before:
+            queries.setdefault(after - before, set()).add(len(captured.captured_queries))
+        # The rows sealed earlier are untouched.
+        rows = {
+            row["id"]: row for row in TranscriptPart.objects.filter(task_id=task["id"]).values()
+        }
+        assert all(rows[row["id"]] == row for row in sealed_rows)
+        # Only the turns after the last sealed part are read again.
+        last = max((row["last_message_id"] for row in sealed_rows), default=0)
+        if last:
+            assert any(
+                f'"message_id" > {last} ' in query["sql"] and "history_text" in query["sql"]
+                for query in captured.captured_queries
+            )
+    # From 2 sealed parts to 9, a dispatch costs the same number of queries (one more
+    # set of inserts on the dispatch that seals a part).
+    assert all(len(counts) == 1 for counts in queries.values()), queries
+    assert set(queries) == {0, 1}
+
+
+def test_a_turn_still_running_holds_back_the_parts_after_it(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    for number in range(5):
+        report(worker_api, turn, result={"value": f"a{number}"})
+        api.post(f"/api/tasks/{task['id']}/messages/", {"message": f"q{number}"})
+        [turn] = dispatch(worker_api)
+    TranscriptPart.objects.all().delete()
+    # Turn 5 has not finished as far as the transcript can tell.
+    Subtask.objects.filter(task_id=task["id"], message_id=5).update(status=SubtaskStatus.PENDING)
+    request = TranscriptRequest(task["id"], False, False, before_message_id=turn["message_id"] - 1)
+    transcript = transcripts_for([request])[task["id"]]
+    # Part 0 (turns 1-3) is sealed; the next part's range holds turn 5.
+    assert [(part.first_message_id, part.last_message_id) for part in transcript.parts] == [(1, 3)]
+    assert 5 not in transcript.message_ids and transcript.turns == turn["message_id"] - 3
+
+
+def test_parts_rendered_otherwise_are_replaced(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    for number in range(4):
+        report(worker_api, turn, result={"value": f"a{number}"})
+        api.post(f"/api/tasks/{task['id']}/messages/", {"message": f"q{number}"})
+        [turn] = dispatch(worker_api)
+    assert set(TranscriptPart.objects.values_list("multi_bot", flat=True)) == {False}
+    # A second bot joined: names show in the transcript, so no old part can be used.
+    request = TranscriptRequest(task["id"], False, True, before_message_id=turn["message_id"] - 1)
+    transcript = transcripts_for([request])[task["id"]]
+    assert transcript.stale_from == 0 and all(part.new for part in transcript.parts)
+    store_transcripts({task["id"]: transcript})
+    assert set(TranscriptPart.objects.values_list("multi_bot", flat=True)) == {True}
+    assert Task.objects.get(pk=task["id"]).transcript_id == transcript.pointer.artifact_id
+
+
+def test_a_dispatch_with_a_transcript_in_parts_replays_byte_for_byte(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    for number in range(6):
+        turn = next_round(api, worker_api, task, turn, number)
+    row = PromptReport.objects.filter(subtask_id=turn["subtask_id"]).latest("id")
+    earlier = turn["message_id"] - 2
+    assert row.input_snapshot["transcript"] == {
+        "runs": [[1, earlier]],
+        "parts": (earlier - 1) // PART_TURNS,
+        "part_turns": PART_TURNS,
+    }
+    replay = replay_prompt(report=row)
+    assert replay.problem == "" and replay.matches
+    assert replay.text == turn["prompt"]
