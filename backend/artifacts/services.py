@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Protocol
 
 from django.db import transaction
 
@@ -145,7 +146,28 @@ def composite_sha256(part_sha256s: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def composite_row(parts: Sequence[Artifact], *, kind: str, task_id: int | None) -> Artifact:
+class Stored(Protocol):
+    """What a composite reads of each of its parts: an artifact row, or plain data standing for
+    a stored one (a long transcript lists many, and a model instance each costs more than the
+    rest of its handling)."""
+
+    @property
+    def pk(self) -> str: ...
+
+    @property
+    def sha256(self) -> str: ...
+
+    @property
+    def size_bytes(self) -> int: ...
+
+    @property
+    def size_chars(self) -> int: ...
+
+    @property
+    def size_lines(self) -> int: ...
+
+
+def composite_row(parts: Sequence[Stored], *, kind: str, task_id: int | None) -> Artifact:
     """The (unsaved) row of the composite of `parts`: `store_composites` stores it. A part may
     itself be a composite stored in the same batch."""
     if not parts:
@@ -165,7 +187,7 @@ def composite_row(parts: Sequence[Artifact], *, kind: str, task_id: int | None) 
 
 
 def store_composites(
-    composites: Sequence[tuple[Sequence[Artifact], str, int | None]],
+    composites: Sequence[tuple[Sequence[Stored], str, int | None]],
 ) -> list[Artifact]:
     """Store each composite (its parts in order, its kind, its task) once; return their rows.
 
@@ -176,7 +198,7 @@ def store_composites(
     the rows the same way. One query for the batch when every composite exists, three when one
     is new, however many parts.
     """
-    rows: dict[str, tuple[Artifact, Sequence[Artifact]]] = {}
+    rows: dict[str, tuple[Artifact, Sequence[Stored]]] = {}
     ordered: list[str] = []
     for parts, kind, task_id in composites:
         row = composite_row(parts, kind=kind, task_id=task_id)

@@ -48,6 +48,7 @@ from backend.artifacts.models import Artifact
 from backend.artifacts.selectors import ManifestEntry, ManifestPart
 from backend.artifacts.services import (
     ArtifactText,
+    Stored,
     atomic_storing_artifacts,
     composite_row,
     composite_sha256,
@@ -130,15 +131,10 @@ class StoredPiece:
     def as_part(self) -> ManifestPart:
         return ManifestPart(id=self.id, sha256=self.sha256, size_bytes=self.size_bytes)
 
-    def as_row(self) -> Artifact:
-        """An unsaved row standing for the stored one, as `composite_row` reads it."""
-        return Artifact(
-            id=self.id,
-            sha256=self.sha256,
-            size_bytes=self.size_bytes,
-            size_chars=self.size_chars,
-            size_lines=self.size_lines,
-        )
+    @property
+    def pk(self) -> str:
+        """The id, as a composite reads a part's (`artifacts.services.Stored`)."""
+        return self.id
 
 
 @dataclass(frozen=True)
@@ -791,15 +787,15 @@ def _store_wholes(
 ) -> dict[int, tuple[Artifact, Artifact]]:
     """For each transcript in parts: the composites of [the sealed parts' composite, the
     tail], for the transcript and for the index (see `_whole`); by task id."""
-    batch: list[tuple[Sequence[Artifact], str, int | None]] = []
+    batch: list[tuple[Sequence[Stored], str, int | None]] = []
     tasks = []
     for (task_id, transcript), tail, index in zip(transcripts.items(), tails, indexes, strict=True):
         if not transcript.parts:
             continue
         tasks.append(task_id)
         for sealed, newest in (
-            ([part.transcript.as_row() for part in transcript.parts], tail),
-            ([part.turn_index.as_row() for part in transcript.parts], index),
+            ([part.transcript for part in transcript.parts], tail),
+            ([part.turn_index for part in transcript.parts], index),
         ):
             prefix = composite_row(sealed, kind=ArtifactKind.TRANSCRIPT, task_id=task_id)
             batch += [
