@@ -299,6 +299,10 @@ def profile_dispatch(
     if cprofile:
         stats = pstats.Stats(profiler, stream=python_profile).sort_stats("cumulative")
         stats.print_stats(r"backend/|rest_framework/serializers|renderers", 25)
+        python_profile.write("queries (ms, statement):\n")
+        for query in captured.captured_queries:
+            statement = _SELECTED_COLUMNS.sub("SELECT … FROM", " ".join(query["sql"].split()))
+            python_profile.write(f"{float(query['time']) * 1000:6.1f}  {statement[:150]}\n")
     times = [float(query["time"]) for query in captured.captured_queries]
     slowest = max(range(len(times)), key=times.__getitem__)
     return QueryProfile(

@@ -15,10 +15,12 @@ transaction that is rolled back, so every run claims the same turn.
 1. The first dispatch after the feature meets the task: every turn without an artifact gets its
    turn file written (once in the task's life).
 2. Then, interleaved, `--runs` dispatches each way: with the history files (every turn file
-   already stored: listing them costs no write), and without them (the transcript only, as
-   before; the turn files are taken out of the transcripts before they are stored).
+   already stored: listing them costs no write), and without the newest turns' files (the
+   tail's turn files are taken out of the transcripts before they are stored; the sealed
+   parts' lists of turn files stay).
 3. The worker's side: `materialize_artifacts` over the manifest when every file is already in
-   the workspace (what each later dispatch costs the worker: hashing the files it has).
+   the workspace (what each later dispatch costs the worker: hashing the files it has, its
+   cached parts and lists, and the files assembled from them).
 
 Prints medians, the response size and the number of manifest entries.
 """
@@ -134,25 +136,39 @@ def main() -> None:
             )
 
         _, turn, _ = dispatch()
-        print(f"worker, every file present: {check_workspace(turn['artifacts']):,.0f} ms")
+        print(f"worker, every file present: {check_workspace(turn):,.0f} ms")
 
 
-def check_workspace(manifest: list[dict[str, Any]]) -> float:
-    """Write the manifest's files into a fresh workspace, then time the worker's pass over it
-    (every file present: hashed, nothing downloaded)."""
-    from backend.artifacts.models import Artifact
-    from backend.artifacts.selectors import artifact_content
-    from executors.client import ArtifactEntry
-    from executors.workspace import artifact_destination, materialize_artifacts, task_workspace
+class _LocalBackend:
+    """The worker's downloads served from this process's artifact store (no HTTP): what the
+    worker's first pass over a fresh workspace fetches."""
+
+    def download(self, *, url: str, destination: Path, sha256: str) -> None:
+        from backend.artifacts.models import Artifact
+        from backend.artifacts.selectors import artifact_content
+
+        artifact = Artifact.objects.get(pk=url.rstrip("/").split("/")[-2])
+        destination.write_bytes(b"".join(artifact_content(artifact=artifact)))
+
+
+def check_workspace(turn: dict[str, Any]) -> float:
+    """Lay the turn's manifest out in a fresh workspace (parts and lists included), then time
+    the worker's next pass over it (every file present: hashed, nothing downloaded)."""
+    from executors.client import ArtifactEntry, ArtifactPartRef
+    from executors.workspace import materialize_artifacts, task_workspace
 
     workspace = task_workspace(root=Path(tempfile.mkdtemp(prefix="baton-bench-ws-")), task_id=1)
-    entries = [ArtifactEntry.model_validate(entry) for entry in manifest]
-    artifacts = Artifact.objects.in_bulk([entry.id for entry in entries])
-    for entry in entries:
-        destination = artifact_destination(workspace=workspace, relative_path=entry.path)
-        destination.write_bytes(b"".join(artifact_content(artifact=artifacts[entry.id])))
+    manifest = {
+        "manifest": [ArtifactEntry.model_validate(entry) for entry in turn["artifacts"]],
+        "artifact_lists": [
+            ArtifactPartRef.model_validate(listed) for listed in turn.get("artifact_lists", [])
+        ],
+        "artifact_url_template": turn.get("artifact_url_template", ""),
+        "manifest_version": turn.get("manifest_version", 1),
+    }
+    materialize_artifacts(client=_LocalBackend(), workspace=workspace, **manifest)  # type: ignore[arg-type]
     started = time.perf_counter()
-    assert materialize_artifacts(client=None, workspace=workspace, manifest=entries) == 0  # type: ignore[arg-type]
+    assert materialize_artifacts(client=None, workspace=workspace, **manifest) == 0  # type: ignore[arg-type]
     return (time.perf_counter() - started) * 1000
 
 
