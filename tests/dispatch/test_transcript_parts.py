@@ -233,3 +233,30 @@ def test_a_dispatch_with_a_transcript_in_parts_replays_byte_for_byte(api, worker
     replay = replay_prompt(report=row)
     assert replay.problem == "" and replay.matches
     assert replay.text == turn["prompt"]
+
+
+def test_a_turn_whose_message_follows_a_sealed_part_renders_that_part_again(api, worker_api):
+    """A transcript ends with turns of its own (its last piece ends it), so one that would
+    stop exactly after a sealed part shows that part's turns as its tail instead."""
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    for number in range(6):
+        report(worker_api, turn, result={"value": f"a{number}"})
+        api.post(f"/api/tasks/{task['id']}/messages/", {"message": f"q{number}"})
+        [turn] = dispatch(worker_api)
+    sealed = list(TranscriptPart.objects.filter(task_id=task["id"]).order_by("number"))
+    assert [(part.first_message_id, part.last_message_id) for part in sealed][:2] == [
+        (1, 3),
+        (4, 6),
+    ]
+    request = TranscriptRequest(task["id"], False, False, before_message_id=7)
+    transcript = transcripts_for([request])[task["id"]]
+    assert [(part.number, part.new) for part in transcript.parts] == [(0, False)]
+    assert transcript.message_ids == (1, 2, 3, 4, 5, 6) and transcript.stale_from is None
+    expected = whole(task["id"], 7)
+    opening = "" if expected.text.startswith(ESCAPE_NOTE) else ESCAPE_NOTE + PIECE_END
+    first_part = fetch(api, f"/api/artifacts/{sealed[0].transcript_id}/content/")
+    assert first_part + transcript.text == opening + expected.text
+    # Nothing of the sealed parts changes for it.
+    store_transcripts({task["id"]: transcript})
+    assert list(TranscriptPart.objects.filter(task_id=task["id"]).order_by("number")) == sealed
