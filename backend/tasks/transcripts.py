@@ -51,7 +51,6 @@ from backend.artifacts.services import (
     Stored,
     atomic_storing_artifacts,
     composite_row,
-    composite_sha256,
     store_artifacts,
     store_composites,
 )
@@ -435,11 +434,11 @@ def _transcript(
         messages, is_group_chat=request.is_group_chat, multi_bot=request.multi_bot
     )
     tail = StoredPiece.of_text(text)
-    whole = _whole([part.transcript for part in parts], tail)
+    _, whole = _whole([part.transcript for part in parts], tail, task_id=request.task_id)
     return Transcript(
         text=text,
         pointer=ArtifactPointer(
-            artifact_id=whole.id,
+            artifact_id=whole.pk,
             kind=ArtifactKind.TRANSCRIPT,
             total_chars=whole.size_chars,
             total_lines=whole.size_lines,
@@ -485,19 +484,13 @@ def _new_part(
     )
 
 
-def _whole(sealed: Sequence[StoredPiece], tail: StoredPiece) -> StoredPiece:
-    """The composite of [the composite of the sealed pieces, the tail] (`store_composites`
-    stores it): the sealed pieces' composite is the same on every dispatch until a part is
-    sealed, so a dispatch links two parts, not one per sealed part."""
-    prefix = composite_sha256([piece.sha256 for piece in sealed])
-    sha256 = composite_sha256([prefix, tail.sha256])
-    return StoredPiece(
-        id=artifact_id_for(sha256),
-        sha256=sha256,
-        size_bytes=sum(piece.size_bytes for piece in sealed) + tail.size_bytes,
-        size_chars=sum(piece.size_chars for piece in sealed) + tail.size_chars,
-        size_lines=sum(piece.size_lines for piece in sealed) + tail.size_lines,
-    )
+def _whole(sealed: Sequence[Stored], newest: Stored, *, task_id: int) -> tuple[Artifact, Artifact]:
+    """The (unsaved) rows of the sealed pieces' composite and of the composite of [it, the
+    newest piece], which names the whole (`store_composites` stores both): the sealed pieces'
+    composite is the same on every dispatch until a part is sealed, so a dispatch links two
+    parts, not one per sealed part."""
+    prefix = composite_row(sealed, kind=ArtifactKind.TRANSCRIPT, task_id=task_id)
+    return prefix, composite_row([prefix, newest], kind=ArtifactKind.TRANSCRIPT, task_id=task_id)
 
 
 def _runs(message_ids: Sequence[int]) -> Runs:
@@ -797,7 +790,7 @@ def _store_wholes(
             ([part.transcript for part in transcript.parts], tail),
             ([part.turn_index for part in transcript.parts], index),
         ):
-            prefix = composite_row(sealed, kind=ArtifactKind.TRANSCRIPT, task_id=task_id)
+            prefix, _ = _whole(sealed, newest, task_id=task_id)
             batch += [
                 (sealed, ArtifactKind.TRANSCRIPT, task_id),
                 ([prefix, newest], ArtifactKind.TRANSCRIPT, task_id),
