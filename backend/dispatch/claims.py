@@ -23,13 +23,14 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Min, Q, QuerySet
 from django.utils import timezone
 
+from backend import sql
 from backend.dispatch.leases import lease_until, reclaim_expired_leases
 from backend.dispatch.payload import ClaimedTurn, build_claimed_turns
 from backend.dispatch.summaries import schedule_summaries
 from backend.errors import InvalidInput
 from backend.prompting import Role
 from backend.tasks import task_events
-from backend.tasks.models import TURNS, Subtask, SubtaskStatus, Task, TaskStatus
+from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskStatus
 
 MAX_CLAIM_LIMIT = 100
 
@@ -120,9 +121,19 @@ def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int
         # locks after them would invert the order of follow-ups and cancel (task, then turns).
         # A task cancelled meanwhile keeps its status.
         # A summary job is no part of the conversation: it leaves the task's status alone.
-        Task.objects.filter(
-            pk__in=Subtask.objects.filter(TURNS, pk__in=ids).values("task_id")
-        ).exclude(status=TaskStatus.CANCELLED).update(status=TaskStatus.RUNNING, updated_at=now)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {Task._meta.db_table} SET status = %s, updated_at = %s "  # noqa: S608
+                f"WHERE id IN (SELECT task_id FROM {Subtask._meta.db_table} WHERE kind = %s "
+                f"AND id IN ({sql.placeholders(ids)})) AND status <> %s",
+                [
+                    TaskStatus.RUNNING.value,
+                    sql.when(now),
+                    SubtaskKind.TURN.value,
+                    *ids,
+                    TaskStatus.CANCELLED.value,
+                ],
+            )
     return ids
 
 
@@ -144,14 +155,14 @@ def _claim_in_one_statement(
         claim["updated_at"],
     ]
     # Only column names and the ORM's own parameterized SQL are formatted in.
-    sql = (
+    statement = (
         f"UPDATE {Subtask._meta.db_table} SET status = %s, claimed_by_id = %s, "  # noqa: S608
         "lease_owner = %s, lease_expires_at = %s, started_at = %s, updated_at = %s, "
         f"not_before = NULL, attempts = attempts + 1 WHERE id IN ({picked} FOR UPDATE SKIP "
         "LOCKED) RETURNING id"
     )
     with connection.cursor() as cursor:
-        cursor.execute(sql, [*values, *picked_params])
+        cursor.execute(statement, [*values, *picked_params])
         return sorted(row[0] for row in cursor.fetchall())
 
 

@@ -34,10 +34,11 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
-from django.db.models import F, QuerySet, Subquery
+from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
+from backend import sql
 from backend.dispatch.models import PromptReport
 from backend.errors import Conflict, LeaseLost, NotFound, TurnCancelled
 from backend.events import log_event
@@ -107,12 +108,16 @@ def reclaim_expired_leases(
     pending_since).
     """
     now = now or timezone.now()
-    expired = Subtask.objects.filter(status=SubtaskStatus.RUNNING, lease_expires_at__lt=now)
-    if subtask_ids is not None:
-        expired = expired.filter(pk__in=list(subtask_ids))
-    expired_ids = list(
-        expired.order_by("lease_expires_at").values_list("id", flat=True)[:RECLAIM_BATCH]
-    )
+    if subtask_ids is None:
+        expired_ids = _expired_lease_ids(now=now)
+    else:
+        expired_ids = list(
+            Subtask.objects.filter(
+                pk__in=list(subtask_ids), status=SubtaskStatus.RUNNING, lease_expires_at__lt=now
+            )
+            .order_by("lease_expires_at")
+            .values_list("id", flat=True)[:RECLAIM_BATCH]
+        )
     requeued = failed = 0
     for subtask_id in expired_ids:
         with transaction.atomic():
@@ -181,6 +186,20 @@ def requeue(
     refresh_task_status(task=Task.objects.get(pk=subtask.task_id))
 
 
+def _expired_lease_ids(*, now: datetime) -> list[int]:
+    """The RUNNING turns whose lease ran out before `now`, soonest expired first. Every
+    dispatch asks, and the answer is almost always none: one index range read, its SQL
+    written out instead of built by the ORM on each call."""
+    with connection.cursor() as cursor:
+        # Only the table's name is formatted into the SQL.
+        cursor.execute(
+            f"SELECT id FROM {Subtask._meta.db_table} WHERE status = %s "  # noqa: S608
+            "AND lease_expires_at < %s ORDER BY lease_expires_at LIMIT %s",
+            [SubtaskStatus.RUNNING.value, sql.when(now), RECLAIM_BATCH],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
 def claimed_turn(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
     """The turn, locked, if this worker account holds or last held its claim, or once held the
     claim (worker_id, attempt) it names; else NotFound, so an account learns nothing of turns
@@ -191,24 +210,37 @@ def claimed_turn(*, worker: User, worker_id: str, attempt: int, subtask_id: int)
     writer of a task's turns uses (follow-ups, cancel, results), so concurrent writers queue
     instead of deadlocking.
     """
-    turns = Subtask.objects.filter(pk=subtask_id, role=Role.ASSISTANT)
     # The usual case, the account holding the claim, finds and locks the task in one query.
-    task = _locked_task_of(turns.filter(claimed_by=worker))
+    task = _locked_task_of(subtask_id=subtask_id, claimed_by=worker)
     if task is None and _held_before(
         worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
     ):
-        task = _locked_task_of(turns)
+        task = _locked_task_of(subtask_id=subtask_id, claimed_by=None)
     if task is not None:
-        subtask = Subtask.objects.select_for_update().filter(pk=subtask_id).first()
-        if subtask is not None:
-            subtask.task = task  # the locked row, read under the lock
-            return subtask
+        found = sql.rows_of(
+            Subtask,
+            f"SELECT {sql.columns(Subtask)} FROM {Subtask._meta.db_table} "  # noqa: S608
+            f"WHERE id = %s{sql.locking()}",
+            [subtask_id],
+        )
+        if found:
+            found[0].task = task  # the locked row, read under the lock
+            return found[0]
     raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
 
 
-def _locked_task_of(turns: QuerySet[Subtask]) -> Task | None:
-    """The task of the (one) turn in `turns`, its row locked (see `lock_task`)."""
-    return Task.objects.select_for_update().filter(pk=Subquery(turns.values("task_id")[:1])).first()
+def _locked_task_of(*, subtask_id: int, claimed_by: User | None) -> Task | None:
+    """The task of the ASSISTANT turn `subtask_id` (held by `claimed_by`, when given), its row
+    locked (see `lock_task`)."""
+    held = "" if claimed_by is None else " AND claimed_by_id = %s"
+    found = sql.rows_of(
+        Task,
+        f"SELECT {sql.columns(Task)} FROM {Task._meta.db_table} WHERE id = "  # noqa: S608
+        f"(SELECT task_id FROM {Subtask._meta.db_table} WHERE id = %s AND role = %s{held})"
+        f"{sql.locking()}",
+        [subtask_id, Role.ASSISTANT.value, *([] if claimed_by is None else [claimed_by.pk])],
+    )
+    return found[0] if found else None
 
 
 def _held_before(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> bool:

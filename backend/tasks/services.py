@@ -18,10 +18,11 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db import transaction
-from django.db.models import Case, F, Q, Subquery, When
+from django.db import connection, transaction
+from django.db.models import Case, F, Q, When
 from django.utils import timezone
 
+from backend import sql
 from backend.artifacts.services import (
     atomic_storing_artifacts,
     locked_stored_artifact,
@@ -882,23 +883,32 @@ def refresh_task_status(*, task: Task) -> str:
 
 
 def _latest_round_statuses(*, task: Task) -> set[str]:
-    latest_user_message = (
-        task.subtasks.filter(role=Role.USER).order_by("-message_id").values("message_id")[:1]
-    )
-    return set(
-        task.subtasks.filter(
-            role=Role.ASSISTANT, parent_message_id=Subquery(latest_user_message)
-        ).values_list("status", flat=True)
-    )
+    """The statuses of the turns answering the task's latest USER message (every result
+    report asks: its SQL is written out, see `backend.sql`)."""
+    table = Subtask._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT DISTINCT status FROM {table} WHERE task_id = %s AND role = %s "  # noqa: S608
+            f"AND parent_message_id = (SELECT message_id FROM {table} WHERE task_id = %s "
+            "AND role = %s ORDER BY message_id DESC LIMIT 1)",
+            [task.pk, Role.ASSISTANT.value, task.pk, Role.USER.value],
+        )
+        return {row[0] for row in cursor.fetchall()}
 
 
 def start_next_queued(*, task: Task) -> list[Subtask]:
     """Start the round of the task's oldest queued message (its message_ids are allocated
     now, after every turn before it); none when nothing is queued. The caller holds the task's
     lock and has checked that no turn of the task is active."""
-    queued = task.queued_messages.filter(status=QueuedMessageStatus.QUEUED).order_by("id").first()
-    if queued is None:
+    found = sql.rows_of(
+        QueuedMessage,
+        f"SELECT {sql.columns(QueuedMessage)} FROM {QueuedMessage._meta.db_table} "  # noqa: S608
+        "WHERE task_id = %s AND status = %s ORDER BY id LIMIT 1",
+        [task.pk, QueuedMessageStatus.QUEUED.value],
+    )
+    if not found:
         return []
+    queued = found[0]
     turns = _create_round(task=task, message=queued.message, sender=queued.sender)
     queued.status = QueuedMessageStatus.SENT
     queued.subtask = turns[0]

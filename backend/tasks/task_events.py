@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
+from backend import sql
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskEvent
 from backend.tasks.wakeups import announce_events
 
@@ -130,12 +131,14 @@ def record_claims(*, turns: Sequence[Subtask]) -> None:
         firsts = _allocate_many(
             counts={task_id: len(claimed) for task_id, claimed in by_task.items()}
         )
-        running = set(
-            Subtask.objects.filter(
-                pk__in=[turn.pk for claimed in by_task.values() for turn in claimed],
-                status=SubtaskStatus.RUNNING,
-            ).values_list("id", flat=True)
-        )
+        ids = [turn.pk for claimed in by_task.values() for turn in claimed]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {Subtask._meta.db_table} "  # noqa: S608
+                f"WHERE id IN ({sql.placeholders(ids)}) AND status = %s",
+                [*ids, SubtaskStatus.RUNNING.value],
+            )
+            running = {row[0] for row in cursor.fetchall()}
         TaskEvent.objects.bulk_create(
             TaskEvent(
                 task_id=task_id,
