@@ -16,44 +16,91 @@ from functools import cache
 from typing import Any, TypeVar
 
 from django.db import connection
-from django.db.models import Model
+from django.db.models import Field, Model
 
 M = TypeVar("M", bound=Model)
 
 
 @cache
-def _concrete(model: type[Model]) -> tuple[str, tuple[str, ...]]:
+def _fields(model: type[Model], names: tuple[str, ...] | None) -> tuple[Field[Any, Any], ...]:
+    """`model`'s concrete fields named (all when None), in the model's field order: the order
+    `Model.from_db` takes a subset of values in."""
     fields = model._meta.concrete_fields
-    return ", ".join(field.column for field in fields), tuple(field.attname for field in fields)
+    if names is None:
+        return tuple(fields)
+    wanted = {model._meta.get_field(name).attname for name in names}
+    return tuple(field for field in fields if field.attname in wanted)
 
 
-def columns(model: type[Model]) -> str:
-    """Every column of `model`'s table, in field order: what `rows_of` reads."""
-    return _concrete(model)[0]
-
-
-def rows_of(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
-    """`model` instances from `sql`, which selects `columns(model)` in that order; they are
-    what the ORM would have loaded (each field's value converted as the ORM converts it)."""
+def columns(model: type[Model], fields: Sequence[str] | None = None) -> str:
+    """The qualified columns of `model`'s `fields` (every concrete field when None), in the
+    order `rows_of` reads them."""
     table = model._meta.db_table
-    attnames = _concrete(model)[1]
-    converters = []
-    for index, field in enumerate(model._meta.concrete_fields):
-        column = field.get_col(table)
-        found = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
-        if found:
-            converters.append((index, column, found))
+    return ", ".join(
+        f"{table}.{field.column}"
+        for field in _fields(model, None if fields is None else tuple(fields))
+    )
+
+
+def rows_of(
+    model: type[M],
+    sql: str,
+    params: Sequence[Any],
+    *,
+    fields: Sequence[str] | None = None,
+    joined: tuple[str, Sequence[str] | None] | None = None,
+) -> list[M]:
+    """`model` instances from `sql`, which selects `columns(model, fields)` and then, when
+    `joined` is (foreign key, its model's fields), `columns(related model, fields)` of a LEFT
+    JOIN: what the ORM loads for `.only(fields)` with `select_related(foreign key)` (the
+    fields left out are deferred, each value converted as the ORM converts it)."""
+    readers = [_Reader(model, None if fields is None else tuple(fields))]
+    foreign_key = None
+    if joined is not None:
+        foreign_key = model._meta.get_field(joined[0])
+        related = foreign_key.related_model
+        assert isinstance(related, type)
+        readers.append(_Reader(related, None if joined[1] is None else tuple(joined[1])))
     with connection.cursor() as cursor:
         cursor.execute(sql, list(params))
         rows = cursor.fetchall()
     loaded = []
     for row in rows:
-        values = list(row)
-        for index, column, found in converters:
+        instance = readers[0].load(row)
+        if foreign_key is not None:
+            target = readers[1].load(row, start=readers[0].width)
+            foreign_key.set_cached_value(instance, target)  # type: ignore[attr-defined]
+        loaded.append(instance)
+    return loaded
+
+
+class _Reader:
+    """Makes one model's instances from its slice of a row."""
+
+    def __init__(self, model: type[Model], names: tuple[str, ...] | None) -> None:
+        self.model = model
+        fields = _fields(model, names)
+        self.width = len(fields)
+        self.attnames = [field.attname for field in fields]
+        self.pk_index = self.attnames.index(model._meta.pk.attname)  # type: ignore[union-attr]
+        self.converters = []
+        for index, field in enumerate(fields):
+            column = field.get_col(model._meta.db_table)
+            found = [
+                *connection.ops.get_db_converters(column),
+                *column.get_db_converters(connection),
+            ]
+            if found:
+                self.converters.append((index, column, found))
+
+    def load(self, row: Sequence[Any], *, start: int = 0) -> Any:
+        values = list(row[start : start + self.width])
+        if values[self.pk_index] is None:
+            return None  # no row on the LEFT JOIN's side
+        for index, column, found in self.converters:
             for converter in found:
                 values[index] = converter(values[index], column, connection)
-        loaded.append(model.from_db(connection.alias, attnames, values))
-    return loaded
+        return self.model.from_db(connection.alias, self.attnames, values)
 
 
 def locking() -> str:

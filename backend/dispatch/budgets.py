@@ -32,6 +32,7 @@ from typing import Any
 
 from django.db.models import Q
 
+from backend import sql
 from backend.dispatch.models import PromptReport
 from backend.prompting.policy import MIN_MAX_TOKENS, PromptPolicy
 from backend.prompting.tokenizers import TokenCounting, counting_for, unknown_counting
@@ -176,7 +177,20 @@ def model_windows_for(bots: Iterable[Bot]) -> dict[int, ModelWindow]:
     own `context_window` is set (one query)."""
     bots = list(bots)
     names = {name for bot in bots if bot.model for name in LanguageModel.lookup_names(bot.model)}
-    rows = {row.name: row for row in LanguageModel.objects.filter(name__in=names)} if names else {}
+    listed = sorted(names)
+    rows = (
+        {
+            row.name: row
+            for row in sql.rows_of(
+                LanguageModel,
+                f"SELECT {sql.columns(LanguageModel)} "  # noqa: S608
+                f"FROM {LanguageModel._meta.db_table} WHERE name IN ({sql.placeholders(listed)})",
+                listed,
+            )
+        }
+        if listed
+        else {}
+    )
     windows = {}
     for bot in bots:
         window = model_window(bot=bot, row=_listed(bot.model, rows))

@@ -23,6 +23,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Prefetch, prefetch_related_objects
 
+from backend import sql
 from backend.artifacts.models import Artifact
 from backend.artifacts.selectors import ManifestEntry, ManifestPart, manifest_artifacts
 from backend.dispatch.budgets import budget_columns, effective_max_tokens, model_windows_for
@@ -78,11 +79,17 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
 
     A turn whose payload cannot be built is released (see `_build_failed`) and left out.
     """
-    claimed_rows = list(
-        Subtask.objects.filter(pk__in=ids)
-        .select_related("task")
-        .defer(*_LONG_COLUMNS)
-        .order_by("pending_since", "id")
+    table, tasks = Subtask._meta.db_table, Task._meta.db_table
+    # Every dispatch reads its claimed rows: the SQL is written out (see `backend.sql`).
+    claimed_rows = sql.rows_of(
+        Subtask,
+        f"SELECT {sql.columns(Subtask, _SHORT_COLUMNS)}, {sql.columns(Task)} "  # noqa: S608
+        f"FROM {table} JOIN {tasks} ON {tasks}.id = {table}.task_id "
+        f"WHERE {table}.id IN ({sql.placeholders(ids)}) "
+        f"ORDER BY {table}.pending_since, {table}.id",
+        ids,
+        fields=_SHORT_COLUMNS,
+        joined=("task", None),
     )
     subtasks = [row for row in claimed_rows if row.kind == SubtaskKind.TURN]
     jobs = [row for row in claimed_rows if row.kind == SubtaskKind.SUMMARY]
@@ -280,6 +287,9 @@ _LONG_COLUMNS = (
     "preview_head",
     "preview_tail",
     "preview_layout",
+)
+_SHORT_COLUMNS = tuple(
+    field.name for field in Subtask._meta.concrete_fields if field.name not in _LONG_COLUMNS
 )
 
 

@@ -28,6 +28,7 @@ from django.db import transaction
 from django.db.models import F
 from pydantic import ValidationError
 
+from backend import sql
 from backend.dispatch.models import DEFAULT_TASK_TYPE, HistoryPolicy
 from backend.errors import InvalidInput
 from backend.prompting.policy import PromptPolicy
@@ -195,8 +196,14 @@ def resolve_from_rows(*, task_type: str, rows: Mapping[str, HistoryPolicy]) -> R
 
 def policy_rows(*, task_types: set[str]) -> dict[str, HistoryPolicy]:
     """The rows that can apply to these task types (one query)."""
-    wanted = set(task_types) | {DEFAULT_TASK_TYPE}
-    return {row.task_type: row for row in HistoryPolicy.objects.filter(task_type__in=wanted)}
+    wanted = sorted(set(task_types) | {DEFAULT_TASK_TYPE})
+    rows = sql.rows_of(
+        HistoryPolicy,
+        f"SELECT {sql.columns(HistoryPolicy)} FROM {HistoryPolicy._meta.db_table} "  # noqa: S608
+        f"WHERE task_type IN ({sql.placeholders(wanted)})",
+        wanted,
+    )
+    return {row.task_type: row for row in rows}
 
 
 def resolve_policy(*, task_type: str) -> ResolvedPolicy:

@@ -20,12 +20,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db.models import Case, F, Q, Value, When
+from django.db import connection
 
+from backend import sql
 from backend.dispatch.models import PromptReport
 from backend.prompting.inputs import PromptInput
 from backend.prompting.policy import PromptPolicy
-from backend.tasks.history import any_of
 from backend.tasks.models import NativeSession, Subtask, SubtaskKind, SubtaskStatus
 
 # Agno runs keep Baton's prompt: their sessions live in the runner's own store and replay
@@ -38,13 +38,13 @@ def native_sessions_for(subtasks: Sequence[Subtask]) -> dict[int, NativeSession]
     """Per subtask id: the native session of its bot in its task, if any (one query)."""
     if not subtasks:
         return {}
-    rows = NativeSession.objects.filter(
-        any_of(
-            [
-                Q(task_id=subtask.task_id, bot=subtask.bot, executor=subtask.executor)
-                for subtask in subtasks
-            ]
-        )
+    task_ids = sorted({subtask.task_id for subtask in subtasks})
+    # A task holds one session per bot and executor: its few rows are matched here.
+    rows = sql.rows_of(
+        NativeSession,
+        f"SELECT {sql.columns(NativeSession)} FROM {NativeSession._meta.db_table} "  # noqa: S608
+        f"WHERE task_id IN ({sql.placeholders(task_ids)})",
+        task_ids,
     )
     by_key = {(row.task_id, row.bot, row.executor): row for row in rows}
     found = {}
@@ -147,13 +147,20 @@ def record_session(
     """
     reports = PromptReport.objects.filter(subtask=subtask, attempt=subtask.attempts)
     sent_kind = RESUME if resumed else "full"
-    reports.update(
-        sent=Case(When(kind=sent_kind, then=Value(True)), default=Value(False)),
-        resume_reason=Case(
-            When(kind=RESUME, then=Value("resumed" if resumed else "resume_failed")),
-            default=F("resume_reason"),
-        ),
-    )
+    with connection.cursor() as cursor:
+        # Every result report runs it: its SQL is written out (see `backend.sql`).
+        cursor.execute(
+            f"UPDATE {PromptReport._meta.db_table} SET sent = (kind = %s), "  # noqa: S608
+            "resume_reason = CASE WHEN kind = %s THEN %s ELSE resume_reason END "
+            "WHERE subtask_id = %s AND attempt = %s",
+            [
+                sent_kind,
+                RESUME,
+                "resumed" if resumed else "resume_failed",
+                subtask.pk,
+                subtask.attempts,
+            ],
+        )
     if (
         not session_id
         or subtask.status != SubtaskStatus.COMPLETED

@@ -24,6 +24,7 @@ from django.db import connection
 from django.db.models import Case, Count, F, Q, RowRange, Sum, Value, When, Window
 from django.db.models.functions import Least, Length, RowNumber
 
+from backend import sql
 from backend.artifacts.models import Artifact
 from backend.prompting import Role
 from backend.prompting.addressing import workspace_path
@@ -271,16 +272,25 @@ def prompt_inputs_for(
     if not batch:
         return {}
 
-    anchor_rows = Subtask.objects.filter(
-        any_of(
-            [Q(task_id=request.task.pk, message_id__in=request.anchor_ids) for request in batch]
-            + [Q(pk=request.summary_id) for request in batch if request.summary_id is not None]
+    table = Subtask._meta.db_table
+    conditions = []
+    params: list[Any] = []
+    for request in batch:
+        conditions.append(
+            f"({table}.task_id = %s AND {table}.message_id IN "
+            f"({sql.placeholders(request.anchor_ids)}))"
         )
-    )
+        params += [request.task.pk, *request.anchor_ids]
+    for request in batch:
+        if request.summary_id is not None:
+            conditions.append(f"{table}.id = %s")
+            params.append(request.summary_id)
     anchors = {
         (turn.task_id, turn.message_id): turn
-        for turn in anchor_rows.select_related("artifact").only(
-            *SUMMARY_FIELDS, "task_id", "message", "parent_message_id"
+        for turn in _turns_with_pointers(
+            " OR ".join(conditions),
+            params,
+            fields=(*SUMMARY_FIELDS, "task_id", "message", "parent_message_id"),
         )
     }
     summaries = {turn.pk: turn for turn in anchors.values() if turn.kind == SubtaskKind.SUMMARY}
@@ -545,11 +555,16 @@ def _history_windows(
     else:
         window_ids, totals_by_task = _ranked_window_ids(batch)
     by_task: dict[int, list[Subtask]] = {}
+    table = Subtask._meta.db_table
     rows = (
-        Subtask.objects.filter(pk__in=window_ids)
-        .select_related("artifact")
-        .only(*HISTORY_FIELDS, "task_id")
-        .order_by("task_id", "-message_id")
+        _turns_with_pointers(
+            f"{table}.id IN ({sql.placeholders(window_ids)})",
+            window_ids,
+            fields=(*HISTORY_FIELDS, "task_id"),
+            order_by=f"{table}.task_id, {table}.message_id DESC",
+        )
+        if window_ids
+        else []
     )
     for turn in rows:
         by_task.setdefault(turn.task_id, []).append(turn)
@@ -569,6 +584,26 @@ def _history_windows(
         windows[request.subtask.pk] = list(reversed(newest))
         totals_out[request.subtask.pk] = totals_by_task.get(request.task.pk, (0, 0))
     return windows, totals_out
+
+
+def _turns_with_pointers(
+    where: str, params: Sequence[Any], *, fields: Sequence[str], order_by: str = ""
+) -> list[Subtask]:
+    """The turns `where` selects, loaded as `.only(fields).select_related("artifact")` would
+    (`fields` may name the artifact's as `artifact__…`). Every dispatch reads its anchors and
+    its window this way: their SQL is written out (see `backend.sql`)."""
+    own = tuple(name for name in fields if "__" not in name) + ("artifact",)
+    pointer = tuple(name.split("__", 1)[1] for name in fields if name.startswith("artifact__"))
+    table, artifacts = Subtask._meta.db_table, Artifact._meta.db_table
+    return sql.rows_of(
+        Subtask,
+        f"SELECT {sql.columns(Subtask, own)}, {sql.columns(Artifact, pointer)} "  # noqa: S608
+        f"FROM {table} LEFT JOIN {artifacts} ON {artifacts}.id = {table}.artifact_id "
+        f"WHERE {where}" + (f" ORDER BY {order_by}" if order_by else ""),
+        params,
+        fields=own,
+        joined=("artifact", pointer),
+    )
 
 
 def _capped_window_ids(

@@ -8,6 +8,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db.models import Case, F, Q, QuerySet, TextField, Value, When
 
+from backend import sql
 from backend.artifacts.models import Artifact
 from backend.artifacts.storage import verified_chunks
 from backend.errors import NotFound
@@ -225,9 +226,17 @@ def get_bot(*, name: str) -> Bot:
 def bots_for_turns(subtasks: Sequence[Subtask]) -> dict[int, Bot]:
     """Per subtask id: its registered bot (one query). Turns stored before the registry, or
     whose bot is gone, get their executor's default bot."""
-    kinds = {subtask.executor for subtask in subtasks}
-    names = {subtask.bot for subtask in subtasks}
-    rows = list(Bot.objects.filter(Q(name__in=names) | Q(is_default=True, executor__in=kinds)))
+    if not subtasks:
+        return {}
+    kinds = sorted({subtask.executor for subtask in subtasks})
+    names = sorted({subtask.bot for subtask in subtasks})
+    rows = sql.rows_of(
+        Bot,
+        f"SELECT {sql.columns(Bot)} FROM {Bot._meta.db_table} "  # noqa: S608
+        f"WHERE name IN ({sql.placeholders(names)}) "
+        f"OR (is_default = %s AND executor IN ({sql.placeholders(kinds)}))",
+        [*names, True, *kinds],
+    )
     by_name = {bot.name: bot for bot in rows}
     defaults = {bot.executor: bot for bot in rows if bot.is_default}
     found = {}
