@@ -10,6 +10,7 @@ placeholders are formatted into the SQL; every value is a parameter.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from datetime import datetime
 from functools import cache
@@ -54,13 +55,13 @@ def rows_of(
     `joined` is (foreign key, its model's fields), `columns(related model, fields)` of a LEFT
     JOIN: what the ORM loads for `.only(fields)` with `select_related(foreign key)` (the
     fields left out are deferred, each value converted as the ORM converts it)."""
-    readers = [_Reader(model, None if fields is None else tuple(fields))]
+    readers = [_reader(model, None if fields is None else tuple(fields))]
     foreign_key = None
     if joined is not None:
         foreign_key = model._meta.get_field(joined[0])
         related = foreign_key.related_model
         assert isinstance(related, type)
-        readers.append(_Reader(related, None if joined[1] is None else tuple(joined[1])))
+        readers.append(_reader(related, None if joined[1] is None else tuple(joined[1])))
     with connection.cursor() as cursor:
         cursor.execute(sql, list(params))
         rows = cursor.fetchall()
@@ -72,6 +73,17 @@ def rows_of(
             foreign_key.set_cached_value(instance, target)  # type: ignore[attr-defined]
         loaded.append(instance)
     return loaded
+
+
+_readers = threading.local()  # a thread's connection converts with its own backend's functions
+
+
+def _reader(model: type[Model], names: tuple[str, ...] | None) -> _Reader:
+    cached: dict[tuple[Any, ...], _Reader] = _readers.__dict__.setdefault("by_key", {})
+    key = (connection.alias, model, names)
+    if key not in cached:
+        cached[key] = _Reader(model, names)
+    return cached[key]
 
 
 class _Reader:
