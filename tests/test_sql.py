@@ -1,0 +1,99 @@
+"""The written-out SQL helpers load rows exactly as the ORM would (`backend.sql`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from backend import sql
+from backend.artifacts.models import Artifact
+from backend.tasks.factories import conversation
+from backend.tasks.models import Subtask, Task
+from backend.tasks.services import PipelineStep
+
+pytestmark = pytest.mark.django_db
+
+POINTER = ("id", "kind", "size_chars", "size_lines")
+
+
+def _field_values(instance, names) -> dict:
+    return {name: getattr(instance, name) for name in names}
+
+
+@pytest.fixture
+def task(user, settings) -> Task:
+    settings.BATON_SPILL_THRESHOLD_CHARS = 200
+    settings.BATON_PREVIEW_HEAD_CHARS = 40
+    settings.BATON_PREVIEW_TAIL_CHARS = 40
+    return conversation(
+        owner=user,
+        messages=["Fix the build.", "Now the docs."],
+        answers=["x" * 500],  # spilled to an artifact
+        pipeline=[PipelineStep(executor="codex")],
+    )
+
+
+def test_whole_rows_equal_the_orms_in_every_field(task):
+    table = Subtask._meta.db_table
+    loaded = sql.rows_of(
+        Subtask,
+        f"SELECT {sql.columns(Subtask)} FROM {table} WHERE task_id = %s ORDER BY message_id",  # noqa: S608
+        [task.pk],
+    )
+    expected = list(Subtask.objects.filter(task=task).order_by("message_id"))
+    names = [field.attname for field in Subtask._meta.concrete_fields]
+    assert [_field_values(row, names) for row in loaded] == [
+        _field_values(row, names) for row in expected
+    ]
+    # JSON, datetimes and booleans come back as the ORM's Python values, not the driver's.
+    answer = loaded[1]
+    assert answer.result == expected[1].result and isinstance(answer.result, dict)
+    assert answer.finished_at == expected[1].finished_at and answer.finished_at.tzinfo
+    assert answer.history_is_preview is True
+    assert answer._state.adding is False and answer._state.db == "default"
+
+    tasks = sql.rows_of(
+        Task,
+        f"SELECT {sql.columns(Task)} FROM {Task._meta.db_table} WHERE id = %s",  # noqa: S608
+        [task.pk],
+    )
+    assert tasks[0].pipeline == task.pipeline and isinstance(tasks[0].pipeline, list)
+
+
+def test_some_fields_and_a_joined_row_load_like_only_with_select_related(
+    task, django_assert_num_queries
+):
+    table, artifacts = Subtask._meta.db_table, Artifact._meta.db_table
+    own = ("id", "task_id", "message_id", "role", "history_text", "artifact")
+    loaded = sql.rows_of(
+        Subtask,
+        f"SELECT {sql.columns(Subtask, own)}, {sql.columns(Artifact, POINTER)} FROM {table} "  # noqa: S608
+        f"LEFT JOIN {artifacts} ON {artifacts}.id = {table}.artifact_id "
+        f"WHERE {table}.task_id = %s ORDER BY {table}.message_id",
+        [task.pk],
+        fields=own,
+        joined=("artifact", POINTER),
+    )
+    expected = list(
+        Subtask.objects.filter(task=task)
+        .select_related("artifact")
+        .only(*own, *(f"artifact__{name}" for name in POINTER))
+        .order_by("message_id")
+    )
+    assert [row.get_deferred_fields() for row in loaded] == [
+        row.get_deferred_fields() for row in expected
+    ]
+    assert "result" in loaded[1].get_deferred_fields()
+    for row, orm in zip(loaded, expected, strict=True):
+        assert _field_values(row, ["id", "message_id", "role", "history_text"]) == (
+            _field_values(orm, ["id", "message_id", "role", "history_text"])
+        )
+    first, spilled = loaded[0], loaded[1]
+    assert first.artifact_id is None and spilled.artifact_id is not None
+    with django_assert_num_queries(0):  # both came with the row, the missing one as None
+        assert first.artifact is None
+        assert _field_values(spilled.artifact, POINTER) == _field_values(
+            expected[1].artifact, POINTER
+        )
+    assert spilled.artifact.get_deferred_fields() == expected[1].artifact.get_deferred_fields()
+    # A deferred field still loads on access, as the ORM's does.
+    assert spilled.result == expected[1].result
