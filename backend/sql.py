@@ -20,6 +20,10 @@ from django.db import connection
 from django.db.models import Field, Model
 
 M = TypeVar("M", bound=Model)
+# (position in the row, column, converters): see `_converters`.
+_Converters = list[tuple[int, Any, list[Any]]]
+# Each thread's readers and converters: its connection converts with its backend's functions.
+_readers = threading.local()
 
 
 @cache
@@ -41,6 +45,71 @@ def columns(model: type[Model], fields: Sequence[str] | None = None) -> str:
         f"{table}.{field.column}"
         for field in _fields(model, None if fields is None else tuple(fields))
     )
+
+
+@cache
+def _path(model: type[Model], name: str) -> tuple[str, Field[Any, Any]]:
+    """The qualified column and the field `name` names on `model`, following `fk__field`
+    through foreign keys (whose tables the caller joins)."""
+    if "__" in name:
+        foreign_key, rest = name.split("__", 1)
+        related = model._meta.get_field(foreign_key).related_model
+        assert isinstance(related, type)
+        return _path(related, rest)
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field)
+    return f"{model._meta.db_table}.{field.column}", field
+
+
+def value_columns(model: type[Model], names: Sequence[str]) -> str:
+    """The qualified columns `values_of(model, names, …)` reads, as `values_list` names them
+    (`fk__field` for a joined table's column)."""
+    return ", ".join(_path(model, name)[0] for name in names)
+
+
+def values_of(
+    model: type[Model], names: Sequence[str], sql: str, params: Sequence[Any]
+) -> list[tuple[Any, ...]]:
+    """The rows of `sql`, which selects `value_columns(model, names)`, each value converted as
+    `values_list(*names)` converts it (JSON parsed, booleans and datetimes as Python's)."""
+    converters = _value_converters(connection.alias, model, tuple(names))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, list(params))
+        rows = cursor.fetchall()
+    if not converters:
+        return rows
+    converted = []
+    for row in rows:
+        values = list(row)
+        for index, column, found in converters:
+            for converter in found:
+                values[index] = converter(values[index], column, connection)
+        converted.append(tuple(values))
+    return converted
+
+
+def _value_converters(alias: str, model: type[Model], names: tuple[str, ...]) -> _Converters:
+    cached: dict[tuple[Any, ...], _Converters] = _readers.__dict__.setdefault("values", {})
+    key = (alias, model, names)
+    if key not in cached:
+        found = []
+        for name in names:
+            field = _path(model, name)[1]
+            found.append((field.model._meta.db_table, field))
+        cached[key] = _converters(found)
+    return cached[key]
+
+
+def _converters(fields: Sequence[tuple[str, Field[Any, Any]]]) -> _Converters:
+    """Per (table, field) of a row, by position: the backend's and the field's converters of
+    the values read from the database (only the positions that have any)."""
+    converters = []
+    for index, (table, field) in enumerate(fields):
+        column = field.get_col(table)
+        found = [*connection.ops.get_db_converters(column), *column.get_db_converters(connection)]
+        if found:
+            converters.append((index, column, found))
+    return converters
 
 
 def rows_of(
@@ -75,9 +144,6 @@ def rows_of(
     return loaded
 
 
-_readers = threading.local()  # a thread's connection converts with its own backend's functions
-
-
 def _reader(model: type[Model], names: tuple[str, ...] | None) -> _Reader:
     cached: dict[tuple[Any, ...], _Reader] = _readers.__dict__.setdefault("by_key", {})
     key = (connection.alias, model, names)
@@ -95,15 +161,7 @@ class _Reader:
         self.width = len(fields)
         self.attnames = [field.attname for field in fields]
         self.pk_index = self.attnames.index(model._meta.pk.attname)  # type: ignore[union-attr]
-        self.converters = []
-        for index, field in enumerate(fields):
-            column = field.get_col(model._meta.db_table)
-            found = [
-                *connection.ops.get_db_converters(column),
-                *column.get_db_converters(connection),
-            ]
-            if found:
-                self.converters.append((index, column, found))
+        self.converters = _converters([(model._meta.db_table, field) for field in fields])
 
     def load(self, row: Sequence[Any], *, start: int = 0) -> Any:
         values = list(row[start : start + self.width])

@@ -97,3 +97,21 @@ def test_some_fields_and_a_joined_row_load_like_only_with_select_related(
     assert spilled.artifact.get_deferred_fields() == expected[1].artifact.get_deferred_fields()
     # A deferred field still loads on access, as the ORM's does.
     assert spilled.result == expected[1].result
+
+
+def test_values_equal_values_list_with_a_joined_tables_columns(task):
+    names = ("message_id", "history_is_preview", "preview_layout", "result", "artifact__kind")
+    table, artifacts = Subtask._meta.db_table, Artifact._meta.db_table
+    loaded = sql.values_of(
+        Subtask,
+        names,
+        f"SELECT {sql.value_columns(Subtask, names)} FROM {table} "  # noqa: S608
+        f"LEFT JOIN {artifacts} ON {artifacts}.id = {table}.artifact_id "
+        f"WHERE {table}.task_id = %s ORDER BY {table}.message_id",
+        [task.pk],
+    )
+    expected = list(Subtask.objects.filter(task=task).order_by("message_id").values_list(*names))
+    assert loaded == expected
+    spilled = loaded[1]
+    assert spilled[1] is True and isinstance(spilled[2], dict) and isinstance(spilled[3], dict)
+    assert spilled[4] == expected[1][4] is not None

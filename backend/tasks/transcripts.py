@@ -42,8 +42,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from django.db.models import Case, Q, QuerySet, Value, When
+from django.db.models import Case, Q, Value, When
 
+from backend import sql
 from backend.artifacts.models import Artifact
 from backend.artifacts.selectors import ManifestEntry, ManifestPart
 from backend.artifacts.services import (
@@ -70,8 +71,8 @@ from backend.prompting.turn_files import TURN_INDEX_PATH, render_turn_index, tur
 from backend.tasks.history import HISTORY_STATUSES, any_of
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
-    TURNS,
     Subtask,
+    SubtaskKind,
     SubtaskStatus,
     Task,
     TranscriptPart,
@@ -277,16 +278,22 @@ def transcript_for(
 ) -> Transcript | None:
     """The transcript a prompt report's snapshot names (`Transcript.snapshot`), rendered again
     from its turns (what a replay reads); None when one of them no longer exists."""
+    table = Subtask._meta.db_table
     if isinstance(snapshot, dict):
         runs = [(int(first), int(last)) for first, last in snapshot["runs"]]
-        condition = any_of([Q(message_id__range=run) for run in runs])
+        condition = " OR ".join(f"{table}.message_id BETWEEN %s AND %s" for _ in runs)
+        params = [bound for run in runs for bound in run]
         wanted = sum(last - first + 1 for first, last in runs)
         part_count, part_turns = int(snapshot["parts"]), int(snapshot["part_turns"])
     else:
-        condition, wanted = Q(message_id__in=list(snapshot)), len(snapshot)
+        params = [int(message_id) for message_id in snapshot]
+        condition = f"{table}.message_id IN ({sql.placeholders(params)})"
+        wanted = len(snapshot)
         part_count, part_turns = 0, TRANSCRIPT_PART_TURNS
-    turns = Subtask.objects.filter(condition, task_id=task_id)
-    rows = [(message, turn_file) for _, _, message, turn_file in _turns(turns)]
+    if not params:
+        return None
+    found = _turns(f"{table}.task_id = %s AND ({condition})", [task_id, *params])
+    rows = [(message, turn_file) for _, _, message, turn_file in found]
     if not rows or len(rows) != wanted:
         return None
     request = TranscriptRequest(task_id, is_group_chat, multi_bot, before_message_id=0)
@@ -310,10 +317,14 @@ def _sealed_parts(
     """Each task's sealed parts that its request can use (consecutive from the first, all
     before its message, rendered as it would render them), and where stale rows start."""
     requested = {request.task_id: request for request in requests}
-    rows = (
-        TranscriptPart.objects.filter(task_id__in=list(requested))
-        .order_by("task_id", "number")
-        .values_list(*_PART_COLUMNS)
+    task_ids = list(requested)
+    rows = sql.values_of(
+        TranscriptPart,
+        _PART_COLUMNS,
+        f"SELECT {sql.value_columns(TranscriptPart, _PART_COLUMNS)} "  # noqa: S608
+        f"FROM {TranscriptPart._meta.db_table} WHERE task_id IN ({sql.placeholders(task_ids)}) "
+        "ORDER BY task_id, number",
+        task_ids,
     )
     parts: dict[int, list[Part]] = {}
     stale_from: dict[int, int] = {}
@@ -362,23 +373,22 @@ def _tails(
 ) -> dict[int, _Tail]:
     """Each task's turns in history after its usable sealed parts and before its request's
     message, and the first of those turns that has not finished yet (one query)."""
-    condition = any_of(
-        [
-            Q(
-                task_id=request.task_id,
-                message_id__gt=(
-                    parts[request.task_id][-1].last_message_id if parts.get(request.task_id) else 0
-                ),
-                message_id__lt=request.before_message_id,
-            )
-            for request in requests
-        ]
-    )
-    turns = Subtask.objects.filter(
-        condition, TURNS, status__in=(*HISTORY_STATUSES, *ACTIVE_SUBTASK_STATUSES)
-    )
+    table = Subtask._meta.db_table
+    ranges = []
+    params: list[Any] = []
+    for request in requests:
+        ranges.append(
+            f"({table}.task_id = %s AND {table}.message_id > %s AND {table}.message_id < %s)"
+        )
+        after = parts[request.task_id][-1].last_message_id if parts.get(request.task_id) else 0
+        params += [request.task_id, after, request.before_message_id]
+    statuses = [*HISTORY_STATUSES, *ACTIVE_SUBTASK_STATUSES]
     tails: dict[int, _Tail] = {}
-    for task_id, status, message, turn_file in _turns(turns):
+    for task_id, status, message, turn_file in _turns(
+        f"({' OR '.join(ranges)}) AND {table}.kind = %s "
+        f"AND {table}.status IN ({sql.placeholders(statuses)})",
+        [*params, SubtaskKind.TURN.value, *statuses],
+    ):
         history, first_active = tails.setdefault(task_id, ([], None))
         if status in ACTIVE_SUBTASK_STATUSES:
             if first_active is None:
@@ -537,13 +547,25 @@ _COLUMNS = (
 )
 
 
-def _turns(turns: QuerySet[Subtask]) -> Iterator[tuple[int, str, HistoryMessage, TurnFile]]:
-    """(task id, status, message, turn file) for each turn, by task and message id, read as
-    plain values: a transcript reads many earlier turns, so no model instances. The rows were
-    validated as `history_message`s when they were recorded and each prompt that includes
-    them validates them again; here they are only rendered, so they are constructed without a
-    second validation."""
-    for row in turns.order_by("task_id", "message_id").values_list(*_COLUMNS):
+def _turns(
+    where: str, params: Sequence[Any]
+) -> Iterator[tuple[int, str, HistoryMessage, TurnFile]]:
+    """(task id, status, message, turn file) for each turn `where` selects, by task and
+    message id, read as plain values: a transcript reads many earlier turns, so no model
+    instances, and every dispatch that leaves history out reads them, so the SQL is written
+    out (see `backend.sql`). The rows were validated as `history_message`s when they were
+    recorded and each prompt that includes them validates them again; here they are only
+    rendered, so they are constructed without a second validation."""
+    table, artifacts = Subtask._meta.db_table, Artifact._meta.db_table
+    rows = sql.values_of(
+        Subtask,
+        _COLUMNS,
+        f"SELECT {sql.value_columns(Subtask, _COLUMNS)} FROM {table} "  # noqa: S608
+        f"LEFT JOIN {artifacts} ON {artifacts}.id = {table}.artifact_id WHERE {where} "
+        f"ORDER BY {table}.task_id, {table}.message_id",
+        params,
+    )
+    for row in rows:
         (task_id, message_id, role, status, sender, bot, text, spilled, head, tail) = row[:10]
         layout, chars, artifact_id, kind, size_chars, size_lines = row[10:16]
         subtask_id, sha256, size_bytes = row[16:]
