@@ -40,11 +40,13 @@ def _fields(model: type[Model], names: tuple[str, ...] | None) -> tuple[Field[An
 def columns(model: type[Model], fields: Sequence[str] | None = None) -> str:
     """The qualified columns of `model`'s `fields` (every concrete field when None), in the
     order `rows_of` reads them."""
+    return _columns(model, None if fields is None else tuple(fields))
+
+
+@cache
+def _columns(model: type[Model], names: tuple[str, ...] | None) -> str:
     table = model._meta.db_table
-    return ", ".join(
-        f"{table}.{field.column}"
-        for field in _fields(model, None if fields is None else tuple(fields))
-    )
+    return ", ".join(f"{table}.{field.column}" for field in _fields(model, names))
 
 
 @cache
@@ -64,6 +66,11 @@ def _path(model: type[Model], name: str) -> tuple[str, Field[Any, Any]]:
 def value_columns(model: type[Model], names: Sequence[str]) -> str:
     """The qualified columns `values_of(model, names, …)` reads, as `values_list` names them
     (`fk__field` for a joined table's column)."""
+    return _value_columns(model, tuple(names))
+
+
+@cache
+def _value_columns(model: type[Model], names: tuple[str, ...]) -> str:
     return ", ".join(_path(model, name)[0] for name in names)
 
 
