@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from contextlib import nullcontext
 from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Field, Model
 
 M = TypeVar("M", bound=Model)
@@ -193,3 +194,49 @@ def placeholders(values: Sequence[Any]) -> str:
 def when(moment: datetime) -> Any:
     """A datetime as a parameter, stored the way the ORM stores it."""
     return connection.ops.adapt_datetimefield_value(moment)
+
+
+# Under SQLite's limit on a statement's parameters (32,766) and PostgreSQL's (65,535).
+MAX_PARAMETERS = 32_000
+
+
+def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:
+    """Insert `rows` (of one model) as `bulk_create` does: each field's value prepared as the
+    ORM prepares it, in statements under the parameter limit (one transaction when there are
+    several). With `ignore_conflicts`, a row whose key exists is skipped; otherwise a row whose
+    primary key the database assigns gets it."""
+    if not rows:
+        return
+    meta = type(rows[0])._meta
+    pk = meta.pk
+    assert pk is not None
+    assigned = getattr(rows[0], pk.attname) is None
+    fields = [field for field in meta.concrete_fields if not (assigned and field is pk)]
+    returning = assigned and not ignore_conflicts
+    values = "(" + ", ".join("%s" for _ in fields) + ")"
+    per_statement = max(1, MAX_PARAMETERS // len(fields))
+    statements = range(0, len(rows), per_statement)
+    with transaction.atomic(savepoint=False) if len(statements) > 1 else nullcontext():
+        for start in statements:
+            batch = rows[start : start + per_statement]
+            statement = (
+                f"INSERT INTO {meta.db_table} ({', '.join(field.column for field in fields)}) "  # noqa: S608
+                f"VALUES {', '.join(values for _ in batch)}"
+            )
+            if ignore_conflicts:
+                statement += " ON CONFLICT DO NOTHING"
+            elif returning:
+                statement += f" RETURNING {pk.column}"
+            params = [
+                field.get_db_prep_save(field.pre_save(row, True), connection)
+                for row in batch
+                for field in fields
+            ]
+            with connection.cursor() as cursor:
+                cursor.execute(statement, params)
+                if returning:
+                    for row, (key,) in zip(batch, cursor.fetchall(), strict=True):
+                        setattr(row, pk.attname, key)
+            for row in batch:
+                row._state.adding = False
+                row._state.db = connection.alias

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from backend import sql
 from backend.artifacts.models import Artifact
 from backend.tasks.factories import conversation
-from backend.tasks.models import Subtask, Task
+from backend.tasks.models import Subtask, Task, TaskEvent
 from backend.tasks.services import PipelineStep
 
 pytestmark = pytest.mark.django_db
@@ -115,3 +117,46 @@ def test_values_equal_values_list_with_a_joined_tables_columns(task):
     spilled = loaded[1]
     assert spilled[1] is True and isinstance(spilled[2], dict) and isinstance(spilled[3], dict)
     assert spilled[4] == expected[1][4] is not None
+
+
+def test_inserted_rows_read_back_as_the_orms(task):
+    data = {"subtask_id": 1, "text": "naïve ✓", "nested": [1, {"a": None}]}
+    events = [
+        TaskEvent(task_id=task.pk, seq=1000 + offset, type="turn.progress", data=data)
+        for offset in range(3)
+    ]
+    sql.insert(events)
+    assert all(event.pk is not None and not event._state.adding for event in events)
+    stored = {event.pk: event for event in TaskEvent.objects.filter(seq__gte=1000)}
+    assert sorted(stored) == sorted(event.pk for event in events)
+    for event in events:
+        assert stored[event.pk].data == data and stored[event.pk].seq == event.seq
+        assert stored[event.pk].created_at == event.created_at
+
+    # A key that exists is skipped, and the row that holds it is left as it was.
+    existing = Artifact.objects.filter(composite=False).first()
+    clash = Artifact(
+        **{
+            field.attname: getattr(existing, field.attname)
+            for field in Artifact._meta.concrete_fields
+        }
+    )
+    clash.size_chars = existing.size_chars + 1
+    sql.insert([clash], ignore_conflicts=True)
+    existing.refresh_from_db()
+    assert existing.size_chars == clash.size_chars - 1
+
+
+def test_many_rows_are_inserted_in_statements_under_the_parameter_limit(task, monkeypatch):
+    monkeypatch.setattr(sql, "MAX_PARAMETERS", 20)  # 6 columns (the id is assigned): 3 rows
+    events = [
+        TaskEvent(task_id=task.pk, seq=2000 + offset, type="turn.progress", data={})
+        for offset in range(5)
+    ]
+    with CaptureQueriesContext(connection) as captured:
+        sql.insert(events)
+    inserts = [query for query in captured.captured_queries if query["sql"].startswith("INSERT")]
+    assert len(inserts) == 2
+    assert list(
+        TaskEvent.objects.filter(seq__gte=2000).order_by("seq").values_list("pk", flat=True)
+    ) == [event.pk for event in events]

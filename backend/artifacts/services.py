@@ -24,6 +24,7 @@ from typing import Protocol
 
 from django.db import transaction
 
+from backend import sql
 from backend.artifacts.models import Artifact, ArtifactPart
 from backend.artifacts.retention import remove_unowned_file
 from backend.artifacts.storage import (
@@ -207,17 +208,12 @@ def store_composites(
     # A composite that exists is locked and left as it is (a long transcript's sealed parts'
     # composite is the same on every dispatch until a part is sealed): only new ones are
     # inserted with their part rows, so a dispatch never rewrites a part list.
-    locked = {
-        artifact.pk: artifact
-        for artifact in Artifact.objects.select_for_update()
-        .filter(pk__in=list(rows))
-        .order_by("pk")
-    }
+    locked = _locked(list(rows))
     new = [row for artifact_id, (row, _) in rows.items() if artifact_id not in locked]
     if new:
         # A concurrent writer of the same composite wrote the same parts: conflicts are that.
-        Artifact.objects.bulk_create(new, ignore_conflicts=True)
-        ArtifactPart.objects.bulk_create(
+        sql.insert(new, ignore_conflicts=True)
+        sql.insert(
             [
                 ArtifactPart(composite_id=row.pk, part_id=part.pk, position=position)
                 for row in new
@@ -298,13 +294,21 @@ def _insert_and_lock(rows: list[Artifact]) -> dict[str, Artifact]:
     locked: dict[str, Artifact] = {}
     missing = rows
     while missing:
-        Artifact.objects.bulk_create(missing, ignore_conflicts=True)
-        found = {
-            artifact.pk: artifact
-            for artifact in Artifact.objects.select_for_update()
-            .filter(pk__in=[row.pk for row in missing])
-            .order_by("pk")
-        }
+        sql.insert(missing, ignore_conflicts=True)
+        found = _locked([row.pk for row in missing])
         locked.update(found)
         missing = [row for row in missing if row.pk not in found]
     return locked
+
+
+def _locked(artifact_ids: list[str]) -> dict[str, Artifact]:
+    """The rows of these ids, locked in id order (the order every writer locks them in); by id.
+    Every dispatch that stores history files asks: the SQL is written out (see `backend.sql`)."""
+    table = Artifact._meta.db_table
+    rows = sql.rows_of(
+        Artifact,
+        f"SELECT {sql.columns(Artifact)} FROM {table} "  # noqa: S608
+        f"WHERE id IN ({sql.placeholders(artifact_ids)}) ORDER BY id{sql.locking()}",
+        artifact_ids,
+    )
+    return {row.pk: row for row in rows}

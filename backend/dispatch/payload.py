@@ -263,11 +263,8 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
                 resume_reason=reason,
             )
         )
-    reports = [row for turn in claimed for row in (turn.report, turn.resume_report) if row]
-    if len(reports) == 1:
-        reports[0].save(force_insert=True)  # one statement; bulk_create adds a transaction
-    else:
-        PromptReport.objects.bulk_create(reports)
+    # Every dispatch writes its reports: the statement is written out (see `backend.sql`).
+    sql.insert([row for turn in claimed for row in (turn.report, turn.resume_report) if row])
     for turn in claimed:
         for row in (turn.report, turn.resume_report):
             if row is not None:

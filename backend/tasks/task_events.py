@@ -85,15 +85,18 @@ def record(*, task_id: int, events: Sequence[Event]) -> None:
     # Joins the caller's transaction; alone, the numbers and the rows still commit together.
     with transaction.atomic(savepoint=False):
         first = _allocate(task_id=task_id, count=len(events))
-        TaskEvent.objects.bulk_create(
-            TaskEvent(
-                task_id=task_id,
-                seq=first + offset,
-                type=event.type,
-                subtask_id=event.subtask_id,
-                data=event.data,
-            )
-            for offset, event in enumerate(events)
+        # Every change writes events: the statement is written out (see `backend.sql`).
+        sql.insert(
+            [
+                TaskEvent(
+                    task_id=task_id,
+                    seq=first + offset,
+                    type=event.type,
+                    subtask_id=event.subtask_id,
+                    data=event.data,
+                )
+                for offset, event in enumerate(events)
+            ]
         )
         announce_events(task_id=task_id)
 
@@ -139,17 +142,19 @@ def record_claims(*, turns: Sequence[Subtask]) -> None:
                 [*ids, SubtaskStatus.RUNNING.value],
             )
             running = {row[0] for row in cursor.fetchall()}
-        TaskEvent.objects.bulk_create(
-            TaskEvent(
-                task_id=task_id,
-                seq=firsts[task_id] + offset,
-                type=TURN_CLAIMED,
-                subtask_id=turn.pk,
-                data=turn_data(turn),
-            )
-            for task_id, claimed in by_task.items()
-            if task_id in firsts  # a task deleted meanwhile has no log left
-            for offset, turn in enumerate(t for t in claimed if t.pk in running)
+        sql.insert(
+            [
+                TaskEvent(
+                    task_id=task_id,
+                    seq=firsts[task_id] + offset,
+                    type=TURN_CLAIMED,
+                    subtask_id=turn.pk,
+                    data=turn_data(turn),
+                )
+                for task_id, claimed in by_task.items()
+                if task_id in firsts  # a task deleted meanwhile has no log left
+                for offset, turn in enumerate(t for t in claimed if t.pk in running)
+            ]
         )
         for task_id in firsts:
             announce_events(task_id=task_id)

@@ -42,7 +42,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from django.db.models import Case, Q, Value, When
+from django.db import connection
+from django.db.models import Q
 
 from backend import sql
 from backend.artifacts.models import Artifact
@@ -690,10 +691,7 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
         for task_id, transcript in transcripts.items():
             if current[task_id][0].pk != transcript.pointer.artifact_id:
                 raise RuntimeError("content address mismatch")
-        Task.objects.filter(pk__in=list(transcripts)).update(
-            transcript_id=_by_task({task_id: pair[0] for task_id, pair in current.items()}),
-            turn_index_id=_by_task({task_id: pair[1] for task_id, pair in current.items()}),
-        )
+        _point_tasks(current)
     history_files = {}
     for (task_id, transcript), tail, index in zip(transcripts.items(), tails, indexes, strict=True):
         files = [
@@ -728,14 +726,34 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
 
 
 def _link_turn_files(links: Sequence[tuple[int, str]]) -> None:
-    """Make each newly stored turn file (subtask id, artifact id) its turn's artifact."""
+    """Make each newly stored turn file (subtask id, artifact id) its turn's artifact. A
+    dispatch links the turns recorded since the last one, and the first dispatch of a long
+    task links thousands: the SQL is written out (see `backend.sql`)."""
+    table = Subtask._meta.db_table
     for batch in _batches(links, size=_LINKS_PER_STATEMENT):
-        Subtask.objects.filter(
-            pk__in=[subtask_id for subtask_id, _ in batch], artifact__isnull=True
-        ).update(
-            artifact_id=Case(
-                *[When(pk=subtask_id, then=Value(artifact_id)) for subtask_id, artifact_id in batch]
+        cases = " ".join("WHEN %s THEN %s" for _ in batch)
+        ids = [subtask_id for subtask_id, _ in batch]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET artifact_id = CASE id {cases} END "  # noqa: S608
+                f"WHERE id IN ({sql.placeholders(ids)}) AND artifact_id IS NULL",
+                [*(value for link in batch for value in link), *ids],
             )
+
+
+def _point_tasks(current: Mapping[int, tuple[Artifact, Artifact]]) -> None:
+    """Make each task's (transcript, turn index) its current ones (one statement)."""
+    transcripts = " ".join("WHEN %s THEN %s" for _ in current)
+    ids = list(current)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Task._meta.db_table} SET transcript_id = CASE id {transcripts} END, "  # noqa: S608
+            f"turn_index_id = CASE id {transcripts} END WHERE id IN ({sql.placeholders(ids)})",
+            [
+                *(value for task_id, pair in current.items() for value in (task_id, pair[0].pk)),
+                *(value for task_id, pair in current.items() for value in (task_id, pair[1].pk)),
+                *ids,
+            ],
         )
 
 
@@ -870,12 +888,6 @@ def _piece(artifact: Artifact) -> StoredPiece:
         size_bytes=artifact.size_bytes,
         size_chars=artifact.size_chars,
         size_lines=artifact.size_lines,
-    )
-
-
-def _by_task(artifacts: Mapping[int, Artifact]) -> Case:
-    return Case(
-        *[When(pk=task_id, then=Value(artifact.pk)) for task_id, artifact in artifacts.items()]
     )
 
 
