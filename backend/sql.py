@@ -18,13 +18,19 @@ from functools import cache
 from typing import Any, TypeVar
 
 from django.db import connection, transaction
-from django.db.models import Field, Model
+from django.db.models import Field, ForeignKey, Model
 
 M = TypeVar("M", bound=Model)
 # (position in the row, column, converters): see `_converters`.
 _Converters = list[tuple[int, Any, list[Any]]]
 # Each thread's readers and converters: its connection converts with its backend's functions.
 _readers = threading.local()
+
+
+def _field(model: type[Model], name: str) -> Field[Any, Any]:
+    field = model._meta.get_field(name)
+    assert isinstance(field, Field)  # a concrete field (a foreign key among them)
+    return field
 
 
 @cache
@@ -34,7 +40,7 @@ def _fields(model: type[Model], names: tuple[str, ...] | None) -> tuple[Field[An
     fields = model._meta.concrete_fields
     if names is None:
         return tuple(fields)
-    wanted = {model._meta.get_field(name).attname for name in names}
+    wanted = {_field(model, name).attname for name in names}
     return tuple(field for field in fields if field.attname in wanted)
 
 
@@ -56,11 +62,10 @@ def _path(model: type[Model], name: str) -> tuple[str, Field[Any, Any]]:
     through foreign keys (whose tables the caller joins)."""
     if "__" in name:
         foreign_key, rest = name.split("__", 1)
-        related = model._meta.get_field(foreign_key).related_model
+        related = _field(model, foreign_key).related_model
         assert isinstance(related, type)
         return _path(related, rest)
-    field = model._meta.get_field(name)
-    assert isinstance(field, Field)
+    field = _field(model, name)
     return f"{model._meta.db_table}.{field.column}", field
 
 
@@ -85,7 +90,7 @@ def values_of(
         cursor.execute(sql, list(params))
         rows = cursor.fetchall()
     if not converters:
-        return rows
+        return list(rows)
     converted = []
     for row in rows:
         values = list(row)
@@ -133,10 +138,11 @@ def rows_of(
     JOIN: what the ORM loads for `.only(fields)` with `select_related(foreign key)` (the
     fields left out are deferred, each value converted as the ORM converts it)."""
     readers = [_reader(model, None if fields is None else tuple(fields))]
-    foreign_key = None
+    foreign_key: ForeignKey[Any, Any] | None = None
     if joined is not None:
-        foreign_key = model._meta.get_field(joined[0])
-        related = foreign_key.related_model
+        found = model._meta.get_field(joined[0])
+        assert isinstance(found, ForeignKey)
+        foreign_key, related = found, found.related_model
         assert isinstance(related, type)
         readers.append(_reader(related, None if joined[1] is None else tuple(joined[1])))
     with connection.cursor() as cursor:
@@ -147,7 +153,7 @@ def rows_of(
         instance = readers[0].load(row)
         if foreign_key is not None:
             target = readers[1].load(row, start=readers[0].width)
-            foreign_key.set_cached_value(instance, target)  # type: ignore[attr-defined]
+            foreign_key.set_cached_value(instance, target)
         loaded.append(instance)
     return loaded
 
@@ -168,7 +174,9 @@ class _Reader:
         fields = _fields(model, names)
         self.width = len(fields)
         self.attnames = [field.attname for field in fields]
-        self.pk_index = self.attnames.index(model._meta.pk.attname)  # type: ignore[union-attr]
+        pk = model._meta.pk
+        assert pk is not None
+        self.pk_index = self.attnames.index(pk.attname)
         self.converters = _converters([(model._meta.db_table, field) for field in fields])
 
     def load(self, row: Sequence[Any], *, start: int = 0) -> Any:
