@@ -11,7 +11,7 @@ placeholders are formatted into the SQL; every value is a parameter.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from datetime import datetime
 from functools import cache
@@ -197,6 +197,13 @@ def locking() -> str:
 
 def placeholders(values: Sequence[Any]) -> str:
     return ", ".join("%s" for _ in values)
+
+
+def case_by_id(values: Mapping[Any, Any]) -> tuple[str, list[Any]]:
+    """`CASE id WHEN … THEN … END` giving each id (key) its value, and its parameters: one
+    statement updates many rows, each to its own value."""
+    whens = " ".join("WHEN %s THEN %s" for _ in values)
+    return f"CASE id {whens} END", [item for pair in values.items() for item in pair]
 
 
 def when(moment: datetime) -> Any:

@@ -163,14 +163,12 @@ def record_claims(*, turns: Sequence[Subtask]) -> None:
 def _allocate_many(*, counts: dict[int, int]) -> dict[int, int]:
     """`_allocate` for several tasks in one statement: the first reserved number of each."""
     table = Task._meta.db_table
-    cases = " ".join("WHEN %s THEN %s" for _ in counts)
-    ids = ", ".join("%s" for _ in counts)
-    params: list[int] = [value for pair in counts.items() for value in pair]
+    added, params = sql.case_by_id(counts)
     with connection.cursor() as cursor:
         # Only the table's name and placeholders are formatted into the SQL.
         cursor.execute(
-            f"UPDATE {table} SET next_event_seq = next_event_seq + CASE id {cases} END "  # noqa: S608
-            f"WHERE id IN ({ids}) RETURNING id, next_event_seq",
+            f"UPDATE {table} SET next_event_seq = next_event_seq + {added} "  # noqa: S608
+            f"WHERE id IN ({sql.placeholders(list(counts))}) RETURNING id, next_event_seq",
             [*params, *counts],
         )
         return {task_id: int(after) - counts[task_id] for task_id, after in cursor.fetchall()}

@@ -731,29 +731,30 @@ def _link_turn_files(links: Sequence[tuple[int, str]]) -> None:
     task links thousands: the SQL is written out (see `backend.sql`)."""
     table = Subtask._meta.db_table
     for batch in _batches(links, size=_LINKS_PER_STATEMENT):
-        cases = " ".join("WHEN %s THEN %s" for _ in batch)
+        artifact_ids, params = sql.case_by_id(dict(batch))
         ids = [subtask_id for subtask_id, _ in batch]
         with connection.cursor() as cursor:
             cursor.execute(
-                f"UPDATE {table} SET artifact_id = CASE id {cases} END "  # noqa: S608
+                f"UPDATE {table} SET artifact_id = {artifact_ids} "  # noqa: S608
                 f"WHERE id IN ({sql.placeholders(ids)}) AND artifact_id IS NULL",
-                [*(value for link in batch for value in link), *ids],
+                [*params, *ids],
             )
 
 
 def _point_tasks(current: Mapping[int, tuple[Artifact, Artifact]]) -> None:
     """Make each task's (transcript, turn index) its current ones (one statement)."""
-    transcripts = " ".join("WHEN %s THEN %s" for _ in current)
+    transcripts, transcript_params = sql.case_by_id(
+        {task_id: pair[0].pk for task_id, pair in current.items()}
+    )
+    indexes, index_params = sql.case_by_id(
+        {task_id: pair[1].pk for task_id, pair in current.items()}
+    )
     ids = list(current)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {Task._meta.db_table} SET transcript_id = CASE id {transcripts} END, "  # noqa: S608
-            f"turn_index_id = CASE id {transcripts} END WHERE id IN ({sql.placeholders(ids)})",
-            [
-                *(value for task_id, pair in current.items() for value in (task_id, pair[0].pk)),
-                *(value for task_id, pair in current.items() for value in (task_id, pair[1].pk)),
-                *ids,
-            ],
+            f"UPDATE {Task._meta.db_table} SET transcript_id = {transcripts}, "  # noqa: S608
+            f"turn_index_id = {indexes} WHERE id IN ({sql.placeholders(ids)})",
+            [*transcript_params, *index_params, *ids],
         )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from backend.artifacts import selectors
 from backend.artifacts.models import Artifact
 from backend.prompting import Role
 from backend.tasks.factories import answered_task
@@ -30,6 +31,22 @@ def spill(*, owner, text: str = SPILLED_TEXT, title: str = "Spill") -> Artifact:
 
 def task_of(artifact: Artifact) -> Task:
     return Task.objects.get(pk=artifact.task_id)
+
+
+@pytest.fixture
+def opened_files(monkeypatch) -> list:
+    """Every stored file the artifact selectors open from now on, in order (still open or not)."""
+    opened = []
+    storage = selectors.artifact_storage()
+
+    class RecordingStorage:
+        def open(self, name: str, mode: str = "rb"):
+            stored = storage.open(name, mode)
+            opened.append(stored)
+            return stored
+
+    monkeypatch.setattr(selectors, "artifact_storage", RecordingStorage)
+    return opened
 
 
 @pytest.fixture

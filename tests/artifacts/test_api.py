@@ -424,23 +424,13 @@ def test_a_damaged_result_value_leaves_the_task_api_up(
 
 
 def test_an_unread_response_closes_its_stored_file_when_closed(
-    api: APIClient, artifact: Artifact, monkeypatch
+    api: APIClient, artifact: Artifact, opened_files: list
 ) -> None:
     """A client that drops the connection never iterates the body; the server still closes the
     response, and that closes the stored file (no file is left for the garbage collector)."""
-    opened = []
-    storage = selectors.artifact_storage()
-
-    class RecordingStorage:
-        def open(self, name: str, mode: str = "rb"):
-            stored = storage.open(name, mode)
-            opened.append(stored)
-            return stored
-
-    monkeypatch.setattr(selectors, "artifact_storage", RecordingStorage)
     response = api.get(content_url(artifact.id))
     assert response.status_code == 200
-    [stored] = opened
+    [stored] = opened_files
     assert not stored.closed
     response.close()
     assert stored.closed

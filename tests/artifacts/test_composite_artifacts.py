@@ -199,18 +199,9 @@ def test_a_composite_streams_in_chunks_across_parts(
 
 
 def test_an_unread_response_closes_every_part_file(
-    staff_api: APIClient, composite: Artifact, monkeypatch
+    staff_api: APIClient, composite: Artifact, opened_files: list
 ) -> None:
-    opened = []
-    storage = selectors.artifact_storage()
-
-    class RecordingStorage:
-        def open(self, name: str, mode: str = "rb"):
-            stored = storage.open(name, mode)
-            opened.append(stored)
-            return stored
-
-    monkeypatch.setattr(selectors, "artifact_storage", RecordingStorage)
+    opened = opened_files
     response = staff_api.get(content_url(composite.id))
     assert response.status_code == 200
     assert len(opened) == 3 and not any(stored.closed for stored in opened)

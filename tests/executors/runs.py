@@ -11,10 +11,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
-from executors.adapters.base import ExecutorAdapter, Launch, RunRequest
+from executors.adapters.agno import AgnoAdapter
+from executors.adapters.base import ExecutorAdapter, Launch, ModelEndpoint, RunRequest
+from executors.client import BackendClient, DispatchedTurn
 from executors.events import Event, Outcome
 from executors.process import ExecutorProcess
+from executors.runner import TurnRun
 
 RUN_TIMEOUT_SECONDS = 30.0
 
@@ -63,3 +67,18 @@ def run_as_worker(
 
 def of_type(events: list[Event], kind: type[Event]) -> list[Event]:
     return [event for event in events if isinstance(event, kind)]
+
+
+def agno_turn_run(*, turn: DispatchedTurn, client: BackendClient, root: Path) -> TurnRun:
+    """The worker's run of `turn` with the Agno adapter, its workspaces and state under
+    `root`, reporting through `client` (for tests that drive a run's steps themselves)."""
+    return TurnRun(
+        turn=turn,
+        adapter=AgnoAdapter(),
+        client=client,
+        endpoint=ModelEndpoint(),
+        workspace_root=root / "workspaces",
+        state_root=root / "state",
+        passthrough_env={},
+        on_done=lambda run: None,
+    )

@@ -12,11 +12,10 @@ from django.db import close_old_connections
 from backend.artifacts.models import Artifact
 from backend.tasks.models import Subtask
 from backend.tasks.selectors import turn_result
-from executors.adapters.agno import AgnoAdapter
-from executors.adapters.base import ModelEndpoint
 from executors.client import VALUE_UPLOAD_MIN_BYTES, BackendClient, uploads_value
 from executors.runner import TurnRun
 from tests.dispatch.test_dispatch_api import SINGLE, create
+from tests.executors.runs import agno_turn_run
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
@@ -69,16 +68,7 @@ def claimed_run(worker, in_process: RecordingTransport, tmp_path) -> TurnRun:
         transport=in_process,
     )
     [turn] = client.dispatch(kinds=["codex"], limit=1).turns
-    return TurnRun(
-        turn=turn,
-        adapter=AgnoAdapter(),
-        client=client,
-        endpoint=ModelEndpoint(),
-        workspace_root=tmp_path / "workspaces",
-        state_root=tmp_path / "state",
-        passthrough_env={},
-        on_done=lambda run: None,
-    )
+    return agno_turn_run(turn=turn, client=client, root=tmp_path)
 
 
 def test_a_long_value_is_uploaded_then_named_by_the_report(api, worker, in_process, tmp_path):

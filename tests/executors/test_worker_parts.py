@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from executors.adapters.agno import AgnoAdapter
-from executors.adapters.base import ModelEndpoint
 from executors.client import (
     ArtifactEntry,
     BackendClient,
@@ -31,7 +29,6 @@ from executors.client import (
 from executors.config import ConfigurationError, StandinMode, load_settings
 from executors.events import MessageCompleted, MessageDelta, ToolStarted
 from executors.progress import MAX_EVENTS_PER_POST, MAX_PARTIAL_TEXT_BYTES, ProgressBuffer
-from executors.runner import TurnRun
 from executors.worker import Worker
 from executors.workspace import (
     CACHE_GRACE_SECONDS,
@@ -40,6 +37,7 @@ from executors.workspace import (
     materialize_artifacts,
     task_workspace,
 )
+from tests.executors.runs import agno_turn_run
 
 # --- configuration -------------------------------------------------------------------------
 
@@ -298,16 +296,7 @@ def test_a_report_refused_as_lease_lost_is_sent_once_and_logged_without_content(
             "prompt": "the prompt nobody may log",
         }
     )
-    run = TurnRun(
-        turn=turn,
-        adapter=AgnoAdapter(),
-        client=_client(backend),
-        endpoint=ModelEndpoint(),
-        workspace_root=tmp_path / "workspaces",
-        state_root=tmp_path / "state",
-        passthrough_env={},
-        on_done=lambda run: None,
-    )
+    run = agno_turn_run(turn=turn, client=_client(backend), root=tmp_path)
     with caplog.at_level(logging.INFO, logger="baton.worker"):
         run._report(status="COMPLETED", result={"value": answer})
     assert len(backend.seen) == 1
@@ -750,16 +739,7 @@ def test_artifact_lists_without_a_url_template_are_refused(backend, tmp_path):
 def test_a_manifest_newer_than_the_worker_fails_the_turn_with_a_clear_message(backend, tmp_path):
     backend.script = [(200, {})]
     turn = _turn(backend, manifest_version=3, artifact_lists=[_served(backend, "l", b"{}")])
-    run = TurnRun(
-        turn=turn,
-        adapter=AgnoAdapter(),
-        client=_client(backend),
-        endpoint=ModelEndpoint(),
-        workspace_root=tmp_path / "workspaces",
-        state_root=tmp_path / "state",
-        passthrough_env={},
-        on_done=lambda run: None,
-    )
+    run = agno_turn_run(turn=turn, client=_client(backend), root=tmp_path)
     run.run()
     assert run.reported == "FAILED"
     [(method, path, _, body)] = backend.seen  # nothing fetched, the executor never started
