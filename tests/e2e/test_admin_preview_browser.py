@@ -18,6 +18,7 @@ import pytest
 from django.apps import apps
 from django.contrib.auth import get_user_model
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -92,8 +93,22 @@ def click_and_wait(browser: WebDriver, element, element_id: str):
     """Click something that loads a new page, then wait for an element of that page."""
     old_page = browser.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(browser, WAIT_SECONDS).until(expected_conditions.staleness_of(old_page))
+    WebDriverWait(browser, WAIT_SECONDS).until(lambda _: _left_the_document(old_page))
     return wait_for(browser, element_id)
+
+
+def _left_the_document(element) -> bool:
+    """`expected_conditions.staleness_of`, and also Chrome's other answer when asked about an
+    element of a page it is leaving at that moment ("does not belong to the document")."""
+    try:
+        element.is_enabled()
+    except StaleElementReferenceException:
+        return True
+    except WebDriverException as error:
+        if "does not belong to the document" in str(error):
+            return True
+        raise
+    return False
 
 
 def shown_prompt(browser: WebDriver) -> str:
