@@ -26,7 +26,12 @@ from django.db.models import Prefetch, prefetch_related_objects
 from backend import sql
 from backend.artifacts.models import Artifact
 from backend.artifacts.selectors import ManifestEntry, ManifestPart, manifest_artifacts
-from backend.dispatch.budgets import budget_columns, effective_max_tokens, model_windows_for
+from backend.dispatch.budgets import (
+    TokenBudget,
+    budget_columns,
+    effective_max_tokens,
+    model_windows_for,
+)
 from backend.dispatch.leases import attempts_used, requeue
 from backend.dispatch.models import PromptReport
 from backend.dispatch.overflow import fail_unbuildable, overflow_columns
@@ -34,7 +39,10 @@ from backend.dispatch.policies import policy_rows, resolve_from_rows
 from backend.dispatch.prompts import (
     TurnPrompt,
     build_turn_prompt,
+    context_passing_of,
     needs_transcript,
+    omits_unloaded_history,
+    transcript_request,
     with_transcript,
 )
 from backend.dispatch.sessions import (
@@ -47,11 +55,12 @@ from backend.dispatch.summaries import SUMMARY_JOB, summary_job_prompts
 from backend.events import EventValue, log_event, opaque_id
 from backend.prompting import BUILDER_VERSION, PromptBudgetError
 from backend.prompting.addressing import content_sha256
+from backend.prompting.inputs import PromptInput
 from backend.tasks.history import input_snapshot, prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskKind, SubtaskStatus, Task
 from backend.tasks.selectors import bots_for_turns
 from backend.tasks.services import lock_task, record_result
-from backend.tasks.transcripts import HistoryFiles, store_transcripts, transcripts_for
+from backend.tasks.transcripts import HistoryFiles, Transcript, store_transcripts, transcripts_for
 from backend.tasks.whole_texts import store_whole_texts
 
 
@@ -126,6 +135,12 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
         for subtask in claimed_rows:
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)
         return []
+    try:
+        early = _early_transcripts(subtasks, inputs=inputs, budgets=budgets)
+    except Exception as error:  # noqa: BLE001 - any failure must release the claims
+        for subtask in claimed_rows:
+            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
+        return []
     built: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]] = []
     for subtask in subtasks:
         if subtask.pk not in bots:
@@ -144,8 +159,9 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
                 task=subtask.task,
                 resolved=policy,
                 prompt_input=full_input,
-                find_transcript=False,  # added for the whole batch below
+                find_transcript=False,  # read for the whole batch, before or after
                 budget=budget,
+                transcript=early.get(subtask.task_id),
             )
             session = sessions.get(subtask.pk)
             reason = resume_reason(
@@ -290,31 +306,60 @@ _SHORT_COLUMNS = tuple(
 )
 
 
+def _early_transcripts(
+    subtasks: list[Subtask],
+    *,
+    inputs: dict[int, PromptInput],
+    budgets: dict[int, TokenBudget],
+) -> dict[int, Transcript]:
+    """The transcripts of the turns whose prompts leave history out whatever they select (a
+    long conversation's window: `omits_unloaded_history`), read for the batch before any is
+    built, so each of those prompts is built once, with its pointer; by task id."""
+    requests = []
+    for subtask in subtasks:
+        full_input = inputs.get(subtask.pk)
+        if full_input is None or full_input.transcript is not None:
+            continue
+        policy = budgets[subtask.pk].policy
+        if omits_unloaded_history(
+            full_input, policy, context_passing=context_passing_of(subtask, policy)
+        ):
+            requests.append(transcript_request(full_input, task_id=subtask.task_id))
+    return transcripts_for(requests)
+
+
 def _with_transcripts(
     built: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]],
 ) -> tuple[list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]], dict[int, HistoryFiles]]:
     """The batch with each prompt that left history out pointing to its task's transcript, and
-    each such task's history files (turn index and turn files), stored: two queries to read
-    the transcripts (sealed parts, and the turns after them) and a few to store them, for the
-    batch (see `store_transcripts`)."""
+    each such task's history files (turn index and turn files), stored: a prompt built
+    without one (its omission showed only once built) is built again with it. Two queries to
+    read those transcripts (sealed parts, and the turns after them), none when every prompt
+    had its own already, and a few to store them all, for the batch (see
+    `store_transcripts`)."""
     requests = [
         request
         for subtask, prompt, _, _ in built
         if (request := needs_transcript(prompt, task=subtask.task)) is not None
     ]
-    transcripts = transcripts_for(requests)
-    history_files = store_transcripts(transcripts)
-    return [
+    late = transcripts_for(requests)
+    built = [
         (
             subtask,
-            with_transcript(prompt, transcripts[subtask.task_id])
-            if subtask.task_id in transcripts
+            with_transcript(prompt, late[subtask.task_id])
+            if subtask.task_id in late and prompt.transcript is None
             else prompt,
             resume,
             reason,
         )
         for subtask, prompt, resume, reason in built
-    ], history_files
+    ]
+    transcripts = {
+        subtask.task_id: prompt.transcript
+        for subtask, prompt, _, _ in built
+        if prompt.transcript is not None
+    }
+    return built, store_transcripts(transcripts)
 
 
 def _manifest(

@@ -325,9 +325,10 @@ class PromptInput(_Frozen):
         return index
 
     def with_transcript(self, transcript: ArtifactPointer) -> PromptInput:
-        """The same input, its omission notice pointing to ``transcript``."""
-        fields = {name: getattr(self, name) for name in type(self).model_fields}
-        return PromptInput(**(fields | {"transcript": transcript}))
+        """The same input, its omission notice pointing to ``transcript``: a copy, not
+        validated again (the pointer is a validated model, and no check relates it to the
+        other fields)."""
+        return self.model_copy(update={"transcript": transcript})
 
     @property
     def user_messages(self) -> int:

@@ -20,6 +20,7 @@ from rest_framework.test import APIRequestFactory
 from backend.api import executor_views
 from backend.api.executor_serializers import DispatchOutput
 from backend.artifacts.models import Artifact
+from backend.dispatch import prompts
 from backend.prompting import history_files_note
 from backend.prompting.addressing import count_lines
 from backend.tasks.artifact_retention import prunable_artifacts
@@ -142,6 +143,47 @@ def test_unchanged_turn_files_are_the_same_artifacts_on_the_next_dispatch(api, w
     prunable = set(prunable_artifacts(older_than=timedelta(0)).values_list("pk", flat=True))
     assert index_entry(first)["id"] in prunable
     assert prunable.isdisjoint({index_entry(second)["id"], *after.values()})
+
+
+@pytest.mark.parametrize(
+    ("caps", "builds"),
+    [
+        # The window holds the newest two turns: older ones are only counted, so the omission
+        # is certain before building, and the transcript is read first.
+        ({"max_messages": 2}, 1),
+        # Every turn is loaded, and only the character budget leaves some out: that shows
+        # once built, and the prompt is built again with its pointer.
+        ({"max_messages": None, "max_chars": 300, "per_message_max_chars": 100}, 2),
+    ],
+)
+def test_a_prompt_is_built_again_only_when_its_omission_showed_once_built(
+    api, worker_api, monkeypatch, caps, builds
+):
+    set_code_policy(**caps)
+    task = create(api)
+    turn = converse(
+        api, worker_api, task, [{"result": {"value": f"answer {n} " * 20}} for n in range(3)]
+    )
+    report(worker_api, turn, result={"value": "the last answer"})
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "q3"}, format="json")
+    inputs = []
+    real_build = prompts.build_prompt
+
+    def counting(prompt_input, *args, **kwargs):
+        inputs.append(prompt_input)
+        return real_build(prompt_input, *args, **kwargs)
+
+    monkeypatch.setattr(prompts, "build_prompt", counting)
+    [turn] = dispatch(worker_api)
+
+    assert [prompt_input.transcript is not None for prompt_input in inputs] == [
+        *([False] * (builds - 1)),
+        True,
+    ]
+    assert turn["prompt_report"]["messages_omitted"] > 0
+    assert inputs[-1].transcript.artifact_id == Task.objects.get(pk=task["id"]).transcript_id
+    notice = turn["prompt"].split("\n\n")[1]
+    assert f".baton/history/task-{task['id']}.md" in notice, notice
 
 
 def test_only_the_owner_and_the_worker_holding_the_turn_read_the_history_files(
