@@ -37,6 +37,7 @@ a fixed number to store (see `store_transcripts`) while the new rows fit one sta
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,9 @@ _Item = TypeVar("_Item")
 # Turns in history per sealed part. A dispatch renders at most about twice this many (the
 # turns after the last sealed part), and a manifest lists three entries per sealed part.
 TRANSCRIPT_PART_TURNS = 128
+
+# Sealed parts a server process keeps built, by their rows' columns (about 1 KiB each).
+_SEALED_PARTS_KEPT = 20_000
 
 # A statement's parameters stay under SQLite's limit (32,766) and PostgreSQL's (65,535): texts
 # are locked by id (one parameter each), and a turn is linked with three.
@@ -319,20 +323,22 @@ def _sealed_parts(
     before its message, rendered as it would render them), and where stale rows start."""
     requested = {request.task_id: request for request in requests}
     task_ids = list(requested)
-    rows = sql.values_of(
-        TranscriptPart,
-        _PART_COLUMNS,
-        f"SELECT {sql.value_columns(TranscriptPart, _PART_COLUMNS)} "  # noqa: S608
-        f"FROM {TranscriptPart._meta.db_table} WHERE task_id IN ({sql.placeholders(task_ids)}) "
-        "ORDER BY task_id, number",
-        task_ids,
-    )
+    # The JSON columns come as their text, which is the key of the part they make: a long
+    # conversation has many sealed parts, and each dispatch would decode them all again.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {sql.value_columns(TranscriptPart, _PART_COLUMNS)} "  # noqa: S608
+            f"FROM {TranscriptPart._meta.db_table} "
+            f"WHERE task_id IN ({sql.placeholders(task_ids)}) ORDER BY task_id, number",
+            task_ids,
+        )
+        rows = cursor.fetchall()
     parts: dict[int, list[Part]] = {}
     stale_from: dict[int, int] = {}
     stopped: set[int] = set()
     for row in rows:
-        (task_id, number, first, last, runs, turns, users, assistants) = row[:8]
-        group_chat, multi_bot, version, pieces = row[8:]
+        task_id, number, first, last = row[:4]
+        group_chat, multi_bot, version = bool(row[8]), bool(row[9]), row[10]
         if task_id in stopped:
             continue
         request = requested[task_id]
@@ -349,21 +355,44 @@ def _sealed_parts(
         if last >= request.before_message_id:
             stopped.add(task_id)
             continue
-        usable.append(
-            Part(
-                number=number,
-                first_message_id=first,
-                last_message_id=last,
-                runs=tuple((run[0], run[1]) for run in runs),
-                turns=turns,
-                users=users,
-                assistants=assistants,
-                transcript=StoredPiece(*pieces["transcript"]),
-                turn_index=StoredPiece(*pieces["turn_index"]),
-                turn_files=StoredPiece(*pieces["turn_files"]),
-            )
-        )
+        runs, pieces = _json_text(row[4]), _json_text(row[11])
+        usable.append(_sealed_part(number, first, last, runs, *row[5:8], pieces))
     return parts, stale_from
+
+
+def _json_text(value: str | list[Any] | dict[str, Any]) -> str:
+    """A JSON column's text (as the database drivers Baton runs on give it), whatever the
+    driver decoded."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+@functools.lru_cache(maxsize=_SEALED_PARTS_KEPT)
+def _sealed_part(
+    number: int,
+    first: int,
+    last: int,
+    runs: str,
+    turns: int,
+    users: int,
+    assistants: int,
+    pieces: str,
+) -> Part:
+    """The part a `TranscriptPart` row stands for, from its columns as read (the JSON ones
+    as text): a sealed part never changes, so one read before is not built again."""
+    runs_value = json.loads(runs)
+    pieces_value = json.loads(pieces)
+    return Part(
+        number=number,
+        first_message_id=first,
+        last_message_id=last,
+        runs=tuple((run[0], run[1]) for run in runs_value),
+        turns=turns,
+        users=users,
+        assistants=assistants,
+        transcript=StoredPiece(*pieces_value["transcript"]),
+        turn_index=StoredPiece(*pieces_value["turn_index"]),
+        turn_files=StoredPiece(*pieces_value["turn_files"]),
+    )
 
 
 _Tail = tuple[list[tuple[HistoryMessage, TurnFile]], int | None]

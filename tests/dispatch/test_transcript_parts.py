@@ -186,6 +186,28 @@ def test_a_part_is_sealed_once_and_a_dispatch_reads_only_the_turns_after_the_par
     assert set(queries) == {0, 1}
 
 
+def test_a_sealed_part_read_before_is_not_built_again_and_a_changed_row_is(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    for number in range(7):
+        turn = next_round(api, worker_api, task, turn, number)
+    request = TranscriptRequest(task["id"], False, False, before_message_id=turn["message_id"])
+    transcripts._sealed_part.cache_clear()
+    first = transcripts_for([request])[task["id"]]
+    assert len(first.parts) >= 3
+    again = transcripts_for([request])[task["id"]]
+    # The same rows: the same parts, not built again.
+    assert all(a is b for a, b in zip(first.parts, again.parts, strict=True))
+    assert transcripts._sealed_part.cache_info().hits == len(first.parts)
+    # A row is what it holds, not its id: one whose pieces differ is read as they are now.
+    row = TranscriptPart.objects.get(task_id=task["id"], number=1)
+    pieces = {**row.pieces, "transcript": ["0" * 16, "1" * 64, 5, 5, 1]}
+    TranscriptPart.objects.filter(pk=row.pk).update(pieces=pieces)
+    changed = transcripts_for([request])[task["id"]]
+    assert changed.parts[1].transcript == transcripts.StoredPiece("0" * 16, "1" * 64, 5, 5, 1)
+    assert changed.parts[0] is first.parts[0] and changed.parts[2] is first.parts[2]
+
+
 def test_a_turn_still_running_holds_back_the_parts_after_it(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
