@@ -14,15 +14,17 @@ the new text cut to a few thousand characters. Whole texts go by reference (the 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection, transaction
+from django.utils import timezone
 
 from backend import sql
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskEvent
-from backend.tasks.wakeups import announce_events
+from backend.tasks.wakeups import EVENTS_CHANNEL, announce_events
 
 # Progress: at most this many of a report's streamed events, each string in them cut to
 # EVENT_TEXT_CHARS, and at most PROGRESS_TEXT_CHARS of new partial text.
@@ -82,6 +84,9 @@ def record(*, task_id: int, events: Sequence[Event]) -> None:
     without its event. No events, no query."""
     if not events:
         return
+    if connection.vendor == "postgresql":
+        _record_in_one_statement(task_id=task_id, events=events)
+        return
     # Joins the caller's transaction; alone, the numbers and the rows still commit together.
     with transaction.atomic(savepoint=False):
         first = _allocate(task_id=task_id, count=len(events))
@@ -99,6 +104,33 @@ def record(*, task_id: int, events: Sequence[Event]) -> None:
             ]
         )
         announce_events(task_id=task_id)
+
+
+def _record_in_one_statement(*, task_id: int, events: Sequence[Event]) -> None:
+    """PostgreSQL: `record` as one statement: the task's numbers reserved (its row locked until
+    the caller commits, as `_allocate` does), the events inserted with them, and the task's
+    streams notified when the caller commits (a notification is sent on commit)."""
+    values = ", ".join("(%s::bigint, %s, %s::bigint, %s::jsonb)" for _ in events)
+    params: list[Any] = [len(events), task_id]
+    for offset, event in enumerate(events):
+        params += [offset, event.type, event.subtask_id, json.dumps(event.data)]
+    # Only table names and placeholders are formatted in.
+    statement = (
+        f"WITH numbered AS (UPDATE {Task._meta.db_table} "  # noqa: S608
+        "SET next_event_seq = next_event_seq + %s WHERE id = %s RETURNING id, next_event_seq), "
+        f"listed (position, type, subtask_id, data) AS (VALUES {values}), "
+        f"written AS (INSERT INTO {TaskEvent._meta.db_table} "
+        "(task_id, seq, type, subtask_id, data, created_at) "
+        "SELECT numbered.id, numbered.next_event_seq - %s + listed.position, listed.type, "
+        "listed.subtask_id, listed.data, %s FROM numbered CROSS JOIN listed RETURNING task_id) "
+        "SELECT pg_notify(%s, CAST(task_id AS text)) FROM (SELECT DISTINCT task_id FROM written) "
+        "AS announced"
+    )
+    params += [len(events), sql.when(timezone.now()), EVENTS_CHANNEL]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        if cursor.fetchone() is None:
+            raise Task.DoesNotExist(f"Task {task_id} does not exist.")
 
 
 def _allocate(*, task_id: int, count: int) -> int:
@@ -130,6 +162,9 @@ def record_claims(*, turns: Sequence[Subtask]) -> None:
             by_task.setdefault(turn.task_id, []).append(turn)
     if not by_task:
         return
+    if connection.vendor == "postgresql":
+        _record_claims_in_one_statement(by_task)
+        return
     with transaction.atomic():
         firsts = _allocate_many(
             counts={task_id: len(claimed) for task_id, claimed in by_task.items()}
@@ -158,6 +193,62 @@ def record_claims(*, turns: Sequence[Subtask]) -> None:
         )
         for task_id in firsts:
             announce_events(task_id=task_id)
+
+
+def _record_claims_in_one_statement(by_task: dict[int, list[Subtask]]) -> None:
+    """PostgreSQL: `record_claims` as one statement instead of a transaction of three and a
+    notification after it (every dispatch records its claims). Its parts run in this order,
+    each reading the one before: the tasks' numbers reserved (their rows locked, as
+    `_allocate_many` does), the turns still RUNNING read under a share lock (a turn a cancel
+    changed while this waited for its task's lock is read as the cancel left it, not as the
+    statement's snapshot saw it), their events inserted, numbered in message order, and the
+    tasks' streams notified when it commits."""
+    counts = {task_id: len(claimed) for task_id, claimed in by_task.items()}
+    added, added_params = sql.case_by_id(counts)
+    turns = [turn for claimed in by_task.values() for turn in claimed]
+    values = ", ".join("(%s::bigint, %s::bigint, %s::bigint, %s::bigint, %s::jsonb)" for _ in turns)
+    claimed_params: list[Any] = []
+    for turn in turns:
+        claimed_params += [
+            turn.task_id,
+            turn.pk,
+            turn.message_id,
+            counts[turn.task_id],
+            json.dumps(turn_data(turn)),
+        ]
+    tasks, subtasks = Task._meta.db_table, Subtask._meta.db_table
+    # Only table names, the CASE from `sql.case_by_id` and placeholders are formatted in.
+    statement = (
+        f"WITH numbered AS (UPDATE {tasks} SET next_event_seq = next_event_seq + {added} "  # noqa: S608
+        f"WHERE id IN ({sql.placeholders(list(counts))}) RETURNING id, next_event_seq), "
+        f"running AS (SELECT turn.id FROM {subtasks} AS turn "
+        "JOIN numbered ON numbered.id = turn.task_id "
+        f"WHERE turn.id IN ({sql.placeholders(turns)}) AND turn.status = %s FOR SHARE OF turn), "
+        f"claimed (task_id, subtask_id, message_id, reserved, data) AS (VALUES {values}), "
+        f"written AS (INSERT INTO {TaskEvent._meta.db_table} "
+        "(task_id, seq, type, subtask_id, data, created_at) "
+        "SELECT claimed.task_id, numbered.next_event_seq - claimed.reserved - 1 + ROW_NUMBER() "
+        "OVER (PARTITION BY claimed.task_id ORDER BY claimed.message_id), %s, "
+        "claimed.subtask_id, claimed.data, %s FROM claimed "
+        "JOIN numbered ON numbered.id = claimed.task_id "
+        "JOIN running ON running.id = claimed.subtask_id RETURNING task_id) "
+        "SELECT pg_notify(%s, CAST(task_id AS text)) FROM (SELECT DISTINCT task_id FROM written) "
+        "AS announced"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            statement,
+            [
+                *added_params,
+                *counts,
+                *(turn.pk for turn in turns),
+                SubtaskStatus.RUNNING.value,
+                *claimed_params,
+                TURN_CLAIMED,
+                sql.when(timezone.now()),
+                EVENTS_CHANNEL,
+            ],
+        )
 
 
 def _allocate_many(*, counts: dict[int, int]) -> dict[int, int]:

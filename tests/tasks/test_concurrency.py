@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -10,13 +11,15 @@ from django.db import connection, transaction
 
 from backend.errors import Conflict
 from backend.prompting import Role
+from backend.tasks import task_events
 from backend.tasks.factories import answered_task
-from backend.tasks.models import SubtaskStatus, Task
+from backend.tasks.models import Subtask, SubtaskStatus, Task, TaskEvent
 from backend.tasks.services import (
     FollowUp,
     PipelineStep,
     allocate_message_ids,
     append_message,
+    create_task,
     record_result,
     send_message,
 )
@@ -137,3 +140,83 @@ def test_concurrent_queued_follow_ups_are_all_kept_and_sent_in_the_order_they_qu
         record_result(subtask=pending, status=SubtaskStatus.COMPLETED, result={"value": "ok"})
     assert sent == queue
     assert task.subtasks.filter(role=Role.USER).count() == 2 + THREADS
+
+
+def running_turn(user, title: str) -> Subtask:
+    """The first answer of a new task, as a claim that just committed leaves it."""
+    task = create_task(
+        owner=user,
+        title=title,
+        task_type="chat",
+        message="first",
+        pipeline=[PipelineStep(executor="agno")],
+    )
+    turn = task.subtasks.get(role=Role.ASSISTANT)
+    Subtask.objects.filter(pk=turn.pk).update(status=SubtaskStatus.RUNNING, attempts=1)
+    turn.refresh_from_db()
+    return turn
+
+
+def claimed_events(task_id: int) -> list[tuple[int, int | None]]:
+    return list(
+        TaskEvent.objects.filter(task_id=task_id, type=task_events.TURN_CLAIMED)
+        .order_by("seq")
+        .values_list("seq", "subtask_id")
+    )
+
+
+def wait_for_a_lock_wait() -> None:
+    """Until another connection waits for a row lock (PostgreSQL; SQLite shows no waiters,
+    and a writer there waits for the whole database instead)."""
+    if connection.vendor != "postgresql":
+        time.sleep(0.5)
+        return
+    for _ in range(500):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            if cursor.fetchone()[0]:
+                return
+        time.sleep(0.02)
+    raise AssertionError("no connection ever waited for a lock")
+
+
+def test_a_turn_cancelled_while_its_claim_waits_for_the_task_gets_no_claimed_event(user):
+    turn = running_turn(user, "cancelled meanwhile")
+    other = running_turn(user, "still running")
+    holding, release = threading.Event(), threading.Event()
+
+    def cancel() -> None:
+        try:
+            with transaction.atomic():
+                Task.objects.select_for_update().get(pk=turn.task_id)
+                Subtask.objects.filter(pk=turn.pk).update(status=SubtaskStatus.CANCELLED)
+                holding.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    def record() -> None:
+        try:
+            task_events.record_claims(turns=[turn, other])
+        finally:
+            connection.close()
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    assert holding.wait(30)
+    recorder = threading.Thread(target=record)
+    recorder.start()
+    wait_for_a_lock_wait()  # the claim's events wait for the task the cancel holds
+    release.set()
+    canceller.join(30)
+    recorder.join(30)
+    assert not recorder.is_alive()
+    # The cancel committed first: its turn is not claimed as far as the log tells.
+    assert claimed_events(turn.task_id) == []
+    # The other task's turn is, numbered after its task's earlier events.
+    earlier = TaskEvent.objects.filter(task_id=other.task_id).exclude(type=task_events.TURN_CLAIMED)
+    assert claimed_events(other.task_id) == [(earlier.count() + 1, other.pk)]
+    assert Task.objects.get(pk=other.task_id).next_event_seq == earlier.count() + 2
