@@ -215,19 +215,21 @@ def when(moment: datetime) -> Any:
 MAX_PARAMETERS = 32_000
 
 
-def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:
+def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> set[Any]:
     """Insert `rows` (of one model) as `bulk_create` does: each field's value prepared as the
     ORM prepares it, in statements under the parameter limit (one transaction when there are
-    several). With `ignore_conflicts`, a row whose key exists is skipped; otherwise a row whose
+    several). With `ignore_conflicts`, a row whose key exists is skipped, and the primary keys
+    of the rows inserted are returned (rows that name their own keys); otherwise a row whose
     primary key the database assigns gets it."""
     if not rows:
-        return
+        return set()
     meta = type(rows[0])._meta
     pk = meta.pk
     assert pk is not None
     assigned = getattr(rows[0], pk.attname) is None
     fields = [field for field in meta.concrete_fields if not (assigned and field is pk)]
     returning = assigned and not ignore_conflicts
+    inserted: set[Any] = set()
     values = "(" + ", ".join("%s" for _ in fields) + ")"
     per_statement = max(1, MAX_PARAMETERS // len(fields))
     statements = range(0, len(rows), per_statement)
@@ -240,6 +242,8 @@ def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:
             )
             if ignore_conflicts:
                 statement += " ON CONFLICT DO NOTHING"
+                if not assigned:
+                    statement += f" RETURNING {pk.column}"
             elif returning:
                 statement += f" RETURNING {pk.column}"
             params = [
@@ -252,6 +256,9 @@ def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> None:
                 if returning:
                     for row, (key,) in zip(batch, cursor.fetchall(), strict=True):
                         setattr(row, pk.attname, key)
+                elif ignore_conflicts and not assigned:
+                    inserted.update(key for (key,) in cursor.fetchall())
             for row in batch:
                 row._state.adding = False
                 row._state.db = connection.alias
+    return inserted

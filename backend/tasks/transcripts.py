@@ -55,9 +55,9 @@ from backend.artifacts.services import (
     atomic_storing_artifacts,
     composite_row,
     store_artifacts,
-    store_composites,
+    store_artifacts_and_composites,
 )
-from backend.artifacts.storage import content_address
+from backend.artifacts.storage import ContentAddress, content_address, storage_key_for
 from backend.prompting import BUILDER_VERSION
 from backend.prompting.addressing import artifact_id_for, count_lines, workspace_path
 from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
@@ -130,6 +130,13 @@ class StoredPiece:
             size_lines=count_lines(text),
         )
 
+    @property
+    def address(self) -> ContentAddress:
+        """Where its text is stored (`storage.content_address` of the text)."""
+        return ContentAddress(
+            sha256=self.sha256, storage_key=storage_key_for(self.sha256), size_bytes=self.size_bytes
+        )
+
     def as_list(self) -> list[str | int]:
         return [self.id, self.sha256, self.size_bytes, self.size_chars, self.size_lines]
 
@@ -182,6 +189,8 @@ class Transcript:
     multi_bot: bool = False
     stale_from: int | None = None
     """Part rows numbered from here on were rendered otherwise and are replaced when stored."""
+    piece: StoredPiece | None = None
+    """The tail's piece, for a transcript in parts (hashed once, for the pointer)."""
 
     @property
     def message_ids(self) -> tuple[int, ...]:
@@ -490,6 +499,7 @@ def _transcript(
         turn_files=turn_files,
         parts=tuple(parts),
         stale_from=stale_from,
+        piece=tail,
         is_group_chat=request.is_group_chat,
         multi_bot=request.multi_bot,
     )
@@ -646,10 +656,13 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
     artifacts) and, for a transcript in parts, the composites naming the whole; return each
     task's history files as its manifest lists them.
 
-    Queries: a fixed number for the whole batch (three, a fourth when a turn file is new, and
-    for transcripts in parts three more, four more when a part is sealed) while the new rows
-    fit one statement (see the module docstring). Every row stays locked until the tasks,
-    turns and parts point to it, so a concurrent prune waits and then sees the references.
+    Queries: a fixed number for the whole batch while the new rows fit one statement (see the
+    module docstring): one inserting the artifacts (the texts and, for transcripts in parts,
+    the composites naming each whole), one locking those that existed already (none when
+    every one is new), one for the part rows of new composites, one linking new turn files to
+    their turns and one pointing the tasks to their transcripts; three more when a part is
+    sealed (its list stored, and its row). Every row stays locked until the tasks, turns and
+    parts point to it, so a concurrent prune waits and then sees the references.
     """
     if not transcripts:
         return {}
@@ -668,13 +681,31 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
         )
         if turn_file.stored is None
     ]
+    tail_pieces = {
+        task_id: transcript.piece or StoredPiece.of_text(transcript.text)
+        for task_id, transcript in transcripts.items()
+    }
+    index_pieces = {
+        task_id: StoredPiece.of_text(transcript.index)
+        for task_id, transcript in transcripts.items()
+    }
     texts = [
         *(
-            ArtifactText(text=transcript.text, kind=ArtifactKind.TRANSCRIPT, task_id=task_id)
+            ArtifactText(
+                text=transcript.text,
+                kind=ArtifactKind.TRANSCRIPT,
+                task_id=task_id,
+                known_address=tail_pieces[task_id].address,
+            )
             for task_id, transcript in transcripts.items()
         ),
         *(
-            ArtifactText(text=transcript.index, kind=ArtifactKind.TRANSCRIPT, task_id=task_id)
+            ArtifactText(
+                text=transcript.index,
+                kind=ArtifactKind.TRANSCRIPT,
+                task_id=task_id,
+                known_address=index_pieces[task_id].address,
+            )
             for task_id, transcript in transcripts.items()
         ),
         *(
@@ -695,9 +726,21 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
         ]
         if stale:
             TranscriptPart.objects.filter(any_of(stale)).delete()
+        # The composites naming each whole go in with the last batch of texts: their newest
+        # pieces are those texts, and their other pieces the sealed parts'.
+        composites, in_parts = _whole_composites(
+            transcripts, tails=tail_pieces, indexes=index_pieces
+        )
         artifacts: list[Artifact] = []
-        for some_texts in _batches(texts, size=_TEXTS_PER_STATEMENT):
+        batches = list(_batches(texts, size=_TEXTS_PER_STATEMENT))
+        for some_texts in batches[:-1]:
             artifacts.extend(store_artifacts(some_texts))
+        last, composite_rows = store_artifacts_and_composites(batches[-1], composites)
+        artifacts.extend(last)
+        wholes = {
+            task_id: (composite_rows[4 * at + 1], composite_rows[4 * at + 3])
+            for at, task_id in enumerate(in_parts)
+        }
         count = len(transcripts)
         tails, indexes = artifacts[:count], artifacts[count : 2 * count]
         stored_files = artifacts[2 * count + 2 * len(new_parts) :]
@@ -712,7 +755,6 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
             for (_, turn_file), artifact in zip(new_files, stored_files, strict=True)
         }
         lists = _store_new_parts(new_parts, file_entries, transcripts)
-        wholes = _store_wholes(transcripts, tails=tails, indexes=indexes)
         current = {
             task_id: wholes.get(task_id, (tail, index))
             for task_id, tail, index in zip(transcripts, tails, indexes, strict=True)
@@ -845,30 +887,31 @@ def _store_new_parts(
     }
 
 
-def _store_wholes(
-    transcripts: Mapping[int, Transcript], *, tails: list[Artifact], indexes: list[Artifact]
-) -> dict[int, tuple[Artifact, Artifact]]:
-    """For each transcript in parts: the composites of [the sealed parts' composite, the
-    tail], for the transcript and for the index (see `_whole`); by task id."""
+def _whole_composites(
+    transcripts: Mapping[int, Transcript],
+    *,
+    tails: Mapping[int, StoredPiece],
+    indexes: Mapping[int, StoredPiece],
+) -> tuple[list[tuple[Sequence[Stored], str, int | None]], list[int]]:
+    """For each transcript in parts, four composites to store: the sealed parts' composite and
+    the composite of [it, the tail] (see `_whole`), for the transcript and then for the index;
+    and the ids of those tasks, in the same order."""
     batch: list[tuple[Sequence[Stored], str, int | None]] = []
     tasks = []
-    for (task_id, transcript), tail, index in zip(transcripts.items(), tails, indexes, strict=True):
+    for task_id, transcript in transcripts.items():
         if not transcript.parts:
             continue
         tasks.append(task_id)
         for sealed, newest in (
-            ([part.transcript for part in transcript.parts], tail),
-            ([part.turn_index for part in transcript.parts], index),
+            ([part.transcript for part in transcript.parts], tails[task_id]),
+            ([part.turn_index for part in transcript.parts], indexes[task_id]),
         ):
             prefix, _ = _whole(sealed, newest, task_id=task_id)
             batch += [
                 (sealed, ArtifactKind.TRANSCRIPT, task_id),
                 ([prefix, newest], ArtifactKind.TRANSCRIPT, task_id),
             ]
-    if not batch:
-        return {}
-    rows = store_composites(batch)
-    return {task_id: (rows[4 * at + 1], rows[4 * at + 3]) for at, task_id in enumerate(tasks)}
+    return batch, tasks
 
 
 def turn_file_list(entries: Sequence[ManifestEntry]) -> str:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,6 +29,7 @@ from backend.artifacts.services import (
     locked_stored_artifact,
     restore_artifact_file,
     store_artifacts,
+    store_artifacts_and_composites,
     store_composites,
 )
 from backend.artifacts.storage import artifact_storage, verified_chunks
@@ -36,6 +38,7 @@ from backend.tasks.artifact_access import visible_artifact
 from backend.tasks.artifact_retention import prune_artifacts
 from backend.tasks.factories import answered_task
 from backend.tasks.models import Task, TranscriptPart
+from backend.tasks.transcripts import StoredPiece
 from tests.artifacts.test_api import assert_error, body_of, content_url
 from tests.dispatch.test_dispatch_api import create, dispatch, report
 
@@ -75,16 +78,33 @@ def store_nested(parts: list[Artifact]) -> tuple[Artifact, Artifact]:
     return whole, stored_prefix
 
 
+def store_together(texts: tuple[str, ...]) -> tuple[list[Artifact], Artifact, Artifact]:
+    """The texts and the nested composite of them in one call, as a long transcript's dispatch
+    stores its newest piece with the composites naming the whole; returns (the texts' rows,
+    the whole, its first part)."""
+    pieces = [StoredPiece.of_text(text) for text in texts]
+    prefix = composite_row(pieces[:-1], kind=TRANSCRIPT, task_id=None)
+    with atomic_storing_artifacts():
+        stored, (stored_prefix, whole) = store_artifacts_and_composites(
+            [ArtifactText(text=text, kind=TRANSCRIPT, task_id=None) for text in texts],
+            [(pieces[:-1], TRANSCRIPT, None), ([prefix, pieces[-1]], TRANSCRIPT, None)],
+        )
+    return stored, whole, stored_prefix
+
+
 @pytest.fixture
 def parts() -> list[Artifact]:
     return store_texts(PARTS)
 
 
-@pytest.fixture(params=["flat", "nested"])
+@pytest.fixture(params=["flat", "nested", "together"])
 def composite(request, parts) -> Artifact:
-    """The composite of PARTS, flat or nested one level deep: the same bytes either way."""
+    """The composite of PARTS, flat or nested one level deep (or nested and stored with its
+    texts, which exist already): the same bytes either way."""
     if request.param == "flat":
         return store_composite(parts)
+    if request.param == "together":
+        return store_together(PARTS)[1]
     return store_nested(parts)[0]
 
 
@@ -93,6 +113,43 @@ def stored_path(storage_dir: Path, artifact: Artifact) -> Path:
 
 
 # --- what a composite is -------------------------------------------------------------------
+
+
+def part_ids(composite: Artifact) -> list[str]:
+    return list(
+        ArtifactPart.objects.filter(composite=composite)
+        .order_by("position")
+        .values_list("part_id", flat=True)
+    )
+
+
+def test_texts_and_composites_stored_together_are_stored_once_each() -> None:
+    with CaptureQueriesContext(connection) as first:
+        texts, whole, prefix = store_together(PARTS)
+    # Every row new: one insert for the texts and composites, one for the part rows (and the
+    # transaction's begin and commit, or a savepoint and its release in a test).
+    statements = [query["sql"] for query in first.captured_queries]
+    assert [statement.split()[:3] for statement in statements[1:-1]] == [
+        ["INSERT", "INTO", "artifacts_artifact"],
+        ["INSERT", "INTO", "artifacts_artifactpart"],
+    ]
+    assert [text.pk for text in texts] == [StoredPiece.of_text(text).id for text in PARTS]
+    assert [b"".join(artifact_storage().open(text.storage_key).read() for text in texts)] == [WHOLE]
+    assert part_ids(prefix) == [text.pk for text in texts[:2]]
+    assert part_ids(whole) == [prefix.pk, texts[2].pk]
+    assert (whole.size_bytes, whole.size_lines, whole.composite) == (SIZE, LINES, True)
+    part_rows = ArtifactPart.objects.count()
+
+    with CaptureQueriesContext(connection) as again:
+        same_texts, same_whole, same_prefix = store_together(PARTS)
+    # Every row existed: the insert skips them all and they are locked; no part row is added.
+    assert [query["sql"].split()[0] for query in again.captured_queries[1:-1]] == [
+        "INSERT",
+        "SELECT",
+    ]
+    assert [text.pk for text in same_texts] == [text.pk for text in texts]
+    assert (same_whole.pk, same_prefix.pk) == (whole.pk, prefix.pk)
+    assert ArtifactPart.objects.count() == part_rows
 
 
 def test_a_composite_has_no_file_and_sums_its_parts(composite: Artifact) -> None:
