@@ -632,11 +632,18 @@ def _capped_window_ids(
         )
         params += [request.task.pk, request.current_id, SubtaskKind.TURN, *HISTORY_STATUSES]
         params.append(request.policy.max_messages)
+    from backend.tasks import transcripts  # noqa: PLC0415 - transcripts imports history
+
     parts_table = TranscriptPart._meta.db_table
     for number, request in enumerate(batch):
         # The sealed parts of the transcript before the message hold their turns' counts:
-        # only the turns after them are counted.
-        sealed = f"FROM {parts_table} WHERE task_id = %s AND last_message_id < %s"
+        # only the turns after them are counted. A short part counts only after the long
+        # parts (one a long part covers is not removed yet).
+        sealed = (
+            f"FROM {parts_table} WHERE task_id = %s AND last_message_id < %s AND (span = %s "  # noqa: S608
+            f"OR first_message_id > COALESCE((SELECT MAX(last_message_id) FROM {parts_table} "
+            "WHERE task_id = %s AND span = %s), 0))"
+        )
         parts.append(
             "SELECT * FROM (SELECT 1 AS part, 0 AS id, %s AS task_id, "  # noqa: S608
             "COALESCE(SUM(users), 0) AS users, COALESCE(SUM(assistants), 0) AS assistants "
@@ -646,9 +653,11 @@ def _capped_window_ids(
             f"COALESCE((SELECT MAX(last_message_id) {sealed}), 0)) AS counted_{number}"
             f") AS totals_{number}"
         )
-        task_and_message = [request.task.pk, request.current_id]
-        params += [request.task.pk, *task_and_message, Role.USER, Role.ASSISTANT]
-        params += [*task_and_message, SubtaskKind.TURN, *HISTORY_STATUSES, *task_and_message]
+        long_span = transcripts.TRANSCRIPT_PART_TURNS
+        in_parts = [request.task.pk, request.current_id, long_span, request.task.pk, long_span]
+        params += [request.task.pk, *in_parts, Role.USER, Role.ASSISTANT]
+        params += [request.task.pk, request.current_id, SubtaskKind.TURN, *HISTORY_STATUSES]
+        params += in_parts
     window_ids: list[int] = []
     totals: dict[int, tuple[int, int]] = {}
     with connection.cursor() as cursor:

@@ -591,13 +591,18 @@ class TranscriptPart(models.Model):
     """A sealed part of a task's transcript: a fixed number of consecutive earlier turns,
     rendered once (backend.tasks.transcript_parts).
 
-    A part holds the next `TRANSCRIPT_PART_TURNS` turns in history after the part before it,
-    and is sealed only when every turn in its range of message ids has finished: turns in
-    history never change after that, so neither does the part. Its three artifacts are its
-    piece of the transcript, its rows of the turn index and the list of its turn files.
+    A part holds `span` consecutive turns in history: part `number` of a span holds the turns
+    `number * span` to `(number + 1) * span - 1` of the history, counted from its first. Long
+    parts (`TRANSCRIPT_PART_TURNS`) come first, then short ones
+    (`TRANSCRIPT_SHORT_PART_TURNS`) for the turns after the last long part, until enough for
+    a long one have finished. A part is sealed only when every turn in its range of message ids
+    has finished: turns in history never change after that, so neither does the part. Its
+    three artifacts are its piece of the transcript, its rows of the turn index and the list of
+    its turn files.
     """
 
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="transcript_parts")
+    span = models.PositiveIntegerField()
     number = models.PositiveIntegerField()
     first_message_id = models.PositiveIntegerField()
     last_message_id = models.PositiveIntegerField()
@@ -622,13 +627,15 @@ class TranscriptPart(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["task_id", "number"]
+        ordering = ["task_id", "-span", "number"]
         constraints = [
-            models.UniqueConstraint(fields=["task", "number"], name="transcript_part_number")
+            models.UniqueConstraint(
+                fields=["task", "span", "number"], name="transcript_part_span_number"
+            )
         ]
 
     def __str__(self) -> str:
-        return f"part {self.number} of task {self.task_id}'s transcript"
+        return f"part {self.number} of {self.span} turns of task {self.task_id}'s transcript"
 
 
 class QueuedMessage(models.Model):

@@ -82,9 +82,14 @@ from backend.tasks.models import (
 
 _Item = TypeVar("_Item")
 
-# Turns in history per sealed part. A dispatch renders at most about twice this many (the
-# turns after the last sealed part), and a manifest lists three entries per sealed part.
+# Turns in history per long sealed part: a manifest lists three entries per sealed part.
 TRANSCRIPT_PART_TURNS = 128
+# Turns per short sealed part: the turns after the last long part are sealed in short parts
+# until enough for a long one have finished, so a dispatch renders at most about this many
+# turns again (the turns after the last sealed part) and a manifest lists at most
+# TRANSCRIPT_PART_TURNS / TRANSCRIPT_SHORT_PART_TURNS - 1 short parts. Short parts are not
+# used when they would not be shorter, or do not divide a long part.
+TRANSCRIPT_SHORT_PART_TURNS = 16
 
 # Sealed parts a server process keeps built, by their rows' columns (about 1 KiB each).
 _SEALED_PARTS_KEPT = 20_000
@@ -95,6 +100,23 @@ _TEXTS_PER_STATEMENT = 10_000
 _LINKS_PER_STATEMENT = 5_000
 
 Runs = tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class Stale:
+    """A task's part rows to remove when its transcript is stored: long parts numbered from
+    `long_from` on (None: none), and short parts numbered from `short_from` on or below
+    `short_below`."""
+
+    long_from: int | None = None
+    short_from: int | None = None
+    short_below: int = 0
+
+
+def _shorts_per_long() -> int:
+    """How many short parts a long part's turns make; 0 when short parts are not used."""
+    long, short = TRANSCRIPT_PART_TURNS, TRANSCRIPT_SHORT_PART_TURNS
+    return long // short if short < long and long % short == 0 else 0
 
 
 @dataclass(frozen=True)
@@ -154,7 +176,11 @@ class Part:
     """A sealed part of a transcript: stored already (`new` False), or sealed by this dispatch
     (`new` True: its texts and turn files are stored with the transcript)."""
 
+    span: int
+    """Its turns' count when full: `TRANSCRIPT_PART_TURNS` or `TRANSCRIPT_SHORT_PART_TURNS`."""
     number: int
+    """Its place among the parts of its span: it holds the history's turns `number * span`
+    to `(number + 1) * span - 1`."""
     first_message_id: int
     last_message_id: int
     runs: Runs
@@ -187,8 +213,9 @@ class Transcript:
     """The sealed parts before the tail, in order (none for a short conversation)."""
     is_group_chat: bool = False
     multi_bot: bool = False
-    stale_from: int | None = None
-    """Part rows numbered from here on were rendered otherwise and are replaced when stored."""
+    stale: Stale | None = None
+    """Part rows that were rendered otherwise, or that a long part covers, and are replaced or
+    removed when stored."""
     piece: StoredPiece | None = None
     """The tail's piece, for a transcript in parts (hashed once, for the pointer)."""
 
@@ -204,10 +231,17 @@ class Transcript:
         number of sealed parts and their size."""
         if not self.parts:
             return list(self.message_ids)
+        longs = sum(part.span == TRANSCRIPT_PART_TURNS for part in self.parts)
+        shorts = len(self.parts) - longs
         return {
             "runs": [list(run) for run in self.runs],
-            "parts": len(self.parts),
+            "parts": longs,
             "part_turns": TRANSCRIPT_PART_TURNS,
+            **(
+                {"short_parts": shorts, "short_part_turns": TRANSCRIPT_SHORT_PART_TURNS}
+                if shorts
+                else {}
+            ),
         }
 
 
@@ -239,6 +273,7 @@ class TranscriptRequest:
 
 _PART_COLUMNS = (
     "task_id",
+    "span",
     "number",
     "first_message_id",
     "last_message_id",
@@ -259,7 +294,7 @@ def transcripts_for(requests: Sequence[TranscriptRequest]) -> dict[int, Transcri
     queries for the whole batch, rarely three (none for an empty one)."""
     if not requests:
         return {}
-    parts, stale_from = _sealed_parts(requests)
+    parts, stale = _sealed_parts(requests)
     tails = _tails(requests, parts)
     # A turn dispatched late may stop right after a sealed part: a transcript ends with a
     # tail, so such a one renders its last part's turns again instead.
@@ -272,6 +307,21 @@ def transcripts_for(requests: Sequence[TranscriptRequest]) -> dict[int, Transcri
         for request in short:
             parts[request.task_id].pop()
         tails.update(_tails(short, parts))
+    # The turns after the short parts complete a long part: it is sealed from its turns, read
+    # again (once every TRANSCRIPT_PART_TURNS turns), in place of the short parts.
+    completing = [
+        request
+        for request in requests
+        if _completes_a_long_part(
+            parts.get(request.task_id, []), *tails.get(request.task_id, ([], None))
+        )
+    ]
+    if completing:
+        for request in completing:
+            parts[request.task_id] = [
+                part for part in parts[request.task_id] if part.span == TRANSCRIPT_PART_TURNS
+            ]
+        tails.update(_tails(completing, parts))
     transcripts = {}
     for request in requests:
         history, first_active = tails.get(request.task_id, ([], None))
@@ -280,7 +330,7 @@ def transcripts_for(requests: Sequence[TranscriptRequest]) -> dict[int, Transcri
             parts=parts.get(request.task_id, []),
             history=history,
             first_active=first_active,
-            stale_from=stale_from.get(request.task_id),
+            stale=stale.get(request.task_id),
         )
         if transcript is not None:
             transcripts[request.task_id] = transcript
@@ -299,11 +349,14 @@ def transcript_for(
         params = [bound for run in runs for bound in run]
         wanted = sum(last - first + 1 for first, last in runs)
         part_count, part_turns = int(snapshot["parts"]), int(snapshot["part_turns"])
+        short_count = int(snapshot.get("short_parts", 0))
+        short_turns = int(snapshot.get("short_part_turns", TRANSCRIPT_SHORT_PART_TURNS))
     else:
         params = [int(message_id) for message_id in snapshot]
         condition = f"{table}.message_id IN ({sql.placeholders(params)})"
         wanted = len(snapshot)
         part_count, part_turns = 0, TRANSCRIPT_PART_TURNS
+        short_count, short_turns = 0, TRANSCRIPT_SHORT_PART_TURNS
     if not params:
         return None
     found = _turns(f"{table}.task_id = %s AND ({condition})", [task_id, *params])
@@ -314,59 +367,86 @@ def transcript_for(
     parts = []
     for number in range(part_count):
         chunk = rows[number * part_turns : (number + 1) * part_turns]
-        parts.append(_new_part(number, chunk, request))
+        parts.append(_new_part(number, chunk, request, span=part_turns))
+    start = part_count * part_turns
+    for index in range(short_count):
+        chunk = rows[start + index * short_turns : start + (index + 1) * short_turns]
+        number = part_count * (part_turns // short_turns) + index
+        parts.append(_new_part(number, chunk, request, span=short_turns))
     return _transcript(
         request,
         parts=parts,
-        history=rows[part_count * part_turns :],
+        history=rows[start + short_count * short_turns :],
         first_active=None,
-        stale_from=None,
+        stale=None,
         seal=False,
     )
 
 
 def _sealed_parts(
     requests: Sequence[TranscriptRequest],
-) -> tuple[dict[int, list[Part]], dict[int, int]]:
-    """Each task's sealed parts that its request can use (consecutive from the first, all
-    before its message, rendered as it would render them), and where stale rows start."""
+) -> tuple[dict[int, list[Part]], dict[int, Stale]]:
+    """Each task's sealed parts that its request can use (its long parts consecutive from the
+    first, then its short parts consecutive from the first after them, all before its message,
+    rendered as it would render them), and the rows to remove when it is stored."""
     requested = {request.task_id: request for request in requests}
     task_ids = list(requested)
+    per_long = _shorts_per_long()
     # The JSON columns come as their text, which is the key of the part they make: a long
     # conversation has many sealed parts, and each dispatch would decode them all again.
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {sql.value_columns(TranscriptPart, _PART_COLUMNS)} "  # noqa: S608
             f"FROM {TranscriptPart._meta.db_table} "
-            f"WHERE task_id IN ({sql.placeholders(task_ids)}) ORDER BY task_id, number",
+            f"WHERE task_id IN ({sql.placeholders(task_ids)}) "
+            "ORDER BY task_id, span DESC, number",
             task_ids,
         )
         rows = cursor.fetchall()
     parts: dict[int, list[Part]] = {}
-    stale_from: dict[int, int] = {}
+    stale: dict[int, Stale] = {}
+    longs: dict[int, int] = {}
     stopped: set[int] = set()
     for row in rows:
-        task_id, number, first, last = row[:4]
-        group_chat, multi_bot, version = bool(row[8]), bool(row[9]), row[10]
+        task_id, span, number, first, last = row[:5]
+        group_chat, multi_bot, version = bool(row[9]), bool(row[10]), row[11]
         if task_id in stopped:
             continue
         request = requested[task_id]
         usable = parts.setdefault(task_id, [])
+        long_count = longs.setdefault(task_id, 0)
+        if span == TRANSCRIPT_PART_TURNS:
+            expected = len(usable)
+        elif span == TRANSCRIPT_SHORT_PART_TURNS and per_long:
+            expected = long_count * per_long + len(usable) - long_count
+            if number < long_count * per_long:
+                # A long part holds its turns: it is removed with the next long part sealed.
+                stale.setdefault(task_id, Stale(short_below=long_count * per_long))
+                continue
+        else:
+            continue  # a part of a length no longer used: never read
         if (
-            number != len(usable)
+            number != expected
             or group_chat != request.is_group_chat
             or multi_bot != request.multi_bot
             or version != BUILDER_VERSION
         ):
-            stale_from[task_id] = len(usable)
+            # This row and every later one are replaced: for a long part, every short one too.
+            stale[task_id] = (
+                Stale(long_from=expected, short_from=0)
+                if span == TRANSCRIPT_PART_TURNS
+                else Stale(short_from=expected, short_below=long_count * per_long)
+            )
             stopped.add(task_id)
             continue
         if last >= request.before_message_id:
             stopped.add(task_id)
             continue
-        runs, pieces = _json_text(row[4]), _json_text(row[11])
-        usable.append(_sealed_part(number, first, last, runs, *row[5:8], pieces))
-    return parts, stale_from
+        runs, pieces = _json_text(row[5]), _json_text(row[12])
+        usable.append(_sealed_part(span, number, first, last, runs, *row[6:9], pieces))
+        if span == TRANSCRIPT_PART_TURNS:
+            longs[task_id] += 1
+    return parts, stale
 
 
 def _json_text(value: str | list[Any] | dict[str, Any]) -> str:
@@ -377,6 +457,7 @@ def _json_text(value: str | list[Any] | dict[str, Any]) -> str:
 
 @functools.lru_cache(maxsize=_SEALED_PARTS_KEPT)
 def _sealed_part(
+    span: int,
     number: int,
     first: int,
     last: int,
@@ -391,6 +472,7 @@ def _sealed_part(
     runs_value = json.loads(runs)
     pieces_value = json.loads(pieces)
     return Part(
+        span=span,
         number=number,
         first_message_id=first,
         last_message_id=last,
@@ -443,21 +525,16 @@ def _transcript(
     parts: list[Part],
     history: list[tuple[HistoryMessage, TurnFile]],
     first_active: int | None,
-    stale_from: int | None,
+    stale: Stale | None,
     seal: bool = True,
 ) -> Transcript | None:
     """The transcript of `parts` and then `history`, sealing new parts of `history` while a
-    turn in history follows them and none of their range is still running."""
+    turn in history follows them and none of their range is still running (`_seal`)."""
     if not history:
         return None
     parts = list(parts)
     if seal:
-        while len(history) > TRANSCRIPT_PART_TURNS:
-            chunk = history[:TRANSCRIPT_PART_TURNS]
-            if first_active is not None and first_active < chunk[-1][0].message_id:
-                break
-            parts.append(_new_part(len(parts), chunk, request))
-            history = history[TRANSCRIPT_PART_TURNS:]
+        parts, history = _seal(parts, history, first_active=first_active, request=request)
     messages = [message for message, _ in history]
     runs = _merge_runs(
         [run for part in parts for run in part.runs]
@@ -498,15 +575,63 @@ def _transcript(
         index=render_turn_index(messages, header=False),
         turn_files=turn_files,
         parts=tuple(parts),
-        stale_from=stale_from,
+        stale=stale,
         piece=tail,
         is_group_chat=request.is_group_chat,
         multi_bot=request.multi_bot,
     )
 
 
+def _seal(
+    parts: list[Part],
+    history: list[tuple[HistoryMessage, TurnFile]],
+    *,
+    first_active: int | None,
+    request: TranscriptRequest,
+) -> tuple[list[Part], list[tuple[HistoryMessage, TurnFile]]]:
+    """`parts` with the new parts sealed from the start of `history`, and the rest of it: a
+    long part while there are no short ones and a long part's turns and one more are here,
+    else short parts, as long as they stay fewer than a long part's worth (the turns that
+    would complete one are sealed as the long part instead, `_completes_a_long_part`). A part
+    is sealed only when none of its turns is still running."""
+    per_long = _shorts_per_long()
+    while True:
+        long_count = sum(part.span == TRANSCRIPT_PART_TURNS for part in parts)
+        short_count = len(parts) - long_count
+        if short_count == 0 and len(history) > TRANSCRIPT_PART_TURNS:
+            span, number = TRANSCRIPT_PART_TURNS, long_count
+        elif short_count < per_long - 1 and len(history) > TRANSCRIPT_SHORT_PART_TURNS:
+            span, number = TRANSCRIPT_SHORT_PART_TURNS, long_count * per_long + short_count
+        else:
+            return parts, history
+        chunk = history[:span]
+        if first_active is not None and first_active < chunk[-1][0].message_id:
+            return parts, history
+        parts = [*parts, _new_part(number, chunk, request, span=span)]
+        history = history[span:]
+
+
+def _completes_a_long_part(
+    parts: list[Part], history: list[tuple[HistoryMessage, TurnFile]], first_active: int | None
+) -> bool:
+    """Whether the turns after the short parts would seal the last short part a long part
+    holds: then the long part is sealed instead, from all its turns."""
+    per_long = _shorts_per_long()
+    short_count = sum(part.span != TRANSCRIPT_PART_TURNS for part in parts)
+    if not per_long or short_count != per_long - 1:
+        return False
+    if len(history) <= TRANSCRIPT_SHORT_PART_TURNS:
+        return False
+    last = history[TRANSCRIPT_SHORT_PART_TURNS - 1][0].message_id
+    return first_active is None or first_active > last
+
+
 def _new_part(
-    number: int, chunk: list[tuple[HistoryMessage, TurnFile]], request: TranscriptRequest
+    number: int,
+    chunk: list[tuple[HistoryMessage, TurnFile]],
+    request: TranscriptRequest,
+    *,
+    span: int,
 ) -> Part:
     messages = [message for message, _ in chunk]
     text = render_transcript_part(
@@ -517,6 +642,7 @@ def _new_part(
     )
     index = render_turn_index(messages, header=number == 0)
     return Part(
+        span=span,
         number=number,
         first_message_id=messages[0].message_id,
         last_message_id=messages[-1].message_id,
@@ -719,13 +845,9 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
         ),
     ]
     with atomic_storing_artifacts():
-        stale = [
-            Q(task_id=task_id, number__gte=transcript.stale_from)
-            for task_id, transcript in transcripts.items()
-            if transcript.stale_from is not None
-        ]
-        if stale:
-            TranscriptPart.objects.filter(any_of(stale)).delete()
+        removed = _removed_parts(transcripts)
+        if removed:
+            TranscriptPart.objects.filter(any_of(removed)).delete()
         # The composites naming each whole go in with the last batch of texts: their newest
         # pieces are those texts, and their other pieces the sealed parts'.
         composites, in_parts = _whole_composites(
@@ -796,6 +918,33 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
     return history_files
 
 
+def _removed_parts(transcripts: Mapping[int, Transcript]) -> list[Q]:
+    """The part rows storing these transcripts removes: the stale ones, and the short parts
+    whose turns a long part sealed now holds."""
+    per_long = _shorts_per_long()
+    short = ~Q(span=TRANSCRIPT_PART_TURNS)
+    removed = []
+    for task_id, transcript in transcripts.items():
+        stale = transcript.stale or Stale()
+        if stale.long_from is not None:
+            removed.append(
+                Q(task_id=task_id, span=TRANSCRIPT_PART_TURNS) & Q(number__gte=stale.long_from)
+            )
+        if stale.short_from is not None:
+            removed.append(Q(task_id=task_id, number__gte=stale.short_from) & short)
+        covered = max(
+            [stale.short_below]
+            + [
+                (part.number + 1) * per_long
+                for part in transcript.parts
+                if part.new and part.span == TRANSCRIPT_PART_TURNS
+            ]
+        )
+        if covered:
+            removed.append(Q(task_id=task_id, number__lt=covered) & short)
+    return removed
+
+
 def _link_turn_files(links: Sequence[tuple[int, str]]) -> None:
     """Make each newly stored turn file (subtask id, artifact id) its turn's artifact. A
     dispatch links the turns recorded since the last one, and the first dispatch of a long
@@ -857,6 +1006,7 @@ def _store_new_parts(
         [
             TranscriptPart(
                 task_id=task_id,
+                span=part.span,
                 number=part.number,
                 first_message_id=part.first_message_id,
                 last_message_id=part.last_message_id,

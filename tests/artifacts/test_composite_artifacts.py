@@ -379,6 +379,7 @@ def transcript_part(task: Task, pieces: list[Artifact]) -> TranscriptPart:
     sealed_transcript, sealed_index, file_list = pieces
     return TranscriptPart.objects.create(
         task=task,
+        span=128,
         number=0,
         first_message_id=1,
         last_message_id=2,

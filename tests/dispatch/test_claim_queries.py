@@ -17,6 +17,7 @@ from django.utils import timezone
 from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import HistoryPolicy
 from backend.prompting import Role
+from backend.tasks import transcripts
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task
 from backend.tasks.services import (
     PipelineStep,
@@ -27,6 +28,16 @@ from backend.tasks.services import (
 )
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
+
+
+@pytest.fixture(autouse=True)
+def no_short_parts(monkeypatch):
+    """The histories here (50 turns) stay shorter than a sealed part: what sealing one costs is
+    counted in `test_transcript_parts`."""
+    monkeypatch.setattr(
+        transcripts, "TRANSCRIPT_SHORT_PART_TURNS", transcripts.TRANSCRIPT_PART_TURNS
+    )
+
 
 TASKS = 10
 # The `code` policy under test: no message cap (a character budget, large or small), no cap

@@ -238,7 +238,8 @@ def test_parts_rendered_otherwise_are_replaced(api, worker_api):
     # A second bot joined: names show in the transcript, so no old part can be used.
     request = TranscriptRequest(task["id"], False, True, before_message_id=turn["message_id"] - 1)
     transcript = transcripts_for([request])[task["id"]]
-    assert transcript.stale_from == 0 and all(part.new for part in transcript.parts)
+    assert transcript.stale == transcripts.Stale(long_from=0, short_from=0)
+    assert all(part.new for part in transcript.parts)
     store_transcripts({task["id"]: transcript})
     assert set(TranscriptPart.objects.values_list("multi_bot", flat=True)) == {True}
     assert Task.objects.get(pk=task["id"]).transcript_id == transcript.pointer.artifact_id
@@ -278,7 +279,7 @@ def test_a_turn_whose_message_follows_a_sealed_part_renders_that_part_again(api,
     request = TranscriptRequest(task["id"], False, False, before_message_id=7)
     transcript = transcripts_for([request])[task["id"]]
     assert [(part.number, part.new) for part in transcript.parts] == [(0, False)]
-    assert transcript.message_ids == (1, 2, 3, 4, 5, 6) and transcript.stale_from is None
+    assert transcript.message_ids == (1, 2, 3, 4, 5, 6) and transcript.stale is None
     expected = whole(task["id"], 7)
     opening = "" if expected.text.startswith(ESCAPE_NOTE) else ESCAPE_NOTE + PIECE_END
     first_part = fetch(api, f"/api/artifacts/{sealed[0].transcript_id}/content/")
@@ -286,3 +287,132 @@ def test_a_turn_whose_message_follows_a_sealed_part_renders_that_part_again(api,
     # Nothing of the sealed parts changes for it.
     store_transcripts({task["id"]: transcript})
     assert list(TranscriptPart.objects.filter(task_id=task["id"]).order_by("number")) == sealed
+
+
+# --- long and short parts --------------------------------------------------------------------
+
+LONG, SHORT = 6, 2
+
+
+@pytest.fixture
+def two_lengths(monkeypatch):
+    """Long parts of 6 turns, short parts of 2 (at most 2 of them before a long one)."""
+    monkeypatch.setattr(transcripts, "TRANSCRIPT_PART_TURNS", LONG)
+    monkeypatch.setattr(transcripts, "TRANSCRIPT_SHORT_PART_TURNS", SHORT)
+
+
+def expected_parts(earlier: int) -> list[tuple[int, int, int, int]]:
+    """(span, number, first, last message id) of the parts sealed over `earlier` finished
+    turns: long parts while a long part's turns and one more are there, then short parts,
+    fewer than a long part holds, each followed by one more turn."""
+    parts, done = [], 0
+    while earlier - done > LONG:
+        parts.append((LONG, done // LONG, done + 1, done + LONG))
+        done += LONG
+    while len(parts) - done // LONG < LONG // SHORT - 1 and earlier - done > SHORT:
+        parts.append((SHORT, done // SHORT, done + 1, done + SHORT))
+        done += SHORT
+    return parts
+
+
+@pytest.mark.usefixtures("two_lengths")
+def test_short_parts_keep_the_newest_turns_few_until_a_long_part_takes_their_place(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    tails = []
+    for number in range(12):
+        turn = next_round(api, worker_api, task, turn, number)
+        if not turn["prompt_report"]["messages_omitted"]:
+            continue
+        earlier = turn["message_id"] - 2
+        rows = TranscriptPart.objects.filter(task_id=task["id"]).order_by("-span", "number")
+        # Every part is the one the history's length calls for, and none a long part covers
+        # is left.
+        parts = expected_parts(earlier)
+        assert [
+            (row.span, row.number, row.first_message_id, row.last_message_id) for row in rows
+        ] == parts
+        tail = earlier - (parts[-1][3] if parts else 0)
+        tails.append(tail)
+        # The notice's counts add up the parts' and the turns after them.
+        included = turn["prompt_report"]["included_message_ids"]
+        users = (earlier + 1) // 2
+        assert turn["prompt_report"]["omitted_user"] == users - sum(m % 2 for m in included)
+        assert turn["prompt_report"]["omitted_assistant"] == (earlier - users) - sum(
+            1 - m % 2 for m in included
+        )
+        # The executor assembles the whole conversation, its index and every turn's file.
+        expected = whole(task["id"], earlier + 1)
+        transcript = entry_at(turn, f".baton/history/task-{task['id']}.md")
+        if parts:
+            opening = "" if expected.text.startswith(ESCAPE_NOTE) else ESCAPE_NOTE + PIECE_END
+            assert assembled(worker_api, transcript) == opening + expected.text
+            assert len(transcript["parts"]) == len(parts) + 1
+            assert len(turn["artifact_lists"]) == len(parts)
+            assert assembled(worker_api, entry_at(turn, INDEX)) == expected.index
+        files = listed_turn_files(worker_api, turn)
+        assert sorted(files) == sorted(f"{TURNS}{message}.md" for message in range(1, earlier + 1))
+    # The turns rendered again on each dispatch stay fewer than a short part and one more,
+    # however long the conversation: never a long part's worth.
+    assert max(tails) <= SHORT + 1
+    assert {span for span, *_ in expected_parts(earlier)} == {LONG, SHORT}
+
+    # A replay renders the same parts of both lengths again and matches byte for byte.
+    row = PromptReport.objects.filter(subtask_id=turn["subtask_id"]).latest("id")
+    snapshot = row.input_snapshot["transcript"]
+    assert (snapshot["parts"], snapshot["short_parts"]) == (
+        sum(span == LONG for span, *_ in parts),
+        sum(span == SHORT for span, *_ in parts),
+    )
+    replay = replay_prompt(report=row)
+    assert replay.problem == "" and replay.matches
+
+
+@pytest.mark.usefixtures("two_lengths")
+def test_parts_of_both_lengths_rendered_otherwise_are_all_replaced(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    for number in range(5):
+        turn = next_round(api, worker_api, task, turn, number)
+    assert set(TranscriptPart.objects.values_list("span", flat=True)) == {LONG, SHORT}
+    request = TranscriptRequest(task["id"], False, True, before_message_id=turn["message_id"] - 1)
+    transcript = transcripts_for([request])[task["id"]]
+    assert transcript.stale == transcripts.Stale(long_from=0, short_from=0)
+    store_transcripts({task["id"]: transcript})
+    rows = TranscriptPart.objects.filter(task_id=task["id"]).order_by("-span", "number")
+    assert [(row.span, row.number, row.multi_bot) for row in rows] == [
+        (span, number, True) for span, number, *_ in expected_parts(turn["message_id"] - 2)
+    ]
+
+
+@pytest.mark.usefixtures("two_lengths")
+def test_a_short_part_a_long_part_covers_is_not_counted_and_goes_with_the_next_dispatch(
+    api, worker_api
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    for number in range(5):
+        turn = next_round(api, worker_api, task, turn, number)
+    long_part = TranscriptPart.objects.get(task_id=task["id"], span=LONG, number=0)
+    # A short part of turns 1-2 left behind (as a dispatch that raced the long part's
+    # sealing could leave it).
+    TranscriptPart.objects.create(
+        **{
+            field.name: getattr(long_part, field.name)
+            for field in TranscriptPart._meta.concrete_fields
+            if field.name not in ("id", "span", "last_message_id", "message_runs", "turns")
+        }
+        | {"span": SHORT, "last_message_id": 2, "message_runs": [[1, 2]], "turns": 2}
+    )
+    turn = next_round(api, worker_api, task, turn, 5)
+    earlier = turn["message_id"] - 2
+    included = turn["prompt_report"]["included_message_ids"]
+    users = (earlier + 1) // 2
+    assert turn["prompt_report"]["omitted_user"] == users - sum(m % 2 for m in included)
+    assert turn["prompt_report"]["omitted_assistant"] == (earlier - users) - sum(
+        1 - m % 2 for m in included
+    )
+    rows = TranscriptPart.objects.filter(task_id=task["id"]).order_by("-span", "number")
+    assert [(row.span, row.number) for row in rows] == [
+        (span, number) for span, number, *_ in expected_parts(earlier)
+    ]
