@@ -9,13 +9,16 @@ made of, and stores them when a prompt that points to them is dispatched: the tr
 index as the task's current ones, each turn file as the turn's artifact.
 
 **Sealed parts.** A long conversation is not rendered again on every dispatch. Its earlier
-turns are cut into consecutive parts of `TRANSCRIPT_PART_TURNS` turns in history; a part is
-*sealed* (a `TranscriptPart` row) once every turn in its range of message ids has finished and
-at least one turn in history follows it. Finished turns never change, so a sealed part never
-does: its piece of the transcript, its rows of the index and the list of its turn files are
-stored once. A dispatch then reads the part rows and only the turns after the last sealed part
-(fewer than two parts' worth), renders and stores those (the *tail*), and names the whole as
-composite artifacts (`backend.artifacts.services.store_composites`): the transcript is the
+turns are cut into consecutive long parts of `TRANSCRIPT_PART_TURNS` turns in history, and the
+turns after the last long part into short parts of `TRANSCRIPT_SHORT_PART_TURNS`, fewer than a
+long part holds (the turns that would fill its last short part seal the long part instead, and
+its short parts go); a part is *sealed* (a `TranscriptPart` row) once every turn in its range
+of message ids has finished and at least one turn in history follows it. Finished turns never
+change, so a sealed part never does: its piece of the transcript, its rows of the index and the
+list of its turn files are stored once. A dispatch then reads the part rows and only the turns
+after the last sealed part (about a short part's worth), renders and stores those (the
+*tail*), and names the whole as composite artifacts
+(`backend.artifacts.services.store_artifacts_and_composites`): the transcript is the
 composite of [the sealed parts' composite, the tail], and so is the index. Rendered in parts,
 the transcript always opens with the escape note (a later part may need it); it is otherwise
 byte for byte the transcript of the same turns rendered whole, and the index is exactly the
@@ -31,8 +34,9 @@ part's files by one entry instead of one per turn. A task's turns are written on
 life, not on every dispatch.
 
 Queries, for a batch of dispatched turns: one for the part rows, one for the turns after them
-(a second, rarely, when a turn dispatched late stops before its task's last sealed part), and
-a fixed number to store (see `store_transcripts`) while the new rows fit one statement.
+(a second, rarely, when a turn dispatched late stops before its task's last sealed part, or
+when a long part is sealed from its turns), and a fixed number to store (see
+`store_transcripts`) while the new rows fit one statement.
 """
 
 from __future__ import annotations

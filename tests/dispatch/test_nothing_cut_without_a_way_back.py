@@ -44,11 +44,11 @@ def check_every_cut_leads_back(worker_api, turn: dict, originals: set[str]) -> i
             shown = {message.content for message in transcript.sections[0].messages}
             assert len(transcript.sections[0].messages) >= section.notice.omitted
             assert shown <= originals | {c for c in shown if MARKER.search(c)}
-            check_history_files(worker_api, manifest, turns=len(transcript.sections[0].messages))
-            assert all(
-                read(worker_api, entry["download_url"]) in originals
-                for entry in turn_files(manifest)
+            files = turn_files(worker_api, turn)
+            check_history_files(
+                worker_api, manifest, files, turns=len(transcript.sections[0].messages)
             )
+            assert all(read(worker_api, entry["download_url"]) in originals for entry in files)
         for message in section.messages:
             if not MARKER.search(message.content):
                 continue
@@ -61,16 +61,23 @@ def check_every_cut_leads_back(worker_api, turn: dict, originals: set[str]) -> i
     return cuts
 
 
-def turn_files(manifest: dict) -> list[dict]:
-    return [entry for (_, path), entry in manifest.items() if TURN_FILE.fullmatch(path)]
+def turn_files(worker_api, turn: dict) -> list[dict]:
+    """Every turn file the payload names, in order: the sealed parts' lists' entries (a long
+    conversation's), then the manifest's own."""
+    listed = []
+    for artifact_list in turn["artifact_lists"]:
+        for entry in json.loads(read(worker_api, artifact_list["download_url"]))["files"]:
+            url = turn["artifact_url_template"].replace("{id}", entry["id"])
+            listed.append({**entry, "download_url": url})
+    return listed + [entry for entry in turn["artifacts"] if TURN_FILE.fullmatch(entry["path"])]
 
 
-def check_history_files(worker_api, manifest: dict, *, turns: int) -> None:
-    """The index lists one file per earlier turn, each in the manifest at its path."""
+def check_history_files(worker_api, manifest: dict, files: list[dict], *, turns: int) -> None:
+    """The index lists one file per earlier turn, each named by the payload at its path."""
     [index] = [entry for (_, path), entry in manifest.items() if path == TURN_INDEX_PATH]
     _, *rows = read(worker_api, index["download_url"]).splitlines()
     paths = [row.split("\t")[6] for row in rows]
-    assert len(rows) == turns and paths == [entry["path"] for entry in turn_files(manifest)]
+    assert len(rows) == turns and paths == [entry["path"] for entry in files]
 
 
 def test_a_one_mib_message(api, worker_api):
