@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -564,7 +564,7 @@ def _transcript(
         messages, is_group_chat=request.is_group_chat, multi_bot=request.multi_bot
     )
     tail = StoredPiece.of_text(text)
-    _, whole = _whole([part.transcript for part in parts], tail, task_id=request.task_id)
+    [*_, (_, whole)] = _whole(parts, tail, task_id=request.task_id, piece=_transcript_piece)
     return Transcript(
         text=text,
         pointer=ArtifactPointer(
@@ -664,13 +664,33 @@ def _new_part(
     )
 
 
-def _whole(sealed: Sequence[Stored], newest: Stored, *, task_id: int) -> tuple[Artifact, Artifact]:
-    """The (unsaved) rows of the sealed pieces' composite and of the composite of [it, the
-    newest piece], which names the whole (`store_composites` stores both): the sealed pieces'
-    composite is the same on every dispatch until a part is sealed, so a dispatch links two
-    parts, not one per sealed part."""
-    prefix = composite_row(sealed, kind=ArtifactKind.TRANSCRIPT, task_id=task_id)
-    return prefix, composite_row([prefix, newest], kind=ArtifactKind.TRANSCRIPT, task_id=task_id)
+def _whole(
+    parts: Sequence[Part],
+    newest: Stored,
+    *,
+    task_id: int,
+    piece: Callable[[Part], StoredPiece],
+) -> list[tuple[list[Stored], Artifact]]:
+    """The composites that name the whole of the parts' pieces (`piece` of each: of the
+    transcript, or of the index) and then the newest piece, innermost first, each with its
+    parts and its (unsaved) row: the last names the whole. The whole is [the sealed pieces'
+    composite, the newest piece], and the sealed pieces' composite is [the long parts'
+    composite, the short parts' pieces] when there are both: each inner composite stays the
+    same over many dispatches (until a part of its kind is sealed), so a dispatch links two
+    parts, a short part's sealing a few more, and only a long part's one per long part."""
+    longs: list[Stored] = [piece(part) for part in parts if part.span == TRANSCRIPT_PART_TURNS]
+    shorts: list[Stored] = [piece(part) for part in parts if part.span != TRANSCRIPT_PART_TURNS]
+    kind = ArtifactKind.TRANSCRIPT
+    chain: list[tuple[list[Stored], Artifact]] = []
+    sealed = longs or shorts
+    if longs and shorts:
+        inner = composite_row(longs, kind=kind, task_id=task_id)
+        chain.append((longs, inner))
+        sealed = [inner, *shorts]
+    prefix = composite_row(sealed, kind=kind, task_id=task_id)
+    chain.append((sealed, prefix))
+    chain.append(([prefix, newest], composite_row([prefix, newest], kind=kind, task_id=task_id)))
+    return chain
 
 
 def _runs(message_ids: Sequence[int]) -> Runs:
@@ -864,8 +884,8 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
         last, composite_rows = store_artifacts_and_composites(batches[-1], composites)
         artifacts.extend(last)
         wholes = {
-            task_id: (composite_rows[4 * at + 1], composite_rows[4 * at + 3])
-            for at, task_id in enumerate(in_parts)
+            task_id: (composite_rows[transcript_at], composite_rows[index_at])
+            for task_id, (transcript_at, index_at) in in_parts.items()
         }
         count = len(transcripts)
         tails, indexes = artifacts[:count], artifacts[count : 2 * count]
@@ -1046,26 +1066,32 @@ def _whole_composites(
     *,
     tails: Mapping[int, StoredPiece],
     indexes: Mapping[int, StoredPiece],
-) -> tuple[list[tuple[Sequence[Stored], str, int | None]], list[int]]:
-    """For each transcript in parts, four composites to store: the sealed parts' composite and
-    the composite of [it, the tail] (see `_whole`), for the transcript and then for the index;
-    and the ids of those tasks, in the same order."""
+) -> tuple[list[tuple[Sequence[Stored], str, int | None]], dict[int, tuple[int, int]]]:
+    """For each transcript in parts, the composites to store (see `_whole`), for the transcript
+    and then for the index; and, by task id, where in that list the two wholes are."""
     batch: list[tuple[Sequence[Stored], str, int | None]] = []
-    tasks = []
+    wholes: dict[int, tuple[int, int]] = {}
     for task_id, transcript in transcripts.items():
         if not transcript.parts:
             continue
-        tasks.append(task_id)
-        for sealed, newest in (
-            ([part.transcript for part in transcript.parts], tails[task_id]),
-            ([part.turn_index for part in transcript.parts], indexes[task_id]),
+        at = []
+        for newest, piece in (
+            (tails[task_id], _transcript_piece),
+            (indexes[task_id], _index_piece),
         ):
-            prefix, _ = _whole(sealed, newest, task_id=task_id)
-            batch += [
-                (sealed, ArtifactKind.TRANSCRIPT, task_id),
-                ([prefix, newest], ArtifactKind.TRANSCRIPT, task_id),
-            ]
-    return batch, tasks
+            chain = _whole(transcript.parts, newest, task_id=task_id, piece=piece)
+            batch += [(parts, ArtifactKind.TRANSCRIPT, task_id) for parts, _ in chain]
+            at.append(len(batch) - 1)
+        wholes[task_id] = (at[0], at[1])
+    return batch, wholes
+
+
+def _transcript_piece(part: Part) -> StoredPiece:
+    return part.transcript
+
+
+def _index_piece(part: Part) -> StoredPiece:
+    return part.turn_index
 
 
 def turn_file_list(entries: Sequence[ManifestEntry]) -> str:

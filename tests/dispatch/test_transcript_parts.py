@@ -347,6 +347,9 @@ def test_short_parts_keep_the_newest_turns_few_until_a_long_part_takes_their_pla
         if parts:
             opening = "" if expected.text.startswith(ESCAPE_NOTE) else ESCAPE_NOTE + PIECE_END
             assert assembled(worker_api, transcript) == opening + expected.text
+            # The API serves the same bytes under the whole's id (composites nested up to
+            # three deep: [[the long parts, the short ones], the tail]).
+            assert fetch(worker_api, transcript["download_url"]) == opening + expected.text
             assert len(transcript["parts"]) == len(parts) + 1
             assert len(turn["artifact_lists"]) == len(parts)
             assert assembled(worker_api, entry_at(turn, INDEX)) == expected.index
