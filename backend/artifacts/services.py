@@ -269,41 +269,11 @@ def store_composites(
     A composite's content is its parts' contents in order: nothing is written to storage. Its
     sizes are the sums of its parts' (its lines too: every part but the last must end with a
     newline). A part may be a composite of the same batch (every row is inserted before any
-    part is linked). Runs inside the caller's transaction, like `store_artifacts`, and locks
-    the rows the same way. One query for the batch when every composite exists, three when one
-    is new, however many parts.
+    part is linked). A composite that exists is locked and left as it is: only new ones get
+    part rows, so a part list is never rewritten. Runs inside the caller's transaction, like
+    `store_artifacts`: `store_artifacts_and_composites` with no texts.
     """
-    rows: dict[str, tuple[Artifact, Sequence[Stored]]] = {}
-    ordered: list[str] = []
-    for parts, kind, task_id in composites:
-        row = composite_row(parts, kind=kind, task_id=task_id)
-        ordered.append(row.pk)
-        rows.setdefault(row.pk, (row, parts))
-    # A composite that exists is locked and left as it is (a long transcript's sealed parts'
-    # composite is the same on every dispatch until a part is sealed): only new ones are
-    # inserted with their part rows, so a dispatch never rewrites a part list.
-    locked = _locked(list(rows))
-    new = [row for artifact_id, (row, _) in rows.items() if artifact_id not in locked]
-    if new:
-        # A concurrent writer of the same composite wrote the same parts: conflicts are that.
-        sql.insert(new, ignore_conflicts=True)
-        sql.insert(
-            [
-                ArtifactPart(composite_id=row.pk, part_id=part.pk, position=position)
-                for row in new
-                for position, part in enumerate(rows[row.pk][1])
-            ],
-            ignore_conflicts=True,
-        )
-        # Rows this transaction inserted are its own until it ends; one a concurrent writer
-        # inserted first is new too, so no prune can take it (pruning waits for age).
-        locked |= {row.pk: row for row in new}
-    for artifact_id, (row, _) in rows.items():
-        if locked[artifact_id].sha256 != row.sha256:
-            raise ArtifactIntegrityError(
-                f"artifact id {artifact_id} already names different content (sha256 prefix clash)"
-            )
-    return [locked[artifact_id] for artifact_id in ordered]
+    return store_artifacts_and_composites([], composites)[1]
 
 
 def restore_artifact_file(*, artifact: Artifact, text: str) -> bool:
