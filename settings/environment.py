@@ -73,6 +73,12 @@ class BatonEnvironment(BaseModel):
     debug: bool | None = Field(None, alias="DEBUG")
     allowed_hosts: list[str] | None = Field(None, alias="ALLOWED_HOSTS")
     database_url: str | None = Field(None, alias="DATABASE_URL")
+    # PostgreSQL: a statement run this many times on a connection is prepared there (parsed
+    # and planned once); `none` sends every statement as text (for a pooler in transaction
+    # mode that cannot keep prepared statements).
+    database_prepare_threshold: int | None = Field(
+        5, alias="BATON_DATABASE_PREPARE_THRESHOLD", ge=0, le=1000
+    )
     var_dir: Path = Field(REPO_ROOT / "var", alias="BATON_VAR_DIR")
     max_message_bytes: int = Field(1024 * 1024, alias="BATON_MAX_MESSAGE_BYTES", gt=0)
     max_result_bytes: int = Field(64 * 1024 * 1024, alias="BATON_MAX_RESULT_BYTES", gt=0)
@@ -208,6 +214,7 @@ class BatonEnvironment(BaseModel):
         "history_max_tokens_fraction",
         "history_summary_max_chars",
         "history_summary_bot",
+        "database_prepare_threshold",
         mode="before",
     )
     @classmethod
@@ -391,7 +398,9 @@ class BatonEnvironment(BaseModel):
         """Django's DATABASES['default'] for this environment."""
         if self.database_url is None:
             return sqlite_database(self.var_dir / "baton.sqlite3")
-        return database_from_url(self.database_url)
+        return database_from_url(
+            self.database_url, prepare_threshold=self.database_prepare_threshold
+        )
 
 
 def sqlite_database(path: Path) -> dict[str, object]:
@@ -411,7 +420,7 @@ def sqlite_database(path: Path) -> dict[str, object]:
     }
 
 
-def database_from_url(url: str) -> dict[str, object]:
+def database_from_url(url: str, *, prepare_threshold: int | None = None) -> dict[str, object]:
     parts = urlsplit(url)
     if parts.scheme in ("postgres", "postgresql", "pgsql"):
         name = unquote(parts.path.lstrip("/"))
@@ -426,6 +435,14 @@ def database_from_url(url: str) -> dict[str, object]:
             "PORT": str(parts.port or ""),
             "CONN_MAX_AGE": 60,
             "CONN_HEALTH_CHECKS": True,
+            # Parameters bound on the server, so that a statement run often is prepared once
+            # per connection: most of PostgreSQL's work for Baton's short statements is
+            # parsing and planning them (bench/README.md, "Prepared statements").
+            "OPTIONS": (
+                {}
+                if prepare_threshold is None
+                else {"server_side_binding": True, "prepare_threshold": prepare_threshold}
+            ),
         }
     if parts.scheme == "sqlite":
         return sqlite_database(Path(unquote(parts.path)))

@@ -294,3 +294,15 @@ def test_s3_storage_names_its_bucket_endpoint_and_region():
 def test_an_incomplete_s3_configuration_refuses_to_start(environ, fragment):
     with pytest.raises(ConfigurationError, match=fragment):
         load_environment(environ)
+
+
+def test_postgresql_prepares_statements_unless_told_not_to():
+    url = {"DATABASE_URL": "postgres://baton@db/baton"}
+    options = load_environment(url).database()["OPTIONS"]
+    assert options == {"server_side_binding": True, "prepare_threshold": 5}
+    once = load_environment({**url, "BATON_DATABASE_PREPARE_THRESHOLD": "0"}).database()
+    assert once["OPTIONS"] == {"server_side_binding": True, "prepare_threshold": 0}
+    text = load_environment({**url, "BATON_DATABASE_PREPARE_THRESHOLD": "none"}).database()
+    assert text["OPTIONS"] == {}
+    with pytest.raises(ConfigurationError, match="BATON_DATABASE_PREPARE_THRESHOLD"):
+        load_environment({**url, "BATON_DATABASE_PREPARE_THRESHOLD": "-1"})
