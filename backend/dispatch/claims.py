@@ -13,8 +13,10 @@ status alone, and a dispatch may schedule new ones (after its payloads are built
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -100,14 +102,12 @@ def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int
         "started_at": now,
         "updated_at": now,
     }
-    candidates = (
-        _dispatchable(kinds=kinds)
-        .filter(_claimable_by(worker_id=worker_id, now=now))
-        .order_by("pending_since", "id")
-    )
     if connection.vendor == "postgresql":
-        ids = _claim_in_one_statement(candidates=candidates, limit=limit, claim=claim)
+        ids = _claim_in_one_statement(
+            kinds=kinds, worker_id=worker_id, now=now, limit=limit, claim=claim
+        )
     else:
+        candidates = _candidates(kinds=kinds, worker_id=worker_id, now=now)
         with transaction.atomic():
             ids = []
             for candidate in candidates.values_list("id", flat=True)[:limit]:
@@ -138,14 +138,15 @@ def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int
 
 
 def _claim_in_one_statement(
-    *, candidates: QuerySet[Subtask], limit: int, claim: dict[str, Any]
+    *, kinds: Sequence[str], worker_id: str, now: datetime, limit: int, claim: dict[str, Any]
 ) -> list[int]:
     """PostgreSQL: pick and claim in one statement, `UPDATE … WHERE id IN (SELECT … FOR
     UPDATE SKIP LOCKED LIMIT n) RETURNING id` — one round trip instead of a transaction of
     four. The rows the subquery locks are skipped by every concurrent claim, and the UPDATE
     changes exactly those, so each turn still goes to one caller. `claim` is `_claim_ids`'s."""
-    # The ORM compiles a locking read only inside a transaction; the statement is its own.
-    picked, picked_params = candidates.values("id")[:limit].query.sql_with_params()
+    kinds = list(dict.fromkeys(kinds))  # as the ORM's IN does: each kind once
+    picked, slots = _picking(len(kinds), limit, settings.BATON_SESSION_AFFINITY_SECONDS)
+    picked_params = [slot.value(now=now, worker_id=worker_id, kinds=kinds) for slot in slots]
     values = [
         claim["status"],
         claim["claimed_by"].pk,
@@ -164,6 +165,68 @@ def _claim_in_one_statement(
     with connection.cursor() as cursor:
         cursor.execute(statement, [*values, *picked_params])
         return sorted(row[0] for row in cursor.fetchall())
+
+
+# Stand-ins the claim's SELECT is compiled with, to find where each value goes among its
+# parameters (`_picking`).
+_AT = datetime(2000, 1, 1, tzinfo=UTC)
+_WORKER = "\x00worker"
+
+
+def _kind_stand_in(index: int) -> str:
+    return f"\x00kind{index}"
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """One parameter of the claim's SELECT: a constant of the query, the claiming worker,
+    one of the kinds asked for, or a moment at an offset from now."""
+
+    constant: Any = None
+    worker: bool = False
+    kind: int | None = None
+    offset: timedelta | None = None
+
+    def value(self, *, now: datetime, worker_id: str, kinds: Sequence[str]) -> Any:
+        if self.offset is not None:
+            return now + self.offset
+        if self.worker:
+            return worker_id
+        if self.kind is not None:
+            return kinds[self.kind]
+        return self.constant
+
+
+@functools.lru_cache(maxsize=64)
+def _picking(kinds: int, limit: int, affinity_seconds: float) -> tuple[str, tuple[_Slot, ...]]:
+    """The SQL of the claim's SELECT for this many kinds and this limit, and its parameters'
+    slots. The ORM compiles it once per shape (and affinity, which `_claimable_by` reads from
+    settings), with stand-in values, instead of on every dispatch: compiling it cost more
+    than the statement's round trip."""
+    stand_ins = [_kind_stand_in(index) for index in range(kinds)]
+    candidates = _candidates(kinds=stand_ins, worker_id=_WORKER, now=_AT)
+    # The ORM compiles a locking read only inside a transaction; the statement is its own.
+    picked, params = candidates.values("id")[:limit].query.sql_with_params()
+    slots = []
+    for param in params:
+        if isinstance(param, datetime):
+            slots.append(_Slot(offset=param - _AT))
+        elif param == _WORKER:
+            slots.append(_Slot(worker=True))
+        elif param in stand_ins:
+            slots.append(_Slot(kind=stand_ins.index(param)))
+        else:
+            slots.append(_Slot(constant=param))
+    return picked, tuple(slots)
+
+
+def _candidates(*, kinds: Sequence[str], worker_id: str, now: datetime) -> QuerySet[Subtask]:
+    """The turns this worker may claim now, oldest first."""
+    return (
+        _dispatchable(kinds=kinds)
+        .filter(_claimable_by(worker_id=worker_id, now=now))
+        .order_by("pending_since", "id")
+    )
 
 
 def _dispatchable(*, kinds: Sequence[str]) -> QuerySet[Subtask]:

@@ -1,0 +1,103 @@
+"""PostgreSQL's claim statement is compiled once per shape, with stand-in values: filled in
+with a dispatch's own values, it picks exactly the turns the ORM's query of that dispatch
+picks (backoff, session affinity, kinds, order and limit)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from backend.dispatch import claims
+from backend.tasks.models import Subtask, SubtaskStatus
+from backend.tasks.services import PipelineStep, create_task
+from tests.conftest import make_worker
+
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.postgres_only,
+    pytest.mark.usefixtures("shipped_bots"),
+]
+
+# (executor, seconds since it became pending, backoff ends in seconds or None, session worker)
+TURNS = [
+    ("codex", 100, None, ""),
+    ("codex", 90, 30, ""),  # backing off
+    ("codex", 80, -5, ""),  # backoff over
+    ("claude_code", 70, None, ""),
+    ("codex", 3, None, "w1"),  # held for w1
+    ("codex", 2, None, "w2"),  # held for w2
+    ("codex", 60, None, "w2"),  # held for w2 once, the affinity is over
+    ("agno", 50, None, ""),
+    ("claude_code", 1, None, "w1"),
+]
+
+
+@pytest.fixture
+def pending_turns(shipped_bots):
+    owner = get_user_model().objects.create_user(username="owner")
+    now = timezone.now()
+    for index, (executor, age, backoff, session_worker) in enumerate(TURNS):
+        task = create_task(
+            owner=owner,
+            title=f"t{index}",
+            task_type="code",
+            message=f"job {index}",
+            pipeline=[PipelineStep(executor=executor)],
+        )
+        Subtask.objects.filter(task=task, status=SubtaskStatus.PENDING).update(
+            pending_since=now - timedelta(seconds=age),
+            not_before=None if backoff is None else now + timedelta(seconds=backoff),
+            session_worker=session_worker,
+        )
+
+
+@pytest.mark.usefixtures("pending_turns")
+@pytest.mark.parametrize(
+    ("kinds", "worker_id", "limit"),
+    [
+        (["codex"], "w1", 100),
+        (["codex"], "w2", 100),
+        (["codex", "claude_code"], "w1", 100),
+        (["claude_code", "codex", "codex"], "w3", 100),
+        (["agno", "claude_code", "codex"], "w2", 3),
+        (["codex"], "w1", 1),
+    ],
+)
+def test_the_compiled_claim_picks_what_the_query_of_the_dispatch_picks(kinds, worker_id, limit):
+    now = timezone.now()
+    expected = list(
+        claims._candidates(kinds=kinds, worker_id=worker_id, now=now).values_list("id", flat=True)[
+            :limit
+        ]
+    )
+    assert expected  # every case claims something
+    claimed = claims._claim_in_one_statement(
+        kinds=kinds,
+        worker_id=worker_id,
+        now=now,
+        limit=limit,
+        claim={
+            "status": SubtaskStatus.RUNNING,
+            "claimed_by": make_worker("worker-1"),
+            "lease_owner": worker_id,
+            "lease_expires_at": now + timedelta(minutes=10),
+            "started_at": now,
+            "updated_at": now,
+        },
+    )
+    assert claimed == sorted(expected)
+    running = Subtask.objects.filter(status=SubtaskStatus.RUNNING, lease_owner=worker_id)
+    assert sorted(running.values_list("id", flat=True)) == sorted(expected)
+
+
+def test_the_claim_is_compiled_once_per_shape(settings):
+    claims._picking.cache_clear()
+    claims._picking(1, 1, settings.BATON_SESSION_AFFINITY_SECONDS)
+    claims._picking(1, 1, settings.BATON_SESSION_AFFINITY_SECONDS)
+    assert claims._picking.cache_info().misses == 1
+    claims._picking(2, 1, settings.BATON_SESSION_AFFINITY_SECONDS)
+    claims._picking(1, 5, settings.BATON_SESSION_AFFINITY_SECONDS)
+    assert claims._picking.cache_info().misses == 3
