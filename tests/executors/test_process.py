@@ -239,6 +239,8 @@ def test_scan_is_fast_and_stop_ends_a_wide_tree(tmp_path: Path) -> None:
     script = "for i in $(seq 300); do sleep 60 & done; echo ready; wait"
     with _running(_bash(tmp_path, script)) as proc:
         assert next(proc.lines()) == "ready"
+        # A child caught in the middle of its exec shows no environment for a moment.
+        _eventually(lambda: len(processes_with_marker(proc.marker)) == 301)
         timings = []
         for _ in range(5):
             started = time.perf_counter()
