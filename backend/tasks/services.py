@@ -599,9 +599,27 @@ def _ingestion_fields(ingested: IngestedText, *, recorded_at: Any) -> dict[str, 
     }
 
 
-def _apply_ingestion(subtask: Subtask, ingested: IngestedText, *, recorded_at: Any) -> None:
-    for name, value in _ingestion_fields(ingested, recorded_at=recorded_at).items():
+def _apply_ingestion(subtask: Subtask, ingested: IngestedText, *, recorded_at: Any) -> list[str]:
+    """Set the turn's ingestion columns; return their names."""
+    fields = _ingestion_fields(ingested, recorded_at=recorded_at)
+    for name, value in fields.items():
         setattr(subtask, name, value)
+    return list(fields)
+
+
+# The other columns a result sets (`record_result`); nothing else of the row is written.
+_RESULT_FIELDS = (
+    "status",
+    "result",
+    "result_value_in_artifact",
+    "error",
+    "error_code",
+    "usage",
+    "native_session_id",
+    "lease_expires_at",
+    "finished_at",
+    "updated_at",
+)
 
 
 def canonical_json(value: Any) -> str:
@@ -721,7 +739,7 @@ def record_result(
                 result = {**result, "value": ingested.history_text}
         else:
             ingested = ingest_text(text=text, task=task, serialized_json=serialized_json)
-        _apply_ingestion(subtask, ingested, recorded_at=now)
+        ingested_fields = _apply_ingestion(subtask, ingested, recorded_at=now)
         subtask.status = status
         subtask.result = result
         subtask.result_value_in_artifact = False
@@ -747,7 +765,7 @@ def record_result(
         if subtask.kind == SubtaskKind.SUMMARY:
             _finish_summary(subtask=subtask, task=task)
             return subtask
-        subtask.save()
+        subtask.save(update_fields=[*ingested_fields, *_RESULT_FIELDS])
         finished = [subtask, *_advance_pipeline(subtask=subtask, task=task, now=now)]
         task_events.record(
             task_id=task.pk, events=[task_events.finished_event(turn) for turn in finished]

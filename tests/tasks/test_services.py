@@ -125,6 +125,35 @@ def test_failed_step_fails_the_steps_after_it(user):
     append_message(task=task, message="try again")
 
 
+@pytest.mark.parametrize(
+    ("status", "result", "error"),
+    [
+        (SubtaskStatus.COMPLETED, {"value": "x" * 30_000, "files": ["a.py"]}, ""),
+        (SubtaskStatus.COMPLETED, {"answer": 42}, ""),
+        (SubtaskStatus.FAILED, None, "codex exited with 1"),
+    ],
+)
+def test_every_column_a_result_sets_is_stored(user, status, result, error):
+    # A result writes only the columns it sets: each of them must reach the row.
+    task = make_task(user)
+    turn = task.subtasks.get(message_id=2)
+    recorded = record_result(
+        subtask=turn,
+        status=status,
+        result=result,
+        error=error,
+        error_code="executor_failed" if error else "",
+        usage={"input_tokens": 10, "output_tokens": 2},
+        native_session_id="session-1",
+    )
+    stored = Subtask.objects.get(pk=turn.pk)
+    assert stored.status == status
+    for field in Subtask._meta.concrete_fields:
+        if field.name != "updated_at":
+            assert getattr(stored, field.attname) == getattr(recorded, field.attname), field.name
+    assert stored.updated_at >= recorded.finished_at
+
+
 def test_result_cannot_be_recorded_twice(user):
     task = make_task(user)
     turn = task.subtasks.get(message_id=2)
