@@ -115,16 +115,12 @@ def store_artifacts(texts: Sequence[ArtifactText]) -> list[Artifact]:
     Texts must be valid Unicode (see `storage.content_address`). The task is recorded as the
     producer only when the artifact is new: identical text stored later shares the first row.
     Must run inside the caller's transaction (`atomic_storing_artifacts()`): every row stays
-    locked until it ends, so a concurrent prune waits for it and then sees the caller's new
-    references. Two queries for the batch, plus the file writes.
+    locked until it ends (a row inserted now is the transaction's own, one that existed is
+    locked), so a concurrent prune waits for it and then sees the caller's new references. One
+    query for the batch when every text is new, two when some existed, plus the file writes:
+    `store_artifacts_and_composites` with no composites.
     """
-    addresses = [item.address() for item in texts]
-    wanted = _wanted(texts, addresses)
-    artifacts = _insert_and_lock(
-        [_new_row(item, address) for _, (item, address) in sorted(wanted.items())]
-    )
-    _write_files(wanted, artifacts)
-    return [artifacts[artifact_id_for(address.sha256)] for address in addresses]
+    return store_artifacts_and_composites(texts, [])[0]
 
 
 def store_artifacts_and_composites(
@@ -327,22 +323,6 @@ def _new_row(item: ArtifactText, address: ContentAddress) -> Artifact:
         kind=item.kind,
         task_id=item.task_id,
     )
-
-
-def _insert_and_lock(rows: list[Artifact]) -> dict[str, Artifact]:
-    """Insert the rows that do not exist yet, then lock every row, in id order; by id.
-
-    An insert that meets a concurrent writer's uncommitted row waits for it. A row that existed
-    when inserting but is gone when locking was pruned in between: it is inserted again.
-    """
-    locked: dict[str, Artifact] = {}
-    missing = rows
-    while missing:
-        sql.insert(missing, ignore_conflicts=True)
-        found = _locked([row.pk for row in missing])
-        locked.update(found)
-        missing = [row for row in missing if row.pk not in found]
-    return locked
 
 
 def _locked(artifact_ids: list[str]) -> dict[str, Artifact]:
