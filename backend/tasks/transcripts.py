@@ -810,8 +810,8 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
     module docstring): one inserting the artifacts (the texts and, for transcripts in parts,
     the composites naming each whole), one locking those that existed already (none when
     every one is new), one for the part rows of new composites, one linking new turn files to
-    their turns and one pointing the tasks to their transcripts; three more when a part is
-    sealed (its list stored, and its row). Every row stays locked until the tasks, turns and
+    their turns and one pointing the tasks to their transcripts; two more when a part is
+    sealed (its list stored, and its row; three when its list existed already). Every row stays locked until the tasks, turns and
     parts point to it, so a concurrent prune waits and then sees the references.
     """
     if not transcripts:
@@ -1008,7 +1008,8 @@ def _store_new_parts(
     transcripts: Mapping[int, Transcript],
 ) -> dict[tuple[int, int], StoredPiece]:
     """Store the lists of the new parts' turn files and the parts' rows (two queries more
-    when a part is new); the lists by (task id, part number)."""
+    when a part is new, three when one of its lists was stored before); the lists by (task
+    id, part number)."""
     if not new_parts:
         return {}
     listings = store_artifacts(
