@@ -811,8 +811,9 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
     the composites naming each whole), one locking those that existed already (none when
     every one is new), one for the part rows of new composites, one linking new turn files to
     their turns and one pointing the tasks to their transcripts; two more when a part is
-    sealed (its list stored, and its row; three when its list existed already). Every row stays locked until the tasks, turns and
-    parts point to it, so a concurrent prune waits and then sees the references.
+    sealed (its list stored, and its row; three when its list existed already). Every row
+    stays locked until the tasks, turns and parts point to it, so a concurrent prune waits and
+    then sees the references.
     """
     if not transcripts:
         return {}
