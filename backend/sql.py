@@ -217,10 +217,16 @@ MAX_PARAMETERS = 32_000
 
 def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> set[Any]:
     """Insert `rows` (of one model) as `bulk_create` does: each field's value prepared as the
-    ORM prepares it, in statements under the parameter limit (one transaction when there are
-    several). With `ignore_conflicts`, a row whose key exists is skipped, and the primary keys
-    of the rows inserted are returned (rows that name their own keys); otherwise a row whose
-    primary key the database assigns gets it."""
+    ORM prepares it. With `ignore_conflicts`, a row whose key exists is skipped, and the
+    primary keys of the rows inserted are returned (rows that name their own keys); otherwise
+    a row whose primary key the database assigns gets it.
+
+    On PostgreSQL several rows go in as one array per column (`INSERT … SELECT * FROM
+    UNNEST(…)`, as `bulk_create` does there): the statement's text is the same whatever the
+    number of rows, so psycopg parses it once and the server prepares it, where a `VALUES`
+    list of each length is a new statement, parsed and planned on every call, with more
+    parameters than psycopg caches. Elsewhere, `VALUES` lists in statements under the
+    parameter limit (one transaction when there are several)."""
     if not rows:
         return set()
     meta = type(rows[0])._meta
@@ -230,30 +236,37 @@ def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> set[Any]
     fields = [field for field in meta.concrete_fields if not (assigned and field is pk)]
     returning = assigned and not ignore_conflicts
     inserted: set[Any] = set()
-    values = "(" + ", ".join("%s" for _ in fields) + ")"
-    per_statement = max(1, MAX_PARAMETERS // len(fields))
+    array_types = (
+        _array_types(connection.vendor, type(rows[0]), assigned) if len(rows) > 1 else None
+    )
+    per_statement = len(rows) if array_types else max(1, MAX_PARAMETERS // len(fields))
     statements = range(0, len(rows), per_statement)
+    head = f"INSERT INTO {meta.db_table} ({', '.join(field.column for field in fields)}) "
     with transaction.atomic(savepoint=False) if len(statements) > 1 else nullcontext():
         for start in statements:
             batch = rows[start : start + per_statement]
-            statement = (
-                f"INSERT INTO {meta.db_table} ({', '.join(field.column for field in fields)}) "  # noqa: S608
-                f"VALUES {', '.join(values for _ in batch)}"
-            )
+            values = [
+                [field.get_db_prep_save(field.pre_save(row, True), connection) for field in fields]
+                for row in batch
+            ]
+            if array_types:
+                statement = head + array_types
+                params: list[Any] = [list(column) for column in zip(*values, strict=True)]
+            else:
+                row_values = "(" + ", ".join("%s" for _ in fields) + ")"
+                statement = head + f"VALUES {', '.join(row_values for _ in batch)}"
+                params = [value for row in values for value in row]
             if ignore_conflicts:
                 statement += " ON CONFLICT DO NOTHING"
                 if not assigned:
                     statement += f" RETURNING {pk.column}"
             elif returning:
                 statement += f" RETURNING {pk.column}"
-            params = [
-                field.get_db_prep_save(field.pre_save(row, True), connection)
-                for row in batch
-                for field in fields
-            ]
             with connection.cursor() as cursor:
                 cursor.execute(statement, params)
                 if returning:
+                    # Rows come back in the order they were given, from VALUES as from
+                    # UNNEST (which `bulk_create` relies on too).
                     for row, (key,) in zip(batch, cursor.fetchall(), strict=True):
                         setattr(row, pk.attname, key)
                 elif ignore_conflicts and not assigned:
@@ -262,3 +275,25 @@ def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> set[Any]
                 row._state.adding = False
                 row._state.db = connection.alias
     return inserted
+
+
+@cache
+def _array_types(vendor: str, model: type[Model], assigned: bool) -> str | None:
+    """`SELECT * FROM UNNEST((%s)::type[], …)` for the columns `insert` writes, on
+    PostgreSQL; None elsewhere, or when a column's type is not one an array can carry plainly
+    (the checks `bulk_create` makes before it unnests)."""
+    if vendor != "postgresql":
+        return None
+    pk = model._meta.pk
+    fields = [field for field in model._meta.concrete_fields if not (assigned and field is pk)]
+    types = []
+    for field in fields:
+        target = field.target_field if field.is_relation else field
+        if (
+            hasattr(field, "get_placeholder")
+            or target.get_internal_type() not in connection.data_types
+        ):
+            return None
+        # Without a length (varchar[], not varchar(64)[]): the column's own type checks it.
+        types.append(f"(%s)::{field.db_type(connection).split('(')[0]}[]")
+    return f"SELECT * FROM UNNEST({', '.join(types)})"  # noqa: S608

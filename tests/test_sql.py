@@ -156,7 +156,42 @@ def test_many_rows_are_inserted_in_statements_under_the_parameter_limit(task, mo
     with CaptureQueriesContext(connection) as captured:
         sql.insert(events)
     inserts = [query for query in captured.captured_queries if query["sql"].startswith("INSERT")]
-    assert len(inserts) == 2
+    # PostgreSQL takes the rows as one array per column: 6 parameters, whatever the count.
+    assert len(inserts) == (1 if connection.vendor == "postgresql" else 2)
     assert list(
         TaskEvent.objects.filter(seq__gte=2000).order_by("seq").values_list("pk", flat=True)
     ) == [event.pk for event in events]
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="UNNEST of typed arrays is PostgreSQL's"
+)
+def test_postgresql_inserts_any_number_of_rows_with_one_statement_text(task):
+    texts = []
+    sent: list[tuple[str, int]] = []
+
+    def record(execute, statement, params, many, context):
+        sent.append((statement, len(params)))
+        return execute(statement, params, many, context)
+
+    for count in (2, 3, 40):
+        events = [
+            TaskEvent(
+                task_id=task.pk,
+                seq=3000 + 100 * count + offset,
+                type="turn.progress",
+                data=["a", offset] if offset % 2 else {"n": offset, "text": "naïve ✓"},
+            )
+            for offset in range(count)
+        ]
+        sent.clear()
+        with connection.execute_wrapper(record):
+            sql.insert(events)
+        [(statement, parameters)] = sent
+        assert parameters == 6  # one array per column
+        texts.append(statement)
+        stored = TaskEvent.objects.filter(seq__gte=3000 + 100 * count, seq__lt=3100 + 100 * count)
+        assert {event.seq: (event.pk, event.data) for event in stored} == {
+            event.seq: (event.pk, event.data) for event in events
+        }
+    assert len(set(texts)) == 1
