@@ -226,8 +226,15 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
             for artifact in manifest_artifacts(
                 artifact_ids=[
                     artifact_id
-                    for _, prompt, resume, _ in built
-                    for artifact_id, _ in _files_of(prompt, resume)
+                    for subtask, prompt, resume, _ in built
+                    for artifact_id, path in _files_of(prompt, resume)
+                    # A transcript stored just now comes with its entry: no row to read.
+                    if _stored_transcript(
+                        history_files.get(subtask.task_id) if prompt.transcript else None,
+                        artifact_id=artifact_id,
+                        path=path,
+                    )
+                    is None
                 ]
             )
         }
@@ -359,7 +366,11 @@ def _with_transcripts(
         for subtask, prompt, _, _ in built
         if prompt.transcript is not None
     }
-    return built, store_transcripts(transcripts)
+    current = {
+        subtask.task_id: (subtask.task.transcript_id, subtask.task.turn_index_id)
+        for subtask, *_ in built
+    }
+    return built, store_transcripts(transcripts, current=current)
 
 
 def _manifest(
@@ -371,18 +382,25 @@ def _manifest(
 ) -> list[ManifestEntry]:
     """The files the prompts point to, then the history files. A transcript in parts is
     listed with its parts (its row has no file to download)."""
-    composite = history.transcript if history is not None else None
     return [
         *(
-            composite
-            if composite is not None
-            and artifact_id == composite.id
-            and path == composite.workspace_path
-            else ManifestEntry.of(artifacts[artifact_id], workspace_path=path)
+            _stored_transcript(history, artifact_id=artifact_id, path=path)
+            or ManifestEntry.of(artifacts[artifact_id], workspace_path=path)
             for artifact_id, path in _files_of(prompt, resume)
         ),
         *(history.files if history is not None else []),
     ]
+
+
+def _stored_transcript(
+    history: HistoryFiles | None, *, artifact_id: str, path: str
+) -> ManifestEntry | None:
+    """The manifest entry of the transcript in parts this dispatch stored, when it is the file
+    this pointer line names."""
+    composite = history.transcript if history is not None else None
+    if composite is not None and artifact_id == composite.id and path == composite.workspace_path:
+        return composite
+    return None
 
 
 def _files_of(prompt: TurnPrompt, resume: TurnPrompt | None) -> list[tuple[str, str]]:

@@ -59,6 +59,12 @@ from backend.tasks.models import (
     TaskStatus,
     task_type_validator,
 )
+from backend.tasks.transcripts import (
+    TranscriptRequest,
+    may_be_in_parts,
+    store_transcripts,
+    transcripts_for,
+)
 from backend.tasks.turn_events import (
     announce_ended_turns,
 )
@@ -770,9 +776,49 @@ def record_result(
         task_events.record(
             task_id=task.pk, events=[task_events.finished_event(turn) for turn in finished]
         )
-        refresh_task_status(task=task)
+        status_now = refresh_task_status(task=task)
         announce_ended_turns(task=task, turns=finished, occurred_at=now)
+        if (
+            task.transcript_id is not None
+            and status_now in IDLE_TASK_STATUSES
+            and may_be_in_parts(turns=task.next_message_id - 1)
+        ):
+            # The next message's dispatch points to this history: store it now (see
+            # `store_next_transcript`), once the result is committed.
+            transaction.on_commit(lambda: store_next_transcript(task=task))
     return subtask
+
+
+# The statuses of a task whose every turn has finished: the next turn answers a new message.
+IDLE_TASK_STATUSES = frozenset({TaskStatus.COMPLETED, TaskStatus.FAILED})
+
+
+def store_next_transcript(*, task: Task) -> None:
+    """Store the transcript (and turn index and turn files) that the dispatch of the task's
+    next message will point to, as its current one: that dispatch then finds it stored and
+    lists it without writing (`transcripts.store_transcripts`), so the latency between a
+    message and its prompt does not pay for the history's files. Only for a task whose
+    history a prompt has left out already (it has a transcript) and that may have sealed
+    parts (a transcript rendered whole is stored by its dispatch again); a failure is logged
+    and costs nothing else: the dispatch stores what it needs itself."""
+    request = TranscriptRequest(
+        task_id=task.pk,
+        is_group_chat=task.is_group_chat,
+        multi_bot=task.is_multi_bot,
+        before_message_id=task.next_message_id,
+    )
+    try:
+        store_transcripts(
+            transcripts_for([request]),
+            current={task.pk: (task.transcript_id, task.turn_index_id)},
+        )
+    except Exception as error:  # noqa: BLE001 - the result is recorded; the dispatch stores it
+        log_event(
+            "transcript_store_failed",
+            level=logging.WARNING,
+            task=task.pk,
+            error_type=type(error).__name__,
+        )
 
 
 def _advance_pipeline(*, subtask: Subtask, task: Task, now: datetime) -> list[Subtask]:

@@ -123,6 +123,15 @@ def _shorts_per_long() -> int:
     return long // short if short < long and long % short == 0 else 0
 
 
+def may_be_in_parts(*, turns: int) -> bool:
+    """Whether a transcript of this many turns may have a sealed part: one more turn than the
+    shortest part holds (a turn in history follows every sealed part)."""
+    spans = [TRANSCRIPT_PART_TURNS]
+    if _shorts_per_long():
+        spans.append(TRANSCRIPT_SHORT_PART_TURNS)
+    return turns > min(spans)
+
+
 @dataclass(frozen=True)
 class TurnFile:
     """An earlier turn's whole text at its own workspace path (`turn_files.turn_file_path`):
@@ -799,7 +808,11 @@ def _turns(
         yield task_id, status, message, turn_file
 
 
-def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, HistoryFiles]:
+def store_transcripts(
+    transcripts: Mapping[int, Transcript],
+    *,
+    current: Mapping[int, tuple[str | None, str | None]] | None = None,
+) -> dict[int, HistoryFiles]:
     """Store each task's transcript and turn index as its current ones, in one transaction:
     the tails (once per content), the parts this dispatch sealed (their pieces, the lists of
     their turn files and their rows), the turn files not stored yet (as their turns'
@@ -814,9 +827,23 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
     sealed (its list stored, and its row; three when its list existed already). Every row
     stays locked until the tasks, turns and parts point to it, so a concurrent prune waits and
     then sees the references.
+
+    `current` gives, by task id, the (transcript, turn index) artifact ids the task points to
+    as read (the claimed rows' task): a transcript in parts that is exactly the current one,
+    stored whole already (no part to seal, every turn file stored and linked), is listed
+    without a query. A turn's result that leaves its task waiting for a message stores it
+    (`store_current_transcript`), so the next dispatch finds it so.
     """
+    done = {
+        task_id: files
+        for task_id, transcript in transcripts.items()
+        if (files := _stored_already(task_id, transcript, (current or {}).get(task_id))) is not None
+    }
+    transcripts = {
+        task_id: transcript for task_id, transcript in transcripts.items() if task_id not in done
+    }
     if not transcripts:
-        return {}
+        return done
     new_parts = [
         (task_id, part)
         for task_id, transcript in transcripts.items()
@@ -910,7 +937,7 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
             if current[task_id][0].pk != transcript.pointer.artifact_id:
                 raise RuntimeError("content address mismatch")
         _point_tasks(current)
-    history_files = {}
+    history_files = done
     for (task_id, transcript), tail, index in zip(transcripts.items(), tails, indexes, strict=True):
         files = [
             turn_file.stored or file_entries[turn_file.subtask_id]
@@ -922,25 +949,78 @@ def store_transcripts(transcripts: Mapping[int, Transcript]) -> dict[int, Histor
                 files=[ManifestEntry.of(index, workspace_path=TURN_INDEX_PATH), *files],
             )
             continue
-        whole_transcript, whole_index = wholes[task_id]
-        parts = transcript.parts
-        history_files[task_id] = HistoryFiles(
-            transcript=_composite_entry(
-                whole_transcript,
-                path=transcript_path(task_id),
-                parts=[*(part.transcript for part in parts), _piece(tail)],
-            ),
-            files=[
-                _composite_entry(
-                    whole_index,
-                    path=TURN_INDEX_PATH,
-                    parts=[*(part.turn_index for part in parts), _piece(index)],
-                ),
-                *files,
-            ],
-            lists=[(part.turn_files or lists[(task_id, part.number)]).as_part() for part in parts],
+        history_files[task_id] = _in_parts(
+            task_id,
+            transcript,
+            wholes=wholes[task_id],
+            newest=(_piece(tail), _piece(index)),
+            files=files,
+            lists=[(part.turn_files or lists[(task_id, part.number)]) for part in transcript.parts],
         )
     return history_files
+
+
+def _in_parts(
+    task_id: int,
+    transcript: Transcript,
+    *,
+    wholes: tuple[Artifact, Artifact],
+    newest: tuple[StoredPiece, StoredPiece],
+    files: list[ManifestEntry],
+    lists: list[StoredPiece],
+) -> HistoryFiles:
+    """The history files of a transcript in parts whose wholes (transcript, index) and newest
+    pieces are stored."""
+    parts = transcript.parts
+    return HistoryFiles(
+        transcript=_composite_entry(
+            wholes[0],
+            path=transcript_path(task_id),
+            parts=[*(part.transcript for part in parts), newest[0]],
+        ),
+        files=[
+            _composite_entry(
+                wholes[1],
+                path=TURN_INDEX_PATH,
+                parts=[*(part.turn_index for part in parts), newest[1]],
+            ),
+            *files,
+        ],
+        lists=[listing.as_part() for listing in lists],
+    )
+
+
+def _stored_already(
+    task_id: int, transcript: Transcript, current: tuple[str | None, str | None] | None
+) -> HistoryFiles | None:
+    """The history files of a transcript in parts that is its task's current one (`current`:
+    the ids its task points to) and needs nothing stored: no part sealed now, none to remove,
+    every turn file stored. None otherwise."""
+    if (
+        current is None
+        or transcript.pointer.artifact_id != current[0]
+        or not transcript.parts
+        or transcript.piece is None
+        or transcript.stale is not None
+        or any(part.new or part.turn_files is None for part in transcript.parts)
+        or any(turn_file.stored is None for turn_file in transcript.turn_files)
+    ):
+        return None
+    index = StoredPiece.of_text(transcript.index)
+    wholes = tuple(
+        _whole(transcript.parts, newest, task_id=task_id, piece=piece)[-1][1]
+        for newest, piece in ((transcript.piece, _transcript_piece), (index, _index_piece))
+    )
+    if (wholes[0].pk, wholes[1].pk) != current:
+        return None
+    return _in_parts(
+        task_id,
+        transcript,
+        wholes=(wholes[0], wholes[1]),
+        newest=(transcript.piece, index),
+        files=[turn_file.stored for turn_file in transcript.turn_files if turn_file.stored],
+        lists=[part.turn_files for part in transcript.parts if part.turn_files],
+    )
 
 
 def _removed_parts(transcripts: Mapping[int, Transcript]) -> list[Q]:

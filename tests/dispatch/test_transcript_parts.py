@@ -18,7 +18,7 @@ from backend.dispatch.replay import replay_prompt
 from backend.prompting import ArtifactPointer, parse_prompt
 from backend.prompting.addressing import count_lines
 from backend.prompting.render import ESCAPE_NOTE, PIECE_END, pointer_line
-from backend.tasks import transcripts
+from backend.tasks import services, transcripts
 from backend.tasks.history import HISTORY_STATUSES
 from backend.tasks.models import Subtask, SubtaskStatus, Task, TranscriptPart
 from backend.tasks.transcripts import TranscriptRequest, store_transcripts, transcripts_for
@@ -172,6 +172,19 @@ def test_a_part_is_sealed_once_and_a_dispatch_reads_only_the_turns_after_the_par
             row["id"]: row for row in TranscriptPart.objects.filter(task_id=task["id"]).values()
         }
         assert all(rows[row["id"]] == row for row in sealed_rows)
+        # The transcript stored just now is listed from the row in hand, not read back.
+        [composite] = [
+            entry["id"]
+            for entry in turn["artifacts"]
+            if entry["path"] == f".baton/history/task-{task['id']}.md"
+        ] or ["(none)"]
+        assert not [
+            query["sql"]
+            for query in captured.captured_queries
+            if query["sql"].startswith("SELECT")
+            and "FOR UPDATE" not in query["sql"]
+            and composite in query["sql"]
+        ]
         # Only the turns after the last sealed part are read again.
         last = max((row["last_message_id"] for row in sealed_rows), default=0)
         if last:
@@ -420,3 +433,70 @@ def test_a_short_part_a_long_part_covers_is_not_counted_and_goes_with_the_next_d
     assert [(row.span, row.number) for row in rows] == [
         (span, number) for span, number, *_ in expected_parts(earlier)
     ]
+
+
+def test_a_report_leaving_the_task_idle_stores_what_the_next_dispatch_lists_unwritten(
+    api, worker_api, django_capture_on_commit_callbacks
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    for number in range(9):
+        turn = next_round(api, worker_api, task, turn, number)
+    before = Task.objects.values_list("transcript_id", "turn_index_id").get(pk=task["id"])
+    with django_capture_on_commit_callbacks(execute=True):
+        assert report(worker_api, turn, result={"value": "The last answer."}).status_code == 200
+    stored = Task.objects.values_list("transcript_id", "turn_index_id").get(pk=task["id"])
+    assert stored != before  # the task now points to the history with the last answer
+    assert api.post(f"/api/tasks/{task['id']}/messages/", {"message": "Once more."}).status_code
+    with CaptureQueriesContext(connection) as captured:
+        [turn] = dispatch(worker_api)
+    transcript = entry_at(turn, f".baton/history/task-{task['id']}.md")
+    assert transcript["id"] == stored[0] and transcript["parts"]
+    assert entry_at(turn, INDEX)["id"] == stored[1]
+    # The dispatch wrote none of the history's files, nor repointed the task.
+    written = [
+        query["sql"]
+        for query in captured.captured_queries
+        if re.match(
+            r'(INSERT INTO|UPDATE) "?(artifacts_|tasks_task"? SET "?transcript)', query["sql"]
+        )
+        or "SET artifact_id" in query["sql"]
+    ]
+    assert written == []
+    # What it lists is what storing that transcript again lists.
+    request = TranscriptRequest(task["id"], False, False, before_message_id=turn["message_id"] - 1)
+    [files] = store_transcripts(transcripts_for([request])).values()
+    [listed] = store_transcripts(transcripts_for([request]), current={task["id"]: stored}).values()
+    assert listed == files
+    assert assembled(worker_api, transcript) == fetch(worker_api, transcript["download_url"])
+
+
+def test_a_report_whose_transcript_cannot_be_stored_is_recorded_all_the_same(
+    api, worker_api, django_capture_on_commit_callbacks, monkeypatch, caplog
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    for number in range(6):
+        turn = next_round(api, worker_api, task, turn, number)
+
+    def unavailable(*args, **kwargs):
+        raise OSError("the artifact store is down")
+
+    with (
+        monkeypatch.context() as failing,
+        django_capture_on_commit_callbacks(execute=True) as callbacks,
+    ):
+        failing.setattr(services, "store_transcripts", unavailable)
+        response = report(worker_api, turn, result={"value": "Recorded anyway."})
+    assert len(callbacks) >= 2  # the streams woken, and the transcript stored
+    assert response.status_code == 200
+    answered = Subtask.objects.get(pk=turn["subtask_id"])
+    assert answered.status == SubtaskStatus.COMPLETED
+    assert answered.result == {"value": "Recorded anyway."}
+    assert '"event": "transcript_store_failed"' in caplog.text
+    assert "artifact store is down" not in caplog.text
+    # The next dispatch stores what it needs itself.
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "Still there?"})
+    [turn] = dispatch(worker_api)
+    transcript = entry_at(turn, f".baton/history/task-{task['id']}.md")
+    assert "Recorded anyway." in fetch(worker_api, transcript["download_url"])
