@@ -484,11 +484,10 @@ def test_a_report_whose_transcript_cannot_be_stored_is_recorded_all_the_same(
 
     with (
         monkeypatch.context() as failing,
-        django_capture_on_commit_callbacks(execute=True) as callbacks,
+        django_capture_on_commit_callbacks(execute=True),
     ):
         failing.setattr(services, "store_transcripts", unavailable)
         response = report(worker_api, turn, result={"value": "Recorded anyway."})
-    assert len(callbacks) >= 2  # the streams woken, and the transcript stored
     assert response.status_code == 200
     answered = Subtask.objects.get(pk=turn["subtask_id"])
     assert answered.status == SubtaskStatus.COMPLETED
