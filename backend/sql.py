@@ -288,12 +288,14 @@ def _array_types(vendor: str, model: type[Model], assigned: bool) -> str | None:
     fields = [field for field in model._meta.concrete_fields if not (assigned and field is pk)]
     types = []
     for field in fields:
-        target = field.target_field if field.is_relation else field
+        target = getattr(field, "target_field", field) if field.is_relation else field
+        db_type = field.db_type(connection)
         if (
             hasattr(field, "get_placeholder")
             or target.get_internal_type() not in connection.data_types
+            or db_type is None
         ):
             return None
         # Without a length (varchar[], not varchar(64)[]): the column's own type checks it.
-        types.append(f"(%s)::{field.db_type(connection).split('(')[0]}[]")
+        types.append(f"(%s)::{db_type.split('(')[0]}[]")
     return f"SELECT * FROM UNNEST({', '.join(types)})"  # noqa: S608

@@ -832,13 +832,13 @@ def store_transcripts(
     as read (the claimed rows' task): a transcript in parts that is exactly the current one,
     stored whole already (no part to seal, every turn file stored and linked), is listed
     without a query. A turn's result that leaves its task waiting for a message stores it
-    (`store_current_transcript`), so the next dispatch finds it so.
+    (`tasks.services.store_next_transcript`), so the next dispatch finds it so.
     """
-    done = {
-        task_id: files
-        for task_id, transcript in transcripts.items()
-        if (files := _stored_already(task_id, transcript, (current or {}).get(task_id))) is not None
-    }
+    done: dict[int, HistoryFiles] = {}
+    for task_id, transcript in transcripts.items():
+        listed = _stored_already(task_id, transcript, (current or {}).get(task_id))
+        if listed is not None:
+            done[task_id] = listed
     transcripts = {
         task_id: transcript for task_id, transcript in transcripts.items() if task_id not in done
     }
@@ -929,14 +929,14 @@ def store_transcripts(
             for (_, turn_file), artifact in zip(new_files, stored_files, strict=True)
         }
         lists = _store_new_parts(new_parts, file_entries, transcripts)
-        current = {
+        pointing = {
             task_id: wholes.get(task_id, (tail, index))
             for task_id, tail, index in zip(transcripts, tails, indexes, strict=True)
         }
         for task_id, transcript in transcripts.items():
-            if current[task_id][0].pk != transcript.pointer.artifact_id:
+            if pointing[task_id][0].pk != transcript.pointer.artifact_id:
                 raise RuntimeError("content address mismatch")
-        _point_tasks(current)
+        _point_tasks(pointing)
     history_files = done
     for (task_id, transcript), tail, index in zip(transcripts.items(), tails, indexes, strict=True):
         files = [
