@@ -432,7 +432,17 @@ class SubtaskOutput(serializers.ModelSerializer[Subtask]):
     def get_history(self, subtask: Subtask) -> dict[str, Any] | None:
         if subtask.recorded_at is None:
             return None
-        return HistoryMeasureOutput(subtask).data
+        # What `HistoryMeasureOutput(subtask).data` gives, built without a serializer per
+        # turn (a task's view shows every turn).
+        return {
+            "chars": subtask.history_chars,
+            "bytes": subtask.history_bytes,
+            "lines": subtask.history_lines,
+            "tokens": subtask.history_tokens,
+            "tokens_estimated": subtask.history_tokens_estimated,
+            "replaced_chars": subtask.history_replaced_chars,
+            "artifact": subtask.artifact_id,
+        }
 
     def _spilled_text(self, subtask: Subtask) -> dict[str, Any]:
         return SpilledTextOutput(subtask, context=self.context).data

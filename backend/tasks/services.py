@@ -20,7 +20,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import connection, transaction
-from django.db.models import Case, F, Q, When
+from django.db.models import Case, Q, When
 from django.utils import timezone
 
 from backend import sql
@@ -212,13 +212,17 @@ def allocate_message_ids(*, task_id: int, count: int) -> int:
     range; the lock is held until the caller's transaction ends, which also makes the caller's
     later checks of the task's turns consistent.
     """
-    updated = Task.objects.filter(pk=task_id).update(
-        next_message_id=F("next_message_id") + count, updated_at=timezone.now()
-    )
-    if not updated:
+    with connection.cursor() as cursor:
+        # Every message and every task runs it: one statement, written out (see `backend.sql`).
+        cursor.execute(
+            f"UPDATE {Task._meta.db_table} SET next_message_id = next_message_id + %s, "  # noqa: S608
+            "updated_at = %s WHERE id = %s RETURNING next_message_id",
+            [count, sql.when(timezone.now()), task_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
         raise NotFound(f"Task {task_id} does not exist.")
-    next_id = Task.objects.filter(pk=task_id).values_list("next_message_id", flat=True).get()
-    return next_id - count
+    return int(row[0]) - count
 
 
 def lock_task(*, task_id: int) -> Task:

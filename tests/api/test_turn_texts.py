@@ -315,3 +315,31 @@ def test_a_different_report_after_damage_is_a_conflict_and_writes_nothing(
     assert different.status_code == 409
     assert different.json()["code"] == "conflict"
     assert sorted(artifact_storage_in_tmp.rglob("*.txt")) == files_before
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        {"result": {"value": "Fixed."}},
+        {"result": {"value": LOG}},
+        {"status": "FAILED", "error": "ünïcode broke it"},
+    ],
+    ids=["inline", "spilled", "failed"],
+)
+def test_each_turns_history_measure_is_what_its_serializer_gives(api, worker_api, outcome):
+    from backend.api.serializers import HistoryMeasureOutput
+    from backend.tasks import selectors
+    from backend.tasks.models import Task
+
+    answered(api, worker_api, **outcome)
+    task = Task.objects.get()
+    shown = api.get(f"/api/tasks/{task.pk}/").json()["turns"]
+    turns = list(selectors.task_turns(task=task))
+    assert len(shown) == len(turns) == 2
+    for view, turn in zip(shown, turns, strict=True):
+        expected = json.loads(json.dumps(HistoryMeasureOutput(turn).data))
+        assert view["history"] == expected
+        assert list(view["history"]) == list(expected)
+    assert (shown[1]["history"]["artifact"] is not None) == (
+        outcome.get("result") == {"value": LOG}
+    )
