@@ -498,13 +498,23 @@ def test_the_agent_reads_a_long_conversation_assembled_from_sealed_parts(
         baton.follow_up(task["id"], "What was the code word?")
         done = baton.wait(task["id"])
     assert done["turns"][-1]["result"]["value"] == "heliotrope"
-    # Turns 1-8 came before the question: three parts of two sealed, the tail holds 7 and 8.
-    assert TranscriptPart.objects.filter(task_id=task["id"]).count() == 3
+    # Turns 1-8 came before the question: three parts of two sealed, the tail holds 7 and 8;
+    # the report of its answer sealed 7 and 8 as well, storing what the next message will see.
+    assert TranscriptPart.objects.filter(task_id=task["id"]).count() == 4
+    [question] = [turn for turn in done["turns"] if turn["message_id"] == 9]
+    [used] = transcripts.transcripts_for(
+        [transcripts.TranscriptRequest(task["id"], False, False, before_message_id=9)]
+    ).values()
+    assert question["role"] == "USER" and len(used.parts) == 3
+    current = Task.objects.get(pk=task["id"]).transcript
+    assert current.composite and current.pk != used.pointer.artifact_id
     workspace = running.workspace_root / str(task["id"])
-    transcript = Task.objects.get(pk=task["id"]).transcript
-    served = baton.product.get(f"/api/artifacts/{transcript.pk}/content/")
-    assert transcript.composite and served.status_code == 200
+    served = baton.product.get(f"/api/artifacts/{used.pointer.artifact_id}/content/")
+    assert served.status_code == 200
     assert (workspace / path).read_bytes() == served.content
+    assert baton.product.get(f"/api/artifacts/{current.pk}/content/").content.startswith(
+        served.content.rsplit(b"\n", 2)[0]
+    )
     index = (workspace / ".baton/history/turns/index.tsv").read_text()
     assert [line.split("\t")[0] for line in index.splitlines()] == [
         "message_id",
