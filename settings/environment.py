@@ -427,7 +427,9 @@ def database_from_url(url: str, *, prepare_threshold: int | None = None) -> dict
         if not name:
             raise ConfigurationError("DATABASE_URL must name a database, e.g. postgres://u@h/db")
         return {
-            "ENGINE": "django.db.backends.postgresql",
+            # Django's backend with a health check that needs no round trip on a quiet
+            # connection (backend/postgresql/base.py).
+            "ENGINE": "backend.postgresql",
             "NAME": name,
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),

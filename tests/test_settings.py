@@ -25,7 +25,7 @@ def test_local_defaults_need_no_configuration(tmp_path):
 def test_database_url_selects_postgresql():
     env = load_environment({"DATABASE_URL": "postgres://baton:s%40cret@db.internal:6543/baton"})
     database = env.database()
-    assert database["ENGINE"] == "django.db.backends.postgresql"
+    assert database["ENGINE"] == "backend.postgresql"
     assert (database["NAME"], database["USER"], database["PASSWORD"]) == (
         "baton",
         "baton",
