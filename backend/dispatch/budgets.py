@@ -33,6 +33,7 @@ from typing import Any
 from django.db.models import Q
 
 from backend import sql
+from backend.configuration_cache import CONFIGURATION
 from backend.dispatch.models import PromptReport
 from backend.prompting.policy import MIN_MAX_TOKENS, PromptPolicy
 from backend.prompting.tokenizers import TokenCounting, counting_for, unknown_counting
@@ -172,20 +173,30 @@ def _smallest(*bounds: int | None) -> int | None:
     return min((bound for bound in bounds if bound is not None), default=None)
 
 
-def model_windows_for(bots: Iterable[Bot]) -> dict[int, ModelWindow]:
+def model_windows_for(
+    bots: Iterable[Bot], *, configuration_version: int | None = None
+) -> dict[int, ModelWindow]:
     """Per bot id: its model's window, for the bots whose model the table lists or whose
-    own `context_window` is set (one query)."""
+    own `context_window` is set (one query, none when this process read the same entries
+    under `configuration_version`, see `backend.configuration_cache`)."""
     bots = list(bots)
     names = {name for bot in bots if bot.model for name in LanguageModel.lookup_names(bot.model)}
-    listed = sorted(names)
+    listed = tuple(sorted(names))
     rows = (
         {
             row.name: row
-            for row in sql.rows_of(
-                LanguageModel,
-                f"SELECT {sql.columns(LanguageModel)} "  # noqa: S608
-                f"FROM {LanguageModel._meta.db_table} WHERE name IN ({sql.placeholders(listed)})",
-                listed,
+            for row in CONFIGURATION.read(
+                version=configuration_version,
+                key=("models", listed),
+                load=lambda: tuple(
+                    sql.rows_of(
+                        LanguageModel,
+                        f"SELECT {sql.columns(LanguageModel)} "  # noqa: S608
+                        f"FROM {LanguageModel._meta.db_table} "
+                        f"WHERE name IN ({sql.placeholders(listed)})",
+                        listed,
+                    )
+                ),
             )
         }
         if listed

@@ -27,6 +27,7 @@ from django.utils import timezone
 
 from backend import sql
 from backend.dispatch.leases import lease_until, reclaim_expired_leases
+from backend.dispatch.models import ConfigurationVersion
 from backend.dispatch.payload import ClaimedTurn, build_claimed_turns
 from backend.dispatch.summaries import schedule_summaries
 from backend.errors import InvalidInput
@@ -51,10 +52,17 @@ def claim_turns(
     if not 1 <= limit <= MAX_CLAIM_LIMIT:
         raise InvalidInput(f"limit must be between 1 and {MAX_CLAIM_LIMIT}.", field="limit")
     reclaim_expired_leases()
-    ids = _claim_ids(worker=worker, worker_id=worker_id, kinds=kinds, limit=limit)
+    ids, configuration_version = _claim_ids(
+        worker=worker, worker_id=worker_id, kinds=kinds, limit=limit
+    )
     if not ids:
         return []
-    claimed = build_claimed_turns(ids=ids, worker=worker, worker_id=worker_id)
+    claimed = build_claimed_turns(
+        ids=ids,
+        worker=worker,
+        worker_id=worker_id,
+        configuration_version=configuration_version,
+    )
     task_events.record_claims(turns=[turn.subtask for turn in claimed])
     schedule_summaries(prompts=[(turn.subtask, turn.prompt) for turn in claimed])
     return claimed
@@ -90,8 +98,13 @@ def claimable_exists(*, kinds: Sequence[str], worker_id: str, now: datetime) -> 
     return _dispatchable(kinds=kinds).filter(_claimable_by(worker_id=worker_id, now=now)).exists()
 
 
-def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int) -> list[int]:
+def _claim_ids(
+    *, worker: User, worker_id: str, kinds: Sequence[str], limit: int
+) -> tuple[list[int], int | None]:
+    """The ids of the turns claimed, and the configuration version their payloads may reuse
+    what the process read under (None: read it all; see `backend.configuration_cache`)."""
     now = timezone.now()
+    version = None
     claim = {
         "status": SubtaskStatus.RUNNING,
         "claimed_by": worker,
@@ -103,7 +116,7 @@ def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int
         "updated_at": now,
     }
     if connection.vendor == "postgresql":
-        ids = _claim_in_one_statement(
+        ids, version = _claim_in_one_statement(
             kinds=kinds, worker_id=worker_id, now=now, limit=limit, claim=claim
         )
     else:
@@ -116,6 +129,8 @@ def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int
                     **claim
                 ):
                     ids.append(candidate)
+        if ids:
+            version = ConfigurationVersion.objects.values_list("value", flat=True).first()
     if ids:
         # After the claim commits, not inside it: the claim holds turn locks, and taking task
         # locks after them would invert the order of follow-ups and cancel (task, then turns).
@@ -134,16 +149,17 @@ def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int
                     TaskStatus.CANCELLED.value,
                 ],
             )
-    return ids
+    return ids, version
 
 
 def _claim_in_one_statement(
     *, kinds: Sequence[str], worker_id: str, now: datetime, limit: int, claim: dict[str, Any]
-) -> list[int]:
+) -> tuple[list[int], int | None]:
     """PostgreSQL: pick and claim in one statement, `UPDATE … WHERE id IN (SELECT … FOR
     UPDATE SKIP LOCKED LIMIT n) RETURNING id` — one round trip instead of a transaction of
     four. The rows the subquery locks are skipped by every concurrent claim, and the UPDATE
-    changes exactly those, so each turn still goes to one caller. `claim` is `_claim_ids`'s."""
+    changes exactly those, so each turn still goes to one caller. `claim` is `_claim_ids`'s.
+    Each row also returns the configuration version, read in the claim's snapshot."""
     kinds = list(dict.fromkeys(kinds))  # as the ORM's IN does: each kind once
     picked, slots = _picking(len(kinds), limit, settings.BATON_SESSION_AFFINITY_SECONDS)
     picked_params = [slot.value(now=now, worker_id=worker_id, kinds=kinds) for slot in slots]
@@ -160,11 +176,13 @@ def _claim_in_one_statement(
         f"UPDATE {Subtask._meta.db_table} SET status = %s, claimed_by_id = %s, "  # noqa: S608
         "lease_owner = %s, lease_expires_at = %s, started_at = %s, updated_at = %s, "
         f"not_before = NULL, attempts = attempts + 1 WHERE id IN ({picked} FOR UPDATE SKIP "
-        "LOCKED) RETURNING id"
+        f"LOCKED) RETURNING id, (SELECT value FROM {ConfigurationVersion._meta.db_table} "
+        "WHERE id = 1)"
     )
     with connection.cursor() as cursor:
         cursor.execute(statement, [*values, *picked_params])
-        return sorted(row[0] for row in cursor.fetchall())
+        rows = cursor.fetchall()
+    return sorted(row[0] for row in rows), (rows[0][1] if rows else None)
 
 
 # Stand-ins the claim's SELECT is compiled with, to find where each value goes among its

@@ -286,3 +286,17 @@ class PromptReport(models.Model):
 
     def __str__(self) -> str:
         return f"prompt for task {self.task_id} turn {self.subtask_id} (attempt {self.attempt})"
+
+
+class ConfigurationVersion(models.Model):
+    """One row whose `value` changes whenever a bot, a model table entry or a history policy
+    does: database triggers (migration 0013) write a value never written before on every
+    insert, update, delete or truncate of those tables, whoever makes it (the admin, the API,
+    a migration, SQL by hand), in the writer's transaction. A dispatch reads it in its claim
+    statement and reuses what its process read of those tables under the same value
+    (`backend.dispatch.configuration`). No row (a table flushed): nothing is reused."""
+
+    value = models.BigIntegerField()
+
+    def __str__(self) -> str:
+        return f"configuration version {self.value}"

@@ -83,8 +83,12 @@ class ClaimedTurn:
     resume_reason: str
 
 
-def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list[ClaimedTurn]:
+def build_claimed_turns(
+    *, ids: list[int], worker: User, worker_id: str, configuration_version: int | None = None
+) -> list[ClaimedTurn]:
     """The payloads of the turns the claim (`worker`, `worker_id`) just took (`ids`), oldest first.
+    Their bots, model windows and policies reuse what this process read under the claim's
+    `configuration_version` (see `backend.configuration_cache`).
 
     A turn whose payload cannot be built is released (see `_build_failed`) and left out.
     """
@@ -108,9 +112,12 @@ def build_claimed_turns(*, ids: list[int], worker: User, worker_id: str) -> list
             jobs,
             Prefetch("summary_previous", queryset=Subtask.objects.defer(*_LONG_COLUMNS)),
         )
-    bots = bots_for_turns(claimed_rows)
-    windows = model_windows_for(bots.values())
-    rows = policy_rows(task_types={subtask.task.task_type for subtask in claimed_rows})
+    bots = bots_for_turns(claimed_rows, configuration_version=configuration_version)
+    windows = model_windows_for(bots.values(), configuration_version=configuration_version)
+    rows = policy_rows(
+        task_types={subtask.task.task_type for subtask in claimed_rows},
+        configuration_version=configuration_version,
+    )
     resolved = {
         subtask.pk: resolve_from_rows(task_type=subtask.task.task_type, rows=rows)
         for subtask in claimed_rows

@@ -29,6 +29,7 @@ from django.db.models import F
 from pydantic import ValidationError
 
 from backend import sql
+from backend.configuration_cache import CONFIGURATION
 from backend.dispatch.models import DEFAULT_TASK_TYPE, HistoryPolicy
 from backend.errors import InvalidInput
 from backend.prompting.policy import PromptPolicy
@@ -194,14 +195,24 @@ def resolve_from_rows(*, task_type: str, rows: Mapping[str, HistoryPolicy]) -> R
     )
 
 
-def policy_rows(*, task_types: set[str]) -> dict[str, HistoryPolicy]:
-    """The rows that can apply to these task types (one query)."""
-    wanted = sorted(set(task_types) | {DEFAULT_TASK_TYPE})
-    rows = sql.rows_of(
-        HistoryPolicy,
-        f"SELECT {sql.columns(HistoryPolicy)} FROM {HistoryPolicy._meta.db_table} "  # noqa: S608
-        f"WHERE task_type IN ({sql.placeholders(wanted)})",
-        wanted,
+def policy_rows(
+    *, task_types: set[str], configuration_version: int | None = None
+) -> dict[str, HistoryPolicy]:
+    """The rows that can apply to these task types (one query, none when this process read
+    the same rows under `configuration_version`, see `backend.configuration_cache`)."""
+    wanted = tuple(sorted(set(task_types) | {DEFAULT_TASK_TYPE}))
+    rows = CONFIGURATION.read(
+        version=configuration_version,
+        key=("policies", wanted),
+        load=lambda: tuple(
+            sql.rows_of(
+                HistoryPolicy,
+                f"SELECT {sql.columns(HistoryPolicy)} "  # noqa: S608
+                f"FROM {HistoryPolicy._meta.db_table} "
+                f"WHERE task_type IN ({sql.placeholders(wanted)})",
+                wanted,
+            )
+        ),
     )
     return {row.task_type: row for row in rows}
 

@@ -11,6 +11,7 @@ from django.db.models import Case, F, Q, QuerySet, TextField, Value, When
 from backend import sql
 from backend.artifacts.models import Artifact
 from backend.artifacts.storage import verified_chunks
+from backend.configuration_cache import CONFIGURATION
 from backend.errors import NotFound
 from backend.prompting import Role
 from backend.prompting.addressing import content_sha256
@@ -223,19 +224,28 @@ def get_bot(*, name: str) -> Bot:
     return bot
 
 
-def bots_for_turns(subtasks: Sequence[Subtask]) -> dict[int, Bot]:
-    """Per subtask id: its registered bot (one query). Turns stored before the registry, or
-    whose bot is gone, get their executor's default bot."""
+def bots_for_turns(
+    subtasks: Sequence[Subtask], *, configuration_version: int | None = None
+) -> dict[int, Bot]:
+    """Per subtask id: its registered bot (one query, none when this process read the same
+    bots under `configuration_version`, see `backend.configuration_cache`). Turns stored
+    before the registry, or whose bot is gone, get their executor's default bot."""
     if not subtasks:
         return {}
-    kinds = sorted({subtask.executor for subtask in subtasks})
-    names = sorted({subtask.bot for subtask in subtasks})
-    rows = sql.rows_of(
-        Bot,
-        f"SELECT {sql.columns(Bot)} FROM {Bot._meta.db_table} "  # noqa: S608
-        f"WHERE name IN ({sql.placeholders(names)}) "
-        f"OR (is_default = %s AND executor IN ({sql.placeholders(kinds)}))",
-        [*names, True, *kinds],
+    kinds = tuple(sorted({subtask.executor for subtask in subtasks}))
+    names = tuple(sorted({subtask.bot for subtask in subtasks}))
+    rows = CONFIGURATION.read(
+        version=configuration_version,
+        key=("bots", names, kinds),
+        load=lambda: tuple(
+            sql.rows_of(
+                Bot,
+                f"SELECT {sql.columns(Bot)} FROM {Bot._meta.db_table} "  # noqa: S608
+                f"WHERE name IN ({sql.placeholders(names)}) "
+                f"OR (is_default = %s AND executor IN ({sql.placeholders(kinds)}))",
+                [*names, True, *kinds],
+            )
+        ),
     )
     by_name = {bot.name: bot for bot in rows}
     defaults = {bot.executor: bot for bot in rows if bot.is_default}

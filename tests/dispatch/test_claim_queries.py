@@ -14,6 +14,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from backend.configuration_cache import CONFIGURATION
 from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import HistoryPolicy
 from backend.prompting import Role
@@ -55,7 +56,9 @@ POLICIES = {
 }
 # Everything but taking the turns and recording them: reclaim, the task status update, the
 # claimed turns, bots, their models' rows in the model table, policy rows, the history
-# (anchors, window ids, window rows), native sessions, the reports' insert.
+# (anchors, window ids, window rows), native sessions, the reports' insert. The claims counted
+# here are the first since the configuration changed, so they read bots, models and policies;
+# a later one reuses what they read (`test_configuration_cache`).
 FIXED_QUERIES = 11
 # When a prompt leaves history out: the transcripts' sealed parts (none here: the histories
 # are shorter than a part) and the turns after them; in their own transaction (here a
@@ -70,8 +73,9 @@ TRANSCRIPT_QUERIES = 8
 def claim_queries(claimed: int) -> int:
     """Taking the turns: one `UPDATE … WHERE id IN (SELECT … SKIP LOCKED) RETURNING id` on
     PostgreSQL; on SQLite a transaction (here a savepoint and its release) of a read and a
-    compare-and-set UPDATE per turn taken."""
-    return 1 if connection.vendor == "postgresql" else 3 + claimed
+    compare-and-set UPDATE per turn taken, then the configuration version (which the statement
+    returns on PostgreSQL)."""
+    return 1 if connection.vendor == "postgresql" else 4 + claimed
 
 
 def event_queries() -> int:
@@ -102,6 +106,7 @@ def answered_tasks(user, *, executor: str, rounds: int) -> None:
 def queries_to_claim(worker, *, kinds: list[str], limit: int) -> tuple[int, bool]:
     """Queries of one claim, and whether a prompt left history out; rolled back afterwards so
     every setting claims the same turns."""
+    CONFIGURATION.clear()
     with transaction.atomic():
         with CaptureQueriesContext(connection) as queries:
             claimed = claim_turns(worker=worker, worker_id="w", kinds=kinds, limit=limit)
@@ -171,6 +176,7 @@ def test_a_finished_summary_costs_a_claim_no_query(user, worker):
         summary_job(task, last=20, finished=True)
     with_summaries()
     for limit in (1, TASKS):
+        CONFIGURATION.clear()
         with transaction.atomic():
             with CaptureQueriesContext(connection) as queries:
                 claimed = claim_turns(worker=worker, worker_id="w", kinds=["codex"], limit=limit)
@@ -197,6 +203,7 @@ def test_claiming_summary_jobs_costs_the_same_however_many(user, worker):
         Subtask.objects.filter(pk=job.pk).update(summary_previous=previous)
     with_summaries()
     for limit in (1, TASKS):
+        CONFIGURATION.clear()
         with transaction.atomic():
             with CaptureQueriesContext(connection) as queries:
                 claimed = claim_turns(worker=worker, worker_id="w", kinds=["agno"], limit=limit)
