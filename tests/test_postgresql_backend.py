@@ -97,3 +97,10 @@ def test_a_live_connection_with_something_to_read_is_judged_by_a_query(request_c
     assert request_connection.is_usable() is True
     assert _last_query(server, pid) == "SELECT 1"
     assert _backend_pid(request_connection) == pid
+
+
+def test_a_connection_left_in_a_failed_transaction_is_judged_by_a_query(request_connection):
+    request_connection.set_autocommit(False)
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        request_connection.connection.execute("SELECT 1 / 0")
+    assert request_connection.is_usable() is False

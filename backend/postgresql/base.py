@@ -10,8 +10,9 @@ nothing to say: Baton's request connections never `LISTEN` (the listener has a c
 its own, `backend.dispatch.waiting`). A server that ends a session sends an error and closes
 the socket, and a backend process that dies has its socket closed by the kernel; either way
 the socket becomes readable. So a connection whose socket has nothing to read is usable as it
-is, and only one with something waiting (or whose socket cannot be checked) gets Django's
-`SELECT 1`, which reads what came and judges it.
+is, and only one with something waiting, one left inside a transaction (an aborted one fails
+any query) or one whose socket cannot be checked gets Django's `SELECT 1`, which reads what
+came and judges it.
 """
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ from __future__ import annotations
 import select
 
 from django.db.backends.postgresql import base
+from psycopg.pq import TransactionStatus
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
     def is_usable(self) -> bool:
         if self.connection is None or self.connection.closed:
             return False
-        if not _has_input(self.connection.fileno()):
+        idle = self.connection.info.transaction_status == TransactionStatus.IDLE
+        if idle and not _has_input(self.connection.fileno()):
             return True
         return super().is_usable()
 
