@@ -941,8 +941,8 @@ def refresh_task_status(*, task: Task) -> str:
     Runs under the task's lock, after every change that can finish a turn."""
     if task.status == TaskStatus.CANCELLED:
         return task.status
-    statuses = _latest_round_statuses(task=task)
-    if not statuses & set(ACTIVE_SUBTASK_STATUSES) and start_next_queued(task=task):
+    statuses, queued = _latest_round_statuses(task=task)
+    if queued and not statuses & set(ACTIVE_SUBTASK_STATUSES) and start_next_queued(task=task):
         statuses = {SubtaskStatus.PENDING}
     if SubtaskStatus.RUNNING in statuses:
         status = TaskStatus.RUNNING
@@ -964,18 +964,29 @@ def refresh_task_status(*, task: Task) -> str:
     return status
 
 
-def _latest_round_statuses(*, task: Task) -> set[str]:
-    """The statuses of the turns answering the task's latest USER message (every result
-    report asks: its SQL is written out, see `backend.sql`)."""
-    table = Subtask._meta.db_table
+def _latest_round_statuses(*, task: Task) -> tuple[set[str], bool]:
+    """The statuses of the turns answering the task's latest USER message, and whether a
+    message is queued, in one statement (every result report asks: its SQL is written out, see
+    `backend.sql`)."""
+    table, queue = Subtask._meta.db_table, QueuedMessage._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT DISTINCT status FROM {table} WHERE task_id = %s AND role = %s "  # noqa: S608
-            f"AND parent_message_id = (SELECT message_id FROM {table} WHERE task_id = %s "
-            "AND role = %s ORDER BY message_id DESC LIMIT 1)",
-            [task.pk, Role.ASSISTANT.value, task.pk, Role.USER.value],
+            f"SELECT DISTINCT status, 0 FROM {table} WHERE task_id = %s "  # noqa: S608
+            f"AND role = %s AND parent_message_id = (SELECT message_id FROM {table} "
+            "WHERE task_id = %s AND role = %s ORDER BY message_id DESC LIMIT 1) "
+            f"UNION ALL SELECT '', 1 WHERE EXISTS (SELECT 1 FROM {queue} WHERE task_id = %s "
+            "AND status = %s)",
+            [
+                task.pk,
+                Role.ASSISTANT.value,
+                task.pk,
+                Role.USER.value,
+                task.pk,
+                QueuedMessageStatus.QUEUED.value,
+            ],
         )
-        return {row[0] for row in cursor.fetchall()}
+        rows = cursor.fetchall()
+    return {status for status, marker in rows if not marker}, any(marker for _, marker in rows)
 
 
 def start_next_queued(*, task: Task) -> list[Subtask]:
