@@ -11,6 +11,7 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from backend.dispatch import claims
+from backend.dispatch.models import ConfigurationVersion
 from backend.tasks.models import Subtask, SubtaskStatus
 from backend.tasks.services import PipelineStep, create_task
 from tests.conftest import make_worker
@@ -74,7 +75,7 @@ def test_the_compiled_claim_picks_what_the_query_of_the_dispatch_picks(kinds, wo
         ]
     )
     assert expected  # every case claims something
-    claimed = claims._claim_in_one_statement(
+    claimed, version = claims._claim_in_one_statement(
         kinds=kinds,
         worker_id=worker_id,
         now=now,
@@ -89,6 +90,8 @@ def test_the_compiled_claim_picks_what_the_query_of_the_dispatch_picks(kinds, wo
         },
     )
     assert claimed == sorted(expected)
+    # With the configuration version, read in the claim's snapshot.
+    assert version == ConfigurationVersion.objects.get().value
     running = Subtask.objects.filter(status=SubtaskStatus.RUNNING, lease_owner=worker_id)
     assert sorted(running.values_list("id", flat=True)) == sorted(expected)
 
