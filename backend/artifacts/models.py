@@ -60,7 +60,10 @@ class Artifact(models.Model):
 class ArtifactPart(models.Model):
     """One part of a composite artifact, at its position (0 first)."""
 
-    composite = models.ForeignKey(Artifact, on_delete=models.CASCADE, related_name="part_links")
+    # Indexed by `artifact_part_position_unique`, which leads with it.
+    composite = models.ForeignKey(
+        Artifact, on_delete=models.CASCADE, related_name="part_links", db_index=False
+    )
     # A part outlives no composite that lists it: pruning skips it while one does.
     part = models.ForeignKey(Artifact, on_delete=models.PROTECT, related_name="composite_links")
     position = models.PositiveIntegerField()

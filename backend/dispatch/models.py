@@ -186,7 +186,10 @@ class PromptReport(models.Model):
     subtask = models.ForeignKey(
         "tasks.Subtask", on_delete=models.CASCADE, related_name="prompt_reports"
     )
-    task = models.ForeignKey("tasks.Task", on_delete=models.CASCADE, related_name="prompt_reports")
+    # Indexed by `promptreport_task_recent` (task, -created_at), which leads with it.
+    task = models.ForeignKey(
+        "tasks.Task", on_delete=models.CASCADE, related_name="prompt_reports", db_index=False
+    )
     attempt = models.PositiveIntegerField()
     worker_id = models.CharField(max_length=200)
     # The worker account the claim went to: with (attempt, worker_id) it names the claim, so a

@@ -278,8 +278,12 @@ class LanguageModel(models.Model):
 
 
 class Task(models.Model):
+    # Indexed by `task_owner_recent` (owner, -created_at), which leads with it. A task's
+    # status changes with every turn, and a change of an indexed column writes an entry to
+    # every index of the table: so no index covers what another one already does, and the
+    # links most tasks leave empty are indexed only where set.
     owner = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tasks"
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="tasks", db_index=False
     )
     title = models.CharField(max_length=200)
     task_type = models.CharField(max_length=64, validators=[task_type_validator])
@@ -305,6 +309,7 @@ class Task(models.Model):
         null=True,
         blank=True,
         related_name="transcript_of",
+        db_index=False,  # a partial index, see Meta
     )
     # The index of the turn files (one file per earlier turn) that came with that transcript
     # (backend.prompting.turn_files): readable, and kept, like the transcript.
@@ -314,6 +319,7 @@ class Task(models.Model):
         null=True,
         blank=True,
         related_name="turn_index_of",
+        db_index=False,  # a partial index, see Meta
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -325,6 +331,7 @@ class Task(models.Model):
         null=True,
         blank=True,
         related_name="+",
+        db_index=False,  # a partial index, see Meta
     )
     # Not a column: the turns a task API response shows with the task, attached by the view
     # before serializing (see `TaskWithTurnsOutput`), and its queued messages likewise.
@@ -336,6 +343,20 @@ class Task(models.Model):
         indexes = [
             models.Index(fields=["owner", "-created_at"], name="task_owner_recent"),
             models.Index(fields=["status", "task_type"], name="task_status_type"),
+            # An artifact's or a summary's deletion finds the tasks that name it.
+            models.Index(
+                fields=["transcript"],
+                condition=Q(transcript__isnull=False),
+                name="task_transcript",
+            ),
+            models.Index(
+                fields=["turn_index"],
+                condition=Q(turn_index__isnull=False),
+                name="task_turn_index",
+            ),
+            models.Index(
+                fields=["summary"], condition=Q(summary__isnull=False), name="task_summary"
+            ),
         ]
         constraints = [
             models.CheckConstraint(
@@ -356,7 +377,12 @@ class Task(models.Model):
 
 
 class Subtask(models.Model):
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="subtasks")
+    # No index of its own: `subtask_message_id_unique` (task, message_id) leads with it, and
+    # every index is written again by each claim and result (a change of status is never a
+    # heap-only update, since partial indexes name it).
+    task = models.ForeignKey(
+        Task, on_delete=models.CASCADE, related_name="subtasks", db_index=False
+    )
     kind = models.CharField(max_length=16, choices=SubtaskKind.choices, default=SubtaskKind.TURN)
     message_id = models.PositiveIntegerField()
     # For ASSISTANT turns: the USER message_id they answer.
@@ -447,6 +473,7 @@ class Subtask(models.Model):
         null=True,
         blank=True,
         related_name="subtasks",
+        db_index=False,  # `subtask_artifact`: only the rows that name one
     )
     # True when the text spilled: history_text is the head + tail preview of the artifact.
     history_is_preview = models.BooleanField(default=False)
@@ -460,7 +487,12 @@ class Subtask(models.Model):
     summary_first_message_id = models.PositiveIntegerField(null=True, blank=True)
     summary_last_message_id = models.PositiveIntegerField(null=True, blank=True)
     summary_previous = models.ForeignKey(
-        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="+"
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_index=False,  # `subtask_summary_previous`: only the rows that name one
     )
     # Not columns: what `selectors.task_turns` reads in place of `message`, `error`, `result`
     # and the spilled `history_text` (empty where the column holds a text that spilled).
@@ -547,6 +579,19 @@ class Subtask(models.Model):
                 ),
                 name="subtask_stop_unconfirmed",
             ),
+            # The turns whose whole text is an artifact (an artifact's deletion, pruning) and
+            # the summaries that fold in a summary: partial, so the many rows naming none
+            # are in neither index and a claim or a result writes no entry to them.
+            models.Index(
+                fields=["artifact"],
+                condition=Q(artifact__isnull=False),
+                name="subtask_artifact",
+            ),
+            models.Index(
+                fields=["summary_previous"],
+                condition=Q(summary_previous__isnull=False),
+                name="subtask_summary_previous",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -560,7 +605,10 @@ class NativeSession(models.Model):
     that worker can resume it with only the turns it has not seen.
     """
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="native_sessions")
+    # Indexed by `native_session_per_bot`, which leads with it.
+    task = models.ForeignKey(
+        Task, on_delete=models.CASCADE, related_name="native_sessions", db_index=False
+    )
     bot = models.CharField(max_length=100)
     executor = models.CharField(max_length=32, choices=ExecutorKind.choices)
     session_id = models.CharField(max_length=200)
@@ -601,7 +649,10 @@ class TranscriptPart(models.Model):
     its turn files.
     """
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="transcript_parts")
+    # Indexed by `transcript_part_span_number`, which leads with it.
+    task = models.ForeignKey(
+        Task, on_delete=models.CASCADE, related_name="transcript_parts", db_index=False
+    )
     span = models.PositiveIntegerField()
     number = models.PositiveIntegerField()
     first_message_id = models.PositiveIntegerField()
@@ -685,7 +736,8 @@ class TaskEvent(models.Model):
     """One entry of a task's event log (`backend.tasks.task_events`): numbered per task in
     commit order, so a client resuming after `seq` misses nothing and gets nothing twice."""
 
-    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events")
+    # Indexed by `task_event_seq_unique`, which leads with it.
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events", db_index=False)
     seq = models.PositiveBigIntegerField()
     type = models.CharField(max_length=32)
     # The turn it is about, if any (not a foreign key: the log outlives nothing it names, and

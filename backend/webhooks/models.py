@@ -70,8 +70,9 @@ class WebhookEndpoint(models.Model):
 
 
 class WebhookDelivery(models.Model):
+    # Indexed by `webhook_one_delivery_per_event`, which leads with it.
     endpoint = models.ForeignKey(
-        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries"
+        WebhookEndpoint, on_delete=models.CASCADE, related_name="deliveries", db_index=False
     )
     event_type = models.CharField(max_length=32, choices=EventType.choices)
     # Stable for the event (the same for every endpoint that hears it): receivers deduplicate
