@@ -44,16 +44,22 @@ def _fields(model: type[Model], names: tuple[str, ...] | None) -> tuple[Field[An
     return tuple(field for field in fields if field.attname in wanted)
 
 
-def columns(model: type[Model], fields: Sequence[str] | None = None) -> str:
-    """The qualified columns of `model`'s `fields` (every concrete field when None), in the
-    order `rows_of` reads them."""
-    return _columns(model, None if fields is None else tuple(fields))
+def columns(
+    model: type[Model], fields: Sequence[str] | None = None, *, table: str | None = None
+) -> str:
+    """The columns of `model`'s `fields` (every concrete field when None), in the order
+    `rows_of` reads them, qualified by `table` (the model's table when None; "" for none)."""
+    return _columns(
+        model,
+        None if fields is None else tuple(fields),
+        model._meta.db_table if table is None else table,
+    )
 
 
 @cache
-def _columns(model: type[Model], names: tuple[str, ...] | None) -> str:
-    table = model._meta.db_table
-    return ", ".join(f"{table}.{field.column}" for field in _fields(model, names))
+def _columns(model: type[Model], names: tuple[str, ...] | None, table: str) -> str:
+    prefix = f"{table}." if table else ""
+    return ", ".join(f"{prefix}{field.column}" for field in _fields(model, names))
 
 
 @cache
@@ -137,6 +143,21 @@ def rows_of(
     `joined` is (foreign key, its model's fields), `columns(related model, fields)` of a LEFT
     JOIN: what the ORM loads for `.only(fields)` with `select_related(foreign key)` (the
     fields left out are deferred, each value converted as the ORM converts it)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, list(params))
+        rows = cursor.fetchall()
+    return models_of(model, rows, fields=fields, joined=joined)
+
+
+def models_of(
+    model: type[M],
+    rows: Sequence[Sequence[Any]],
+    *,
+    fields: Sequence[str] | None = None,
+    joined: tuple[str, Sequence[str] | None] | None = None,
+) -> list[M]:
+    """`rows_of`'s instances from rows already fetched (columns after those it reads are left
+    to the caller)."""
     readers = [_reader(model, None if fields is None else tuple(fields))]
     foreign_key: ForeignKey[Any, Any] | None = None
     if joined is not None:
@@ -145,9 +166,6 @@ def rows_of(
         foreign_key, related = found, found.related_model
         assert isinstance(related, type)
         readers.append(_reader(related, None if joined[1] is None else tuple(joined[1])))
-    with connection.cursor() as cursor:
-        cursor.execute(sql, list(params))
-        rows = cursor.fetchall()
     loaded = []
     for row in rows:
         instance = readers[0].load(row)

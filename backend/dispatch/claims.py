@@ -28,7 +28,12 @@ from django.utils import timezone
 from backend import sql
 from backend.dispatch.leases import lease_until, reclaim_expired_leases
 from backend.dispatch.models import ConfigurationVersion
-from backend.dispatch.payload import ClaimedTurn, build_claimed_turns
+from backend.dispatch.payload import (
+    CLAIMED_FIELDS,
+    ClaimedTurn,
+    build_claimed_turns,
+    claimed_rows,
+)
 from backend.dispatch.summaries import schedule_summaries
 from backend.errors import InvalidInput
 from backend.prompting import Role
@@ -52,7 +57,7 @@ def claim_turns(
     if not 1 <= limit <= MAX_CLAIM_LIMIT:
         raise InvalidInput(f"limit must be between 1 and {MAX_CLAIM_LIMIT}.", field="limit")
     reclaim_expired_leases()
-    ids, configuration_version = _claim_ids(
+    ids, configuration_version, rows = _claim_ids(
         worker=worker, worker_id=worker_id, kinds=kinds, limit=limit
     )
     if not ids:
@@ -62,6 +67,7 @@ def claim_turns(
         worker=worker,
         worker_id=worker_id,
         configuration_version=configuration_version,
+        rows=rows,
     )
     task_events.record_claims(turns=[turn.subtask for turn in claimed])
     schedule_summaries(prompts=[(turn.subtask, turn.prompt) for turn in claimed])
@@ -100,11 +106,13 @@ def claimable_exists(*, kinds: Sequence[str], worker_id: str, now: datetime) -> 
 
 def _claim_ids(
     *, worker: User, worker_id: str, kinds: Sequence[str], limit: int
-) -> tuple[list[int], int | None]:
-    """The ids of the turns claimed, and the configuration version their payloads may reuse
-    what the process read under (None: read it all; see `backend.configuration_cache`)."""
+) -> tuple[list[int], int | None, list[Subtask] | None]:
+    """The ids of the turns claimed; the configuration version their payloads may reuse what
+    the process read under (None: read it all; see `backend.configuration_cache`); and on
+    PostgreSQL the claimed rows with their tasks, oldest first (None: the payload reads them)."""
     now = timezone.now()
     version = None
+    rows = None
     claim = {
         "status": SubtaskStatus.RUNNING,
         "claimed_by": worker,
@@ -116,9 +124,10 @@ def _claim_ids(
         "updated_at": now,
     }
     if connection.vendor == "postgresql":
-        ids, version = _claim_in_one_statement(
+        rows, version = _claim_in_one_statement(
             kinds=kinds, worker_id=worker_id, now=now, limit=limit, claim=claim
         )
+        ids = sorted(row.pk for row in rows)
     else:
         candidates = _candidates(kinds=kinds, worker_id=worker_id, now=now)
         with transaction.atomic():
@@ -140,7 +149,7 @@ def _claim_ids(
             cursor.execute(
                 f"UPDATE {Task._meta.db_table} SET status = %s, updated_at = %s "  # noqa: S608
                 f"WHERE id IN (SELECT task_id FROM {Subtask._meta.db_table} WHERE kind = %s "
-                f"AND id IN ({sql.placeholders(ids)})) AND status <> %s",
+                f"AND id IN ({sql.placeholders(ids)})) AND status <> %s RETURNING id",
                 [
                     TaskStatus.RUNNING.value,
                     sql.when(now),
@@ -149,17 +158,25 @@ def _claim_ids(
                     TaskStatus.CANCELLED.value,
                 ],
             )
-    return ids, version
+            running = {task_id for (task_id,) in cursor.fetchall()}
+        # The claim statement read the tasks before this: their rows say what it wrote.
+        for row in rows or ():
+            if row.task_id in running:
+                row.task.status, row.task.updated_at = TaskStatus.RUNNING, now
+    return ids, version, rows
 
 
 def _claim_in_one_statement(
     *, kinds: Sequence[str], worker_id: str, now: datetime, limit: int, claim: dict[str, Any]
-) -> tuple[list[int], int | None]:
+) -> tuple[list[Subtask], int | None]:
     """PostgreSQL: pick and claim in one statement, `UPDATE … WHERE id IN (SELECT … FOR
-    UPDATE SKIP LOCKED LIMIT n) RETURNING id` — one round trip instead of a transaction of
+    UPDATE SKIP LOCKED LIMIT n) RETURNING …` — one round trip instead of a transaction of
     four. The rows the subquery locks are skipped by every concurrent claim, and the UPDATE
     changes exactly those, so each turn still goes to one caller. `claim` is `_claim_ids`'s.
-    Each row also returns the configuration version, read in the claim's snapshot."""
+
+    The claimed rows come back as the payload reads them (`payload.claimed_rows`: the turn
+    as claimed, joined to its task), oldest first, each with the configuration version, all
+    read in the claim's snapshot: the payload's own read of them is one round trip fewer."""
     kinds = list(dict.fromkeys(kinds))  # as the ORM's IN does: each kind once
     picked, slots = _picking(len(kinds), limit, settings.BATON_SESSION_AFFINITY_SECONDS)
     picked_params = [slot.value(now=now, worker_id=worker_id, kinds=kinds) for slot in slots]
@@ -172,17 +189,22 @@ def _claim_in_one_statement(
         claim["updated_at"],
     ]
     # Only column names and the ORM's own parameterized SQL are formatted in.
+    tasks = Task._meta.db_table
     statement = (
-        f"UPDATE {Subtask._meta.db_table} SET status = %s, claimed_by_id = %s, "  # noqa: S608
-        "lease_owner = %s, lease_expires_at = %s, started_at = %s, updated_at = %s, "
-        f"not_before = NULL, attempts = attempts + 1 WHERE id IN ({picked} FOR UPDATE SKIP "
-        f"LOCKED) RETURNING id, (SELECT value FROM {ConfigurationVersion._meta.db_table} "
-        "WHERE id = 1)"
+        f"WITH claimed AS (UPDATE {Subtask._meta.db_table} SET status = %s, "  # noqa: S608
+        "claimed_by_id = %s, lease_owner = %s, lease_expires_at = %s, started_at = %s, "
+        "updated_at = %s, not_before = NULL, attempts = attempts + 1 "
+        f"WHERE id IN ({picked} FOR UPDATE SKIP LOCKED) "
+        f"RETURNING {sql.columns(Subtask, CLAIMED_FIELDS, table='')}) "
+        f"SELECT {sql.columns(Subtask, CLAIMED_FIELDS, table='claimed')}, {sql.columns(Task)}, "
+        f"(SELECT value FROM {ConfigurationVersion._meta.db_table} WHERE id = 1) "
+        f"FROM claimed JOIN {tasks} ON {tasks}.id = claimed.task_id "
+        "ORDER BY claimed.pending_since, claimed.id"
     )
     with connection.cursor() as cursor:
         cursor.execute(statement, [*values, *picked_params])
         rows = cursor.fetchall()
-    return sorted(row[0] for row in rows), (rows[0][1] if rows else None)
+    return claimed_rows(rows), (rows[0][-1] if rows else None)
 
 
 # Stand-ins the claim's SELECT is compiled with, to find where each value goes among its

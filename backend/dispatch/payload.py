@@ -15,6 +15,7 @@ or result text reaches a log line or a report row (docs/architecture.md, princip
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,25 +85,35 @@ class ClaimedTurn:
 
 
 def build_claimed_turns(
-    *, ids: list[int], worker: User, worker_id: str, configuration_version: int | None = None
+    *,
+    ids: list[int],
+    worker: User,
+    worker_id: str,
+    configuration_version: int | None = None,
+    rows: list[Subtask] | None = None,
 ) -> list[ClaimedTurn]:
     """The payloads of the turns the claim (`worker`, `worker_id`) just took (`ids`), oldest first.
     Their bots, model windows and policies reuse what this process read under the claim's
-    `configuration_version` (see `backend.configuration_cache`).
+    `configuration_version` (see `backend.configuration_cache`). `rows`: the claimed turns
+    with their tasks as the claim statement returned them (`claimed_rows`), else read here.
 
     A turn whose payload cannot be built is released (see `_build_failed`) and left out.
     """
     table, tasks = Subtask._meta.db_table, Task._meta.db_table
     # Every dispatch reads its claimed rows: the SQL is written out (see `backend.sql`).
-    claimed_rows = sql.rows_of(
-        Subtask,
-        f"SELECT {sql.columns(Subtask, _SHORT_COLUMNS)}, {sql.columns(Task)} "  # noqa: S608
-        f"FROM {table} JOIN {tasks} ON {tasks}.id = {table}.task_id "
-        f"WHERE {table}.id IN ({sql.placeholders(ids)}) "
-        f"ORDER BY {table}.pending_since, {table}.id",
-        ids,
-        fields=_SHORT_COLUMNS,
-        joined=("task", None),
+    claimed_rows = (
+        rows
+        if rows is not None
+        else sql.rows_of(
+            Subtask,
+            f"SELECT {sql.columns(Subtask, CLAIMED_FIELDS)}, {sql.columns(Task)} "  # noqa: S608
+            f"FROM {table} JOIN {tasks} ON {tasks}.id = {table}.task_id "
+            f"WHERE {table}.id IN ({sql.placeholders(ids)}) "
+            f"ORDER BY {table}.pending_since, {table}.id",
+            ids,
+            fields=CLAIMED_FIELDS,
+            joined=("task", None),
+        )
     )
     subtasks = [row for row in claimed_rows if row.kind == SubtaskKind.TURN]
     jobs = [row for row in claimed_rows if row.kind == SubtaskKind.SUMMARY]
@@ -315,9 +326,16 @@ _LONG_COLUMNS = (
     "preview_tail",
     "preview_layout",
 )
-_SHORT_COLUMNS = tuple(
+# The columns a payload reads of each claimed turn (and every column of its task).
+CLAIMED_FIELDS = tuple(
     field.name for field in Subtask._meta.concrete_fields if field.name not in _LONG_COLUMNS
 )
+
+
+def claimed_rows(rows: Sequence[Sequence[Any]]) -> list[Subtask]:
+    """The claimed turns with their tasks, from rows that select `sql.columns(Subtask,
+    CLAIMED_FIELDS, …)` then `sql.columns(Task)` (and any columns after those)."""
+    return sql.models_of(Subtask, rows, fields=CLAIMED_FIELDS, joined=("task", None))
 
 
 def _early_transcripts(

@@ -89,7 +89,14 @@ def test_the_compiled_claim_picks_what_the_query_of_the_dispatch_picks(kinds, wo
             "updated_at": now,
         },
     )
-    assert claimed == sorted(expected)
+    # Oldest first, as the payload reads them: the turn as claimed, with its task.
+    assert [row.pk for row in claimed] == expected
+    for row in claimed:
+        stored = Subtask.objects.select_related("task").get(pk=row.pk)
+        assert row.status == SubtaskStatus.RUNNING and row.attempts == stored.attempts
+        assert (row.lease_owner, row.lease_expires_at) == (worker_id, stored.lease_expires_at)
+        assert row.task.task_type == stored.task.task_type
+        assert row.task.pipeline == stored.task.pipeline
     # With the configuration version, read in the claim's snapshot.
     assert version == ConfigurationVersion.objects.get().value
     running = Subtask.objects.filter(status=SubtaskStatus.RUNNING, lease_owner=worker_id)
