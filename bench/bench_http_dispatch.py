@@ -11,7 +11,10 @@ machine's state:
 
 - ceiling: every client loops on a bare Django view doing two queries (`bench/_ceiling_urls.py`)
   for `--ceiling-seconds`: requests per second. A dispatch cycle is two requests, so half of
-  it is the ceiling for turns per second.
+  it is the ceiling for turns per second. Measured before the claims and again after the
+  cycle: this machine's speed drifts within minutes, so the ratios ("vs ceiling": claims per
+  second over bare requests per second, turns per second over half of them) divide by the
+  mean of the two, and the spread between them says how far a run can be trusted.
 - claims: `--turns` tasks are seeded (two answered rounds and one pending turn each); every
   client loops on `POST /api/executor/dispatch/` at `--limit` until nothing is left.
 - cycle: as many again; every client loops on dispatch, then reports each turn's result
@@ -170,6 +173,10 @@ def _in_process(token: str, cycles: int) -> tuple[int, int, float]:
     return counts[0], counts[1], (time.process_time() - started) / cycles * 1000
 
 
+def _requests(phase: Phase) -> int:
+    return sum(result[0] for result in phase.results)
+
+
 def _check(results: list, expected: int, what: str) -> list[int]:
     claimed = [subtask_id for _, ids, *_ in results for subtask_id in ids]
     twice = len(claimed) - len(set(claimed))
@@ -209,7 +216,6 @@ def main() -> None:
                 args.clients,
                 server_pid=pid,
             )
-            ceiling_requests = sum(result[0] for result in ceiling.results)
 
             seed(args.turns)
             connection.close()
@@ -239,10 +245,22 @@ def main() -> None:
                     f"{reports} prompt reports for {2 * args.turns} claims"
                 )
             print("  every cycled turn COMPLETED; one prompt report per claim")
+            # The ceiling again, after: this machine's speed drifts within minutes, and the
+            # ratios divide by the mean of the two (their spread says how far to trust them).
+            ceiling_after = _run(
+                _ceiling_client,
+                lambda index: (url, args.ceiling_seconds),
+                args.clients,
+                server_pid=pid,
+            )
         seed(args.in_process + 1)
         dispatch_queries, report_queries, cycle_cpu_ms = _in_process(token, args.in_process)
 
-    ceiling_rps = ceiling_requests / ceiling.seconds
+    bare = [
+        sum(result[0] for result in phase.results) / phase.seconds
+        for phase in (ceiling, ceiling_after)
+    ]
+    ceiling_rps = statistics.mean(bare)
     claims_per_second = args.turns / claims.seconds
     turns_per_second = args.turns / cycles.seconds
     server = (
@@ -257,9 +275,17 @@ def main() -> None:
     header = f"{'phase':<34} {'per second':>10} {'vs ceiling':>10}   CPU ms per item:"
     print(f"{header} {'server':>7} {'clients':>7} {'rest':>7}")
     rows = [
-        ("bare view (2 queries), requests", ceiling_rps, "", ceiling, ceiling_requests),
+        ("bare view (2 queries), before", bare[0], "", ceiling, _requests(ceiling)),
+        ("bare view (2 queries), after", bare[1], "", ceiling_after, _requests(ceiling_after)),
+        ("  ceiling: their mean, requests", ceiling_rps, "1.00", None, 0),
         ("  ceiling for 2-request cycles", ceiling_rps / 2, "1.00", None, 0),
-        ("claims (dispatch only)", claims_per_second, "", claims, args.turns),
+        (
+            "claims (dispatch only)",
+            claims_per_second,
+            f"{claims_per_second / ceiling_rps:.2f}",
+            claims,
+            args.turns,
+        ),
         (
             "turns (dispatch + report)",
             turns_per_second,
