@@ -4,12 +4,14 @@ A dispatch and its result report run about thirty queries. Built by the ORM, eac
 millisecond of Python on every call (filters resolved, SQL compiled), more than most of them
 take in the database, and the server's CPU is what bounds how many cycles a second it serves
 (`bench/bench_http_dispatch.py`). The cycle's fixed-shape queries are therefore written out where
-they are used, with these helpers. Only table and column names from the models' metadata and
-placeholders are formatted into the SQL; every value is a parameter.
+they are used, with these helpers. Only table and column names from the models' metadata,
+placeholders and constants of Baton's code (`literal`) are formatted into the SQL; every value
+that comes from a request or a row is a parameter.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
@@ -211,6 +213,21 @@ def locking() -> str:
     """` FOR UPDATE` where the database has row locks (SQLite's IMMEDIATE transactions already
     hold its write lock, see `tasks.services.lock_task`)."""
     return " FOR UPDATE" if connection.features.has_select_for_update else ""
+
+
+# What `literal` writes into SQL: the values of Baton's own choices (statuses, roles, kinds).
+_CONSTANT = re.compile(r"[A-Za-z0-9_]*")
+
+
+def literal(constant: str) -> str:
+    """A constant of Baton's code (a status, a role) as an SQL string literal, for a predicate
+    that a partial index names. PostgreSQL prepares a statement run often and then reuses one
+    generic plan, which can use a partial index only when the constant the index's predicate
+    names is in the statement's text: against a parameter, it plans the statement again on
+    every execution. Anything but letters, digits and underscores is refused."""
+    if not _CONSTANT.fullmatch(constant):
+        raise ValueError(f"not a constant to write into SQL: {constant!r}")
+    return f"'{constant}'"
 
 
 def placeholders(values: Sequence[Any]) -> str:

@@ -195,3 +195,14 @@ def test_postgresql_inserts_any_number_of_rows_with_one_statement_text(task):
             event.seq: (event.pk, event.data) for event in events
         }
     assert len(set(texts)) == 1
+
+
+@pytest.mark.parametrize("constant", ["RUNNING", "ASSISTANT", "turn", "claude_code", ""])
+def test_a_constant_is_written_as_a_string_literal(constant):
+    assert sql.literal(constant) == f"'{constant}'"
+
+
+@pytest.mark.parametrize("value", ["it's", "a b", "x'; DROP TABLE tasks_task; --", "é", "\\"])
+def test_anything_but_a_plain_constant_is_refused(value):
+    with pytest.raises(ValueError, match="not a constant"):
+        sql.literal(value)

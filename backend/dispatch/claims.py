@@ -246,18 +246,31 @@ def _picking(kinds: int, limit: int, affinity_seconds: float) -> tuple[str, tupl
     stand_ins = [_kind_stand_in(index) for index in range(kinds)]
     candidates = _candidates(kinds=stand_ins, worker_id=_WORKER, now=_AT)
     # The ORM compiles a locking read only inside a transaction; the statement is its own.
-    picked, params = candidates.values("id")[:limit].query.sql_with_params()
-    slots = []
-    for param in params:
+    compiled, params = candidates.values("id")[:limit].query.sql_with_params()
+    pieces = compiled.split("%s")
+    assert len(pieces) == len(params) + 1, compiled
+    picked, slots = pieces[0], []
+    for param, after in zip(params, pieces[1:], strict=True):
         if isinstance(param, datetime):
             slots.append(_Slot(offset=param - _AT))
         elif param == _WORKER:
             slots.append(_Slot(worker=True))
         elif param in stand_ins:
             slots.append(_Slot(kind=stand_ins.index(param)))
+        elif isinstance(param, str) and param in _IN_TEXT:
+            # The dispatch index's predicate (a pending assistant turn), written in for the
+            # prepared statement's plan to read that index (`sql.literal`).
+            picked += sql.literal(param) + after
+            continue
         else:
             slots.append(_Slot(constant=param))
+        picked += "%s" + after
     return picked, tuple(slots)
+
+
+# The constants of the claim's SELECT written into its text: those `subtask_dispatch_order`'s
+# predicate names.
+_IN_TEXT = frozenset({SubtaskStatus.PENDING.value, Role.ASSISTANT.value})
 
 
 def _candidates(*, kinds: Sequence[str], worker_id: str, now: datetime) -> QuerySet[Subtask]:

@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.utils import timezone
 
 from backend.dispatch import claims
@@ -111,3 +112,53 @@ def test_the_claim_is_compiled_once_per_shape(settings):
     claims._picking(2, 1, settings.BATON_SESSION_AFFINITY_SECONDS)
     claims._picking(1, 5, settings.BATON_SESSION_AFFINITY_SECONDS)
     assert claims._picking.cache_info().misses == 3
+
+
+def _plans(statement_start: str) -> tuple[int, int]:
+    """(generic, custom) plans this connection's prepared statement starting so has run."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+            "WHERE statement LIKE %s",
+            [statement_start + "%"],
+        )
+        found = cursor.fetchall()
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_claim_and_the_lease_check_are_planned_once_not_on_every_dispatch(settings):
+    """Prepared after a few runs, each statement gets one generic plan that reads its partial
+    index (the dispatch order, the running leases): the predicates' constants are in the text.
+    Against parameters PostgreSQL planned both again on every dispatch."""
+    assert settings.DATABASES["default"]["OPTIONS"]["prepare_threshold"] is not None
+    # A long history of answered turns, counted by the planner: a plan that cannot read the
+    # partial indexes would scan them all.
+    owner = get_user_model().objects.create_user(username="owner")
+    task = create_task(
+        owner=owner,
+        title="long",
+        task_type="code",
+        message="first",
+        pipeline=[PipelineStep(executor="codex")],
+    )
+    Subtask.objects.filter(task=task).update(status=SubtaskStatus.COMPLETED)
+    Subtask.objects.bulk_create(
+        Subtask(
+            task=task,
+            message_id=number,
+            role="USER" if number % 2 else "ASSISTANT",
+            status=SubtaskStatus.COMPLETED,
+            executor="codex",
+        )
+        for number in range(3, 5003)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE tasks_subtask")
+    worker = make_worker("worker-1")
+    for _ in range(20):  # nothing pending: each dispatch still runs both statements
+        assert claims.claim_turns(worker=worker, worker_id="w", kinds=["codex"], limit=1) == []
+    generic, custom = _plans("WITH claimed AS (UPDATE tasks_subtask")
+    assert generic > 0 and custom <= 5, (generic, custom)
+    generic, custom = _plans("SELECT id FROM tasks_subtask WHERE status = ")
+    assert generic > 0 and custom <= 5, (generic, custom)
