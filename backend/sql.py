@@ -19,7 +19,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Field, ForeignKey, Model
 
 M = TypeVar("M", bound=Model)
@@ -310,6 +310,26 @@ def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> set[Any]
                 row._state.adding = False
                 row._state.db = connection.alias
     return inserted
+
+
+def update(row: Model, fields: Sequence[str]) -> None:
+    """Write `fields` of `row` (a saved row) as `row.save(update_fields=fields)` does: each
+    value prepared as the ORM prepares it (`auto_now` set), no signals sent; a row that no
+    longer exists is a `DatabaseError`, as there."""
+    meta = type(row)._meta
+    pk = meta.pk
+    assert pk is not None
+    chosen = [_field(type(row), name) for name in fields]
+    values = [field.get_db_prep_save(field.pre_save(row, False), connection) for field in chosen]
+    assert not any(hasattr(value, "resolve_expression") for value in values)  # values only
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {meta.db_table} SET "  # noqa: S608 - only column names formatted in
+            f"{', '.join(f'{field.column} = %s' for field in chosen)} WHERE {pk.column} = %s",
+            [*values, pk.get_db_prep_value(row.pk, connection)],
+        )
+        if cursor.rowcount != 1:
+            raise DatabaseError(f"{meta.label} {row.pk} was not updated: no such row.")
 
 
 @cache

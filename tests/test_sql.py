@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from django.db import connection
+from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 
 from backend import sql
@@ -206,3 +206,23 @@ def test_a_constant_is_written_as_a_string_literal(constant):
 def test_anything_but_a_plain_constant_is_refused(value):
     with pytest.raises(ValueError, match="not a constant"):
         sql.literal(value)
+
+
+def test_an_update_writes_the_fields_named_as_save_with_update_fields_does(task):
+    turn = task.subtasks.filter(role="ASSISTANT").first()
+    before = Subtask.objects.get(pk=turn.pk)
+    turn.error, turn.result, turn.message = "late", {"value": "new", "n": [1, 2]}, "not written"
+    with CaptureQueriesContext(connection) as queries:
+        sql.update(turn, ["error", "result", "updated_at"])
+    assert len(queries) == 1
+    stored = Subtask.objects.get(pk=turn.pk)
+    assert (stored.error, stored.result) == ("late", {"value": "new", "n": [1, 2]})
+    assert stored.message == before.message  # not named: left as stored
+    assert stored.updated_at == turn.updated_at > before.updated_at  # auto_now, as save sets it
+
+
+def test_an_update_of_a_row_that_is_gone_fails(task):
+    turn = task.subtasks.first()
+    Subtask.objects.filter(pk=turn.pk).delete()
+    with pytest.raises(DatabaseError, match="not updated"):
+        sql.update(turn, ["error"])

@@ -145,7 +145,6 @@ def record_session(
     Runs in the result's transaction, under the task's lock. A failed turn updates no
     session: its session may hold a half-finished exchange, so the next turn starts fresh.
     """
-    reports = PromptReport.objects.filter(subtask=subtask, attempt=subtask.attempts)
     sent_kind = RESUME if resumed else "full"
     with connection.cursor() as cursor:
         # Every result report runs it: its SQL is written out (see `backend.sql`).
@@ -167,7 +166,11 @@ def record_session(
         or subtask.kind != SubtaskKind.TURN
     ):
         return  # a summary job's session is of no use to the task's turns
-    sent = reports.filter(kind=sent_kind).values_list("included_message_ids", flat=True).first()
+    sent = (
+        PromptReport.objects.filter(subtask=subtask, attempt=subtask.attempts, kind=sent_kind)
+        .values_list("included_message_ids", flat=True)
+        .first()
+    )
     seen_now = {*(sent or []), subtask.parent_message_id, subtask.message_id}
     if subtask.pipeline_step:
         assert subtask.parent_message_id is not None  # an ASSISTANT turn answers a message

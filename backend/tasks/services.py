@@ -775,7 +775,8 @@ def record_result(
         if subtask.kind == SubtaskKind.SUMMARY:
             _finish_summary(subtask=subtask, task=task)
             return subtask
-        subtask.save(update_fields=[*ingested_fields, *_RESULT_FIELDS])
+        # Every result report writes it: the statement is written out (see `backend.sql`).
+        sql.update(subtask, [*ingested_fields, *_RESULT_FIELDS])
         finished = [subtask, *_advance_pipeline(subtask=subtask, task=task, now=now)]
         task_events.record(
             task_id=task.pk, events=[task_events.finished_event(turn) for turn in finished]
