@@ -67,7 +67,7 @@ def claim_turns(
         worker=worker,
         worker_id=worker_id,
         configuration_version=configuration_version,
-        rows=rows,
+        loaded=rows,
     )
     task_events.record_claims(turns=[turn.subtask for turn in claimed])
     schedule_summaries(prompts=[(turn.subtask, turn.prompt) for turn in claimed])

@@ -90,11 +90,11 @@ def build_claimed_turns(
     worker: User,
     worker_id: str,
     configuration_version: int | None = None,
-    rows: list[Subtask] | None = None,
+    loaded: list[Subtask] | None = None,
 ) -> list[ClaimedTurn]:
     """The payloads of the turns the claim (`worker`, `worker_id`) just took (`ids`), oldest first.
     Their bots, model windows and policies reuse what this process read under the claim's
-    `configuration_version` (see `backend.configuration_cache`). `rows`: the claimed turns
+    `configuration_version` (see `backend.configuration_cache`). `loaded`: the claimed turns
     with their tasks as the claim statement returned them (`claimed_rows`), else read here.
 
     A turn whose payload cannot be built is released (see `_build_failed`) and left out.
@@ -102,8 +102,8 @@ def build_claimed_turns(
     table, tasks = Subtask._meta.db_table, Task._meta.db_table
     # Every dispatch reads its claimed rows: the SQL is written out (see `backend.sql`).
     claimed_rows = (
-        rows
-        if rows is not None
+        loaded
+        if loaded is not None
         else sql.rows_of(
             Subtask,
             f"SELECT {sql.columns(Subtask, CLAIMED_FIELDS)}, {sql.columns(Task)} "  # noqa: S608
