@@ -188,7 +188,8 @@ def _claim_in_one_statement(
         claim["started_at"],
         claim["updated_at"],
     ]
-    # Only column names and the ORM's own parameterized SQL are formatted in.
+    # Only column names and the ORM's own parameterized SQL (with the dispatch index's
+    # constants written in by `_picking`) are formatted in.
     tasks = Task._meta.db_table
     statement = (
         f"WITH claimed AS (UPDATE {Subtask._meta.db_table} SET status = %s, "  # noqa: S608

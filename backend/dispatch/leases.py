@@ -191,9 +191,9 @@ def _expired_lease_ids(*, now: datetime) -> list[int]:
     dispatch asks, and the answer is almost always none: one index range read, its SQL
     written out instead of built by the ORM on each call."""
     with connection.cursor() as cursor:
-        # Only the table's name is formatted into the SQL.
-        # The status in the text, so that the prepared statement's plan reads the partial
-        # index of running leases (`sql.literal`).
+        # Only the table's name and the status are formatted in: the status in the text, so
+        # that the prepared statement's plan reads the partial index of running leases
+        # (`sql.literal`).
         cursor.execute(
             f"SELECT id FROM {Subtask._meta.db_table} "  # noqa: S608
             f"WHERE status = {sql.literal(SubtaskStatus.RUNNING.value)} "
