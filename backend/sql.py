@@ -11,6 +11,8 @@ that comes from a request or a row is a parameter.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -19,8 +21,10 @@ from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections, transaction
 from django.db.models import Field, ForeignKey, Model
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 
 M = TypeVar("M", bound=Model)
 # (position in the row, column, converters): see `_converters`.
@@ -93,8 +97,9 @@ def values_of(
 ) -> list[tuple[Any, ...]]:
     """The rows of `sql`, which selects `value_columns(model, names)`, each value converted as
     `values_list(*names)` converts it (JSON parsed, booleans and datetimes as Python's)."""
-    converters = _value_converters(connection.alias, model, tuple(names))
-    with connection.cursor() as cursor:
+    db = connections[DEFAULT_DB_ALIAS]
+    converters = _value_converters(db.alias, model, tuple(names))
+    with db.cursor() as cursor:
         cursor.execute(sql, list(params))
         rows = cursor.fetchall()
     if not converters:
@@ -104,7 +109,7 @@ def values_of(
         values = list(row)
         for index, column, found in converters:
             for converter in found:
-                values[index] = converter(values[index], column, connection)
+                values[index] = converter(values[index], column, db)
         converted.append(tuple(values))
     return converted
 
@@ -160,6 +165,7 @@ def models_of(
 ) -> list[M]:
     """`rows_of`'s instances from rows already fetched (columns after those it reads are left
     to the caller)."""
+    db = connections[DEFAULT_DB_ALIAS]
     readers = [_reader(model, None if fields is None else tuple(fields))]
     foreign_key: ForeignKey[Any, Any] | None = None
     if joined is not None:
@@ -170,9 +176,9 @@ def models_of(
         readers.append(_reader(related, None if joined[1] is None else tuple(joined[1])))
     loaded = []
     for row in rows:
-        instance = readers[0].load(row)
+        instance = readers[0].load(row, db)
         if foreign_key is not None:
-            target = readers[1].load(row, start=readers[0].width)
+            target = readers[1].load(row, db, start=readers[0].width)
             foreign_key.set_cached_value(instance, target)
         loaded.append(instance)
     return loaded
@@ -198,15 +204,32 @@ class _Reader:
         assert pk is not None
         self.pk_index = self.attnames.index(pk.attname)
         self.converters = _converters([(model._meta.db_table, field) for field in fields])
+        self.direct = (
+            model.from_db.__func__ is Model.from_db.__func__  # type: ignore[attr-defined]
+            and model.__init__ is Model.__init__
+        )
 
-    def load(self, row: Sequence[Any], *, start: int = 0) -> Any:
+    def load(self, row: Sequence[Any], db: Any, *, start: int = 0) -> Any:
+        """The instance of `row`'s slice from `start`, read from `db` (a connection)."""
         values = list(row[start : start + self.width])
         if values[self.pk_index] is None:
             return None  # no row on the LEFT JOIN's side
         for index, column, found in self.converters:
             for converter in found:
-                values[index] = converter(values[index], column, connection)
-        return self.model.from_db(connection.alias, self.attnames, values)
+                values[index] = converter(values[index], column, db)
+        model = self.model
+        if not self.direct or pre_init.has_listeners(model) or post_init.has_listeners(model):
+            return model.from_db(db.alias, self.attnames, values)
+        # What `from_db` makes, without its detour through `__init__` (a list of every field
+        # with a DEFERRED marker, then each value set by name): the values read in the
+        # instance's `__dict__`, the fields not read left out of it (deferred: loaded on
+        # access), and the state of a row loaded from this database. A model that defines
+        # either, or has receivers of the signals `__init__` sends, gets `from_db`.
+        instance = model.__new__(model)
+        instance.__dict__.update(zip(self.attnames, values, strict=True))
+        state = instance._state = ModelState()
+        state.adding, state.db = False, db.alias
+        return instance
 
 
 def locking() -> str:
@@ -256,59 +279,66 @@ def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> set[Any]
     primary keys of the rows inserted are returned (rows that name their own keys); otherwise
     a row whose primary key the database assigns gets it.
 
-    On PostgreSQL several rows go in as one array per column (`INSERT … SELECT * FROM
-    UNNEST(…)`, as `bulk_create` does there): the statement's text is the same whatever the
-    number of rows, so psycopg parses it once and the server prepares it, where a `VALUES`
-    list of each length is a new statement, parsed and planned on every call, with more
-    parameters than psycopg caches. Elsewhere, `VALUES` lists in statements under the
-    parameter limit (one transaction when there are several)."""
+    On PostgreSQL the rows go in as one JSON document, an array with an object per row
+    (`INSERT … SELECT … FROM jsonb_populate_recordset(…)`, see `_records`): the statement has
+    one parameter and the same text whatever the number of rows, so psycopg parses it once and
+    the server prepares it. A parameter per value would cost a wide row (a prompt report, 55
+    columns) more Python than its round trip: psycopg caches the parsing of statements of at
+    most 50 parameters only, and each value is prepared and sent on its own. Elsewhere, and
+    for a row JSON cannot carry exactly, `VALUES` lists in statements under the parameter
+    limit (one transaction when there are several)."""
     if not rows:
         return set()
-    meta = type(rows[0])._meta
+    model = type(rows[0])
+    meta = model._meta
     pk = meta.pk
     assert pk is not None
     assigned = getattr(rows[0], pk.attname) is None
     fields = [field for field in meta.concrete_fields if not (assigned and field is pk)]
     returning = assigned and not ignore_conflicts
     inserted: set[Any] = set()
-    array_types = (
-        _array_types(connection.vendor, type(rows[0]), assigned) if len(rows) > 1 else None
-    )
-    per_statement = len(rows) if array_types else max(1, MAX_PARAMETERS // len(fields))
+    db = connections[DEFAULT_DB_ALIAS]
+    record = _record_carriers(db.vendor, model, assigned)
+    document = _records(rows, record, db) if record is not None else None
+    per_statement = len(rows) if document is not None else max(1, MAX_PARAMETERS // len(fields))
     statements = range(0, len(rows), per_statement)
-    head = f"INSERT INTO {meta.db_table} ({', '.join(field.column for field in fields)}) "
+    columns = ", ".join(field.column for field in fields)
+    head = f"INSERT INTO {meta.db_table} ({columns}) "
     with transaction.atomic(savepoint=False) if len(statements) > 1 else nullcontext():
         for start in statements:
             batch = rows[start : start + per_statement]
-            values = [
-                [field.get_db_prep_save(field.pre_save(row, True), connection) for field in fields]
-                for row in batch
-            ]
-            if array_types:
-                statement = head + array_types
-                params: list[Any] = [list(column) for column in zip(*values, strict=True)]
+            if document is not None:
+                statement = (
+                    f"{head}SELECT {columns} FROM jsonb_populate_recordset("  # noqa: S608
+                    f"NULL::{meta.db_table}, %s::jsonb)"
+                )
+                params: list[Any] = [document]
             else:
                 row_values = "(" + ", ".join("%s" for _ in fields) + ")"
                 statement = head + f"VALUES {', '.join(row_values for _ in batch)}"
-                params = [value for row in values for value in row]
+                params = [
+                    field.get_db_prep_save(field.pre_save(row, True), db)
+                    for row in batch
+                    for field in fields
+                ]
             if ignore_conflicts:
                 statement += " ON CONFLICT DO NOTHING"
                 if not assigned:
                     statement += f" RETURNING {pk.column}"
             elif returning:
                 statement += f" RETURNING {pk.column}"
-            with connection.cursor() as cursor:
+            with db.cursor() as cursor:
                 cursor.execute(statement, params)
                 if returning:
-                    # Rows come back in the order they were given, from VALUES as from
-                    # UNNEST (which `bulk_create` relies on too).
+                    # Rows come back in the order they were given, from VALUES as from a
+                    # set-returning function's rows (as `bulk_create` relies on for UNNEST's).
                     for row, (key,) in zip(batch, cursor.fetchall(), strict=True):
                         setattr(row, pk.attname, key)
                 elif ignore_conflicts and not assigned:
                     inserted.update(key for (key,) in cursor.fetchall())
             for row in batch:
                 row._state.adding = False
-                row._state.db = connection.alias
+                row._state.db = db.alias
     return inserted
 
 
@@ -320,37 +350,108 @@ def update(row: Model, fields: Sequence[str]) -> None:
     pk = meta.pk
     assert pk is not None
     chosen = [_field(type(row), name) for name in fields]
-    values = [field.get_db_prep_save(field.pre_save(row, False), connection) for field in chosen]
+    db = connections[DEFAULT_DB_ALIAS]
+    values = [field.get_db_prep_save(field.pre_save(row, False), db) for field in chosen]
     assert not any(hasattr(value, "resolve_expression") for value in values)  # values only
-    with connection.cursor() as cursor:
+    with db.cursor() as cursor:
         cursor.execute(
             f"UPDATE {meta.db_table} SET "  # noqa: S608 - only column names formatted in
             f"{', '.join(f'{field.column} = %s' for field in chosen)} WHERE {pk.column} = %s",
-            [*values, pk.get_db_prep_value(row.pk, connection)],
+            [*values, pk.get_db_prep_value(row.pk, db)],
         )
         if cursor.rowcount != 1:
             raise DatabaseError(f"{meta.label} {row.pk} was not updated: no such row.")
 
 
+# How `_records` writes a value of each kind of column into the JSON document: as it is (JSON
+# carries it exactly, and PostgreSQL reads it back as the column's type), a datetime in ISO 8601
+# with its offset, a float unless it is not finite (JSON has no NaN or infinity), a JSON
+# field's value as JSON (None: SQL NULL, as the ORM stores it).
+_PLAIN, _DATETIME, _FLOAT, _JSON = "plain", "datetime", "float", "json"
+# The Python types each plain column's prepared value has (None aside).
+_PLAIN_TYPES: dict[str, tuple[type, ...]] = {
+    **dict.fromkeys(
+        [
+            "AutoField",
+            "BigAutoField",
+            "SmallAutoField",
+            "IntegerField",
+            "BigIntegerField",
+            "SmallIntegerField",
+            "PositiveIntegerField",
+            "PositiveBigIntegerField",
+            "PositiveSmallIntegerField",
+        ],
+        (int,),
+    ),
+    **dict.fromkeys(["CharField", "TextField", "SlugField"], (str,)),
+    "BooleanField": (bool,),
+}
+# (column, field, kind, the plain types) per column `insert` writes.
+_Carriers = list[tuple[str, Field[Any, Any], str, tuple[type, ...]]]
+
+
 @cache
-def _array_types(vendor: str, model: type[Model], assigned: bool) -> str | None:
-    """`SELECT * FROM UNNEST((%s)::type[], …)` for the columns `insert` writes, on
-    PostgreSQL; None elsewhere, or when a column's type is not one an array can carry plainly
-    (the checks `bulk_create` makes before it unnests)."""
+def _record_carriers(vendor: str, model: type[Model], assigned: bool) -> _Carriers | None:
+    """How each column `insert` writes goes into the JSON document, on PostgreSQL; None
+    elsewhere, or when a column is of a kind JSON does not carry exactly, or its field is not
+    one of Django's own (a field class of a project may prepare its values in its own way,
+    which only the `VALUES` path honours)."""
     if vendor != "postgresql":
         return None
     pk = model._meta.pk
-    fields = [field for field in model._meta.concrete_fields if not (assigned and field is pk)]
-    types = []
-    for field in fields:
-        target = getattr(field, "target_field", field) if field.is_relation else field
-        db_type = field.db_type(connection)
-        if (
-            hasattr(field, "get_placeholder")
-            or target.get_internal_type() not in connection.data_types
-            or db_type is None
-        ):
+    carriers: _Carriers = []
+    for field in model._meta.concrete_fields:
+        if assigned and field is pk:
+            continue
+        if not type(field).__module__.startswith("django.db.models."):
             return None
-        # Without a length (varchar[], not varchar(64)[]): the column's own type checks it.
-        types.append(f"(%s)::{db_type.split('(')[0]}[]")
-    return f"SELECT * FROM UNNEST({', '.join(types)})"  # noqa: S608
+        target = getattr(field, "target_field", field) if field.is_relation else field
+        kind = target.get_internal_type()
+        if kind in _PLAIN_TYPES:
+            carriers.append((field.column, field, _PLAIN, _PLAIN_TYPES[kind]))
+        elif kind == "DateTimeField":
+            carriers.append((field.column, field, _DATETIME, ()))
+        elif kind == "FloatField":
+            carriers.append((field.column, field, _FLOAT, ()))
+        elif kind == "JSONField" and getattr(field, "encoder", None) is None:
+            carriers.append((field.column, field, _JSON, ()))
+        else:
+            return None
+    return carriers
+
+
+def _records(rows: Sequence[Model], carriers: _Carriers, db: Any) -> str | None:
+    """The rows as the JSON document `insert` sends PostgreSQL: an array of objects, one per
+    row, keyed by column; a value that is None is left out, so the column is NULL. Each
+    value is the ORM's prepared value where the field's own (a plain column's, in the type
+    `_PLAIN_TYPES` names) is not already it. None when a value is one JSON cannot carry (a
+    float that is not finite, or a value the ORM writes with an expression)."""
+    records = []
+    for row in rows:
+        record: dict[str, Any] = {}
+        for column, field, kind, types in carriers:
+            value = field.pre_save(row, True)  # sets auto_now(_add) on the row
+            if kind == _PLAIN:
+                if value is not None and type(value) not in types:
+                    value = field.get_db_prep_save(value, db)
+                    if value is not None and not isinstance(value, types):
+                        return None
+            elif kind == _DATETIME:
+                value = field.get_db_prep_save(value, db)
+                if value is not None:
+                    if not isinstance(value, datetime):
+                        return None
+                    value = value.isoformat()
+            elif kind == _FLOAT:
+                value = field.get_db_prep_save(value, db)
+                if value is not None and not (
+                    isinstance(value, int | float) and math.isfinite(value)
+                ):
+                    return None
+            elif hasattr(value, "resolve_expression"):
+                return None
+            if value is not None:
+                record[column] = value
+        records.append(record)
+    return json.dumps(records, ensure_ascii=False, separators=(",", ":"))

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
+from hypothesis import HealthCheck, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from backend import sql
 from backend.artifacts.models import Artifact
+from backend.dispatch.models import PromptReport
 from backend.tasks.factories import conversation
 from backend.tasks.models import Subtask, Task, TaskEvent
 from backend.tasks.services import PipelineStep
@@ -46,6 +53,8 @@ def test_whole_rows_equal_the_orms_in_every_field(task):
     assert [_field_values(row, names) for row in loaded] == [
         _field_values(row, names) for row in expected
     ]
+    # The same attributes set, none more (a field not read is deferred: absent).
+    assert [set(vars(row)) for row in loaded] == [set(vars(row)) for row in expected]
     # JSON, datetimes and booleans come back as the ORM's Python values, not the driver's.
     answer = loaded[1]
     assert answer.result == expected[1].result and isinstance(answer.result, dict)
@@ -99,6 +108,25 @@ def test_some_fields_and_a_joined_row_load_like_only_with_select_related(
     assert spilled.artifact.get_deferred_fields() == expected[1].artifact.get_deferred_fields()
     # A deferred field still loads on access, as the ORM's does.
     assert spilled.result == expected[1].result
+
+
+def test_rows_are_made_through_init_for_its_signals_receivers(task):
+    """A model whose instances a receiver of `post_init` (or `pre_init`) watches gets them
+    made by `from_db`, as the ORM makes them."""
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance.pk)
+
+    sql_text = f"SELECT {sql.columns(Task)} FROM {Task._meta.db_table} WHERE id = %s"  # noqa: S608
+    assert sql.rows_of(Task, sql_text, [task.pk]) and seen == []
+    post_init.connect(receiver, sender=Task)
+    try:
+        [loaded] = sql.rows_of(Task, sql_text, [task.pk])
+    finally:
+        post_init.disconnect(receiver, sender=Task)
+    assert seen == [task.pk] and loaded.title == task.title
+    assert loaded._state.adding is False and loaded._state.db == "default"
 
 
 def test_values_equal_values_list_with_a_joined_tables_columns(task):
@@ -156,7 +184,7 @@ def test_many_rows_are_inserted_in_statements_under_the_parameter_limit(task, mo
     with CaptureQueriesContext(connection) as captured:
         sql.insert(events)
     inserts = [query for query in captured.captured_queries if query["sql"].startswith("INSERT")]
-    # PostgreSQL takes the rows as one array per column: 6 parameters, whatever the count.
+    # PostgreSQL takes the rows as one JSON document, whatever the count.
     assert len(inserts) == (1 if connection.vendor == "postgresql" else 2)
     assert list(
         TaskEvent.objects.filter(seq__gte=2000).order_by("seq").values_list("pk", flat=True)
@@ -164,7 +192,7 @@ def test_many_rows_are_inserted_in_statements_under_the_parameter_limit(task, mo
 
 
 @pytest.mark.skipif(
-    connection.vendor != "postgresql", reason="UNNEST of typed arrays is PostgreSQL's"
+    connection.vendor != "postgresql", reason="the rows as one JSON document is PostgreSQL's"
 )
 def test_postgresql_inserts_any_number_of_rows_with_one_statement_text(task):
     texts = []
@@ -174,7 +202,7 @@ def test_postgresql_inserts_any_number_of_rows_with_one_statement_text(task):
         sent.append((statement, len(params)))
         return execute(statement, params, many, context)
 
-    for count in (2, 3, 40):
+    for count in (1, 2, 3, 40):
         events = [
             TaskEvent(
                 task_id=task.pk,
@@ -188,13 +216,140 @@ def test_postgresql_inserts_any_number_of_rows_with_one_statement_text(task):
         with connection.execute_wrapper(record):
             sql.insert(events)
         [(statement, parameters)] = sent
-        assert parameters == 6  # one array per column
+        assert parameters == 1  # the rows, as one JSON document
         texts.append(statement)
         stored = TaskEvent.objects.filter(seq__gte=3000 + 100 * count, seq__lt=3100 + 100 * count)
         assert {event.seq: (event.pk, event.data) for event in stored} == {
             event.seq: (event.pk, event.data) for event in events
         }
     assert len(set(texts)) == 1
+
+
+def _report(task: Task, **values) -> PromptReport:
+    """A prompt report of `task`'s answered turn, every column set (`values` override)."""
+    turn = task.subtasks.filter(role="ASSISTANT").order_by("message_id").first()
+    fields = {
+        "subtask_id": turn.pk,
+        "task_id": task.pk,
+        "attempt": 1,
+        "worker_id": "worker-1",
+        "claimed_by_id": task.owner_id,
+        "policy_source": "settings",
+        "policy_version": None,
+        "history_enabled": True,
+        "context_passing": "original_and_previous",
+        "messages_considered": 2,
+        "messages_included": 2,
+        "messages_omitted": 0,
+        "omitted_user": 0,
+        "omitted_assistant": 0,
+        "truncated": [{"message_id": 2, "removed_chars": 460}],
+        "truncated_count": 1,
+        "sections": ["history", "current_message"],
+        "chars": 1200,
+        "tokens": 300,
+        "history_tokens": 200,
+        "current_tokens": 100,
+        "previous_result_tokens": 0,
+        "token_encoding": "cl100k_base",
+        "max_tokens_fraction": 0.1,
+        "first_user_message_pinned": False,
+        "build_ms": 1.25,
+        "policy_snapshot": {"max_messages": 20, "nested": {"list": [1, 2.5, None, True]}},
+        "input_snapshot": {},
+    }
+    return PromptReport(**{**fields, **values})
+
+
+def _stored(report: PromptReport) -> dict:
+    row = PromptReport.objects.filter(pk=report.pk).values().get()
+    del row["id"]
+    return row
+
+
+# A column's text: any character a text column stores (not NUL, no lone surrogate).
+_TEXT = st.text(st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=30)
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**62), max_value=2**62)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | _TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+# The task is only read, and each example deletes the rows it stored.
+@examples(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    worker_id=_TEXT.filter(lambda text: len(text) <= 64),
+    tokens=st.integers(min_value=0, max_value=2**31 - 1),
+    fraction=st.none() | st.floats(allow_nan=False, allow_infinity=False),
+    build_ms=st.floats(allow_nan=False, allow_infinity=False),
+    pinned=st.booleans(),
+    snapshot=st.dictionaries(_TEXT, _JSON, max_size=5),
+    sections=st.lists(_JSON, max_size=5),
+)
+def test_a_row_is_stored_as_the_orm_stores_it(
+    task, worker_id, tokens, fraction, build_ms, pinned, snapshot, sections
+):
+    values = {
+        "worker_id": worker_id,
+        "tokens": tokens,
+        "max_tokens_fraction": fraction,
+        "build_ms": build_ms,
+        "first_user_message_pinned": pinned,
+        "policy_snapshot": snapshot,
+        "sections": sections,
+    }
+    by_orm = _report(task, **values)
+    by_orm.save()
+    inserted = _report(task, **values)
+    sql.insert([inserted])
+    assert inserted.pk is not None and inserted.pk != by_orm.pk
+    stored = _stored(inserted)
+    # The moment `auto_now_add` gave the row is on it, as after `save()`.
+    assert stored.pop("created_at") == inserted.created_at
+    expected = _stored(by_orm)
+    del expected["created_at"]
+    assert stored == expected
+    PromptReport.objects.filter(pk__in=[by_orm.pk, inserted.pk]).delete()
+
+
+def test_a_float_json_cannot_carry_is_stored_too(task):
+    """JSON has no infinity or NaN: such a row goes in with a parameter per value."""
+    reports = [_report(task, build_ms=math.inf), _report(task, max_tokens_fraction=-math.inf)]
+    sql.insert(reports)
+    stored = PromptReport.objects.filter(pk__in=[report.pk for report in reports])
+    assert sorted(stored.values_list("build_ms", "max_tokens_fraction")) == [
+        (1.25, -math.inf),
+        (math.inf, 0.1),
+    ]
+
+
+def test_a_json_value_of_none_is_sql_null_as_with_the_orm(task):
+    """The ORM stores a JSON field's None as SQL NULL (not JSON null): a NOT NULL column
+    refuses it, from `insert` as from `bulk_create`."""
+    for write in (sql.insert, TaskEvent.objects.bulk_create):
+        with pytest.raises(IntegrityError), transaction.atomic():
+            write([TaskEvent(task_id=task.pk, seq=5000, type="turn.progress", data=None)])
+    assert not TaskEvent.objects.filter(seq=5000).exists()
+
+
+def test_a_fields_own_preparation_is_kept(task):
+    """A field class of Baton's prepares its value its own way: a lossless JSON result that
+    is a string is stored as JSON text, as the ORM stores it."""
+    answer = task.subtasks.filter(role="ASSISTANT").order_by("message_id").first()
+    copy = Subtask.objects.get(pk=answer.pk)
+    copy.pk, copy.message_id, copy.result = None, 99, "plain words"
+    copy._state.adding = True
+    sql.insert([copy])
+    assert Subtask.objects.get(pk=copy.pk).result == "plain words"
+    with connection.cursor() as cursor:
+        table = Subtask._meta.db_table
+        cursor.execute(f"SELECT result FROM {table} WHERE id = %s", [copy.pk])  # noqa: S608
+        assert cursor.fetchone()[0] == '"plain words"'
 
 
 @pytest.mark.parametrize("constant", ["RUNNING", "ASSISTANT", "turn", "claude_code", ""])
