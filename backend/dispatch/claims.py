@@ -26,7 +26,7 @@ from django.db.models import Count, F, Min, Q, QuerySet
 from django.utils import timezone
 
 from backend import sql
-from backend.dispatch.leases import lease_until, reclaim_expired_leases
+from backend.dispatch.leases import expired_lease_exists, lease_until, reclaim_expired_leases
 from backend.dispatch.models import ConfigurationVersion
 from backend.dispatch.payload import (
     CLAIMED_FIELDS,
@@ -56,10 +56,29 @@ def claim_turns(
         raise InvalidInput("worker_id must not be empty.", field="worker_id")
     if not 1 <= limit <= MAX_CLAIM_LIMIT:
         raise InvalidInput(f"limit must be between 1 and {MAX_CLAIM_LIMIT}.", field="limit")
-    reclaim_expired_leases()
-    ids, configuration_version, rows = _claim_ids(
+    on_postgresql = connection.vendor == "postgresql"
+    if not on_postgresql:
+        reclaim_expired_leases()
+    ids, configuration_version, rows, expired = _claim_ids(
         worker=worker, worker_id=worker_id, kinds=kinds, limit=limit
     )
+    if expired:
+        # On PostgreSQL the claim statement asked whether a lease ran out (a round trip fewer
+        # on every dispatch, where the answer is almost always no). Their turns go back in
+        # line, keeping their place, and what the claim left of the limit is claimed again.
+        reclaim_expired_leases()
+        if len(ids) < limit:
+            more, more_version, more_rows, _ = _claim_ids(
+                worker=worker, worker_id=worker_id, kinds=kinds, limit=limit - len(ids)
+            )
+            if more:
+                configuration_version = (
+                    more_version
+                    if not ids or more_version == configuration_version
+                    else None  # the configuration changed in between: read it all
+                )
+                ids = sorted([*ids, *more])
+                rows = sorted([*(rows or ()), *(more_rows or ())], key=_line_order)
     if not ids:
         return []
     claimed = build_claimed_turns(
@@ -104,15 +123,23 @@ def claimable_exists(*, kinds: Sequence[str], worker_id: str, now: datetime) -> 
     return _dispatchable(kinds=kinds).filter(_claimable_by(worker_id=worker_id, now=now)).exists()
 
 
+def _line_order(row: Subtask) -> tuple[datetime, int]:
+    """A claimed turn's place in line (the claim's order)."""
+    assert row.pending_since is not None
+    return row.pending_since, row.pk
+
+
 def _claim_ids(
     *, worker: User, worker_id: str, kinds: Sequence[str], limit: int
-) -> tuple[list[int], int | None, list[Subtask] | None]:
+) -> tuple[list[int], int | None, list[Subtask] | None, bool]:
     """The ids of the turns claimed; the configuration version their payloads may reuse what
-    the process read under (None: read it all; see `backend.configuration_cache`); and on
-    PostgreSQL the claimed rows with their tasks, oldest first (None: the payload reads them)."""
+    the process read under (None: read it all; see `backend.configuration_cache`); on
+    PostgreSQL the claimed rows with their tasks, oldest first (None: the payload reads them);
+    and whether a RUNNING turn's lease had run out (asked on PostgreSQL only)."""
     now = timezone.now()
     version = None
     rows = None
+    expired = False
     claim = {
         "status": SubtaskStatus.RUNNING,
         "claimed_by": worker,
@@ -124,7 +151,7 @@ def _claim_ids(
         "updated_at": now,
     }
     if connection.vendor == "postgresql":
-        rows, version = _claim_in_one_statement(
+        rows, version, expired = _claim_in_one_statement(
             kinds=kinds, worker_id=worker_id, now=now, limit=limit, claim=claim
         )
         ids = sorted(row.pk for row in rows)
@@ -163,12 +190,12 @@ def _claim_ids(
         for row in rows or ():
             if row.task_id in running:
                 row.task.status, row.task.updated_at = TaskStatus.RUNNING, now
-    return ids, version, rows
+    return ids, version, rows, expired
 
 
 def _claim_in_one_statement(
     *, kinds: Sequence[str], worker_id: str, now: datetime, limit: int, claim: dict[str, Any]
-) -> tuple[list[Subtask], int | None]:
+) -> tuple[list[Subtask], int | None, bool]:
     """PostgreSQL: pick and claim in one statement, `UPDATE … WHERE id IN (SELECT … FOR
     UPDATE SKIP LOCKED LIMIT n) RETURNING …` — one round trip instead of a transaction of
     four. The rows the subquery locks are skipped by every concurrent claim, and the UPDATE
@@ -176,7 +203,10 @@ def _claim_in_one_statement(
 
     The claimed rows come back as the payload reads them (`payload.claimed_rows`: the turn
     as claimed, joined to its task), oldest first, each with the configuration version, all
-    read in the claim's snapshot: the payload's own read of them is one round trip fewer."""
+    read in the claim's snapshot: the payload's own read of them is one round trip fewer.
+    The statement also says whether a RUNNING turn's lease ran out before `now` (the index
+    range `leases` reads), on a row of its own when nothing was claimed: the claimed rows
+    are LEFT JOINed to one row."""
     kinds = list(dict.fromkeys(kinds))  # as the ORM's IN does: each kind once
     picked, slots = _picking(len(kinds), limit, settings.BATON_SESSION_AFFINITY_SECONDS)
     picked_params = [slot.value(now=now, worker_id=worker_id, kinds=kinds) for slot in slots]
@@ -198,14 +228,18 @@ def _claim_in_one_statement(
         f"WHERE id IN ({picked} FOR UPDATE SKIP LOCKED) "
         f"RETURNING {sql.columns(Subtask, CLAIMED_FIELDS, table='')}) "
         f"SELECT {sql.columns(Subtask, CLAIMED_FIELDS, table='claimed')}, {sql.columns(Task)}, "
-        f"(SELECT value FROM {ConfigurationVersion._meta.db_table} WHERE id = 1) "
-        f"FROM claimed JOIN {tasks} ON {tasks}.id = claimed.task_id "
+        f"(SELECT value FROM {ConfigurationVersion._meta.db_table} WHERE id = 1), "
+        f"{expired_lease_exists()} "
+        f"FROM (VALUES (1)) AS one LEFT JOIN (claimed JOIN {tasks} "
+        f"ON {tasks}.id = claimed.task_id) ON true "
         "ORDER BY claimed.pending_since, claimed.id"
     )
     with connection.cursor() as cursor:
-        cursor.execute(statement, [*values, *picked_params])
+        cursor.execute(statement, [*values, *picked_params, sql.when(now)])
         rows = cursor.fetchall()
-    return claimed_rows(rows), (rows[0][-1] if rows else None)
+    # Each row: the claimed turn (its id first), its task, the version, whether a lease ran out.
+    claimed = [row for row in rows if row[0] is not None]
+    return claimed_rows(claimed), rows[0][-2], rows[0][-1]
 
 
 # Stand-ins the claim's SELECT is compiled with, to find where each value goes among its

@@ -102,8 +102,9 @@ def reclaim_expired_leases(
 ) -> ReclaimSummary:
     """Turns whose lease ran out go back to PENDING; after BATON_MAX_ATTEMPTS claims they fail.
 
-    Runs at the start of every dispatch call (and from `manage.py reclaim_leases`), so no
-    separate scheduler is needed; a fenced report that finds its own lease run out reclaims
+    Runs on every dispatch call (and from `manage.py reclaim_leases`), so no separate
+    scheduler is needed: before the claim, or on PostgreSQL when the claim statement found a
+    lease run out (`claims`); a fenced report that finds its own lease run out reclaims
     its turn at once (`subtask_ids`). A requeued turn keeps its place in line (its
     pending_since).
     """
@@ -184,6 +185,16 @@ def requeue(
             events=[task_events.turn_event(task_events.TURN_REQUEUED, subtask)],
         )
     refresh_task_status(task=Task.objects.get(pk=subtask.task_id))
+
+
+def expired_lease_exists() -> str:
+    """SQL asking whether a RUNNING turn's lease ran out before its one parameter (the
+    moment): `EXISTS` over the index range `_expired_lease_ids` reads, the status in the text
+    for the prepared statement's plan to read the partial index of running leases."""
+    return (
+        f"EXISTS (SELECT 1 FROM {Subtask._meta.db_table} "  # noqa: S608
+        f"WHERE status = {sql.literal(SubtaskStatus.RUNNING.value)} AND lease_expires_at < %s)"
+    )
 
 
 def _expired_lease_ids(*, now: datetime) -> list[int]:

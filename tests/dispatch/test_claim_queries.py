@@ -54,12 +54,12 @@ POLICIES = {
     "default": {},
     "max_messages_2": {"max_messages": 2},
 }
-# Everything but taking the turns (and reading them) and recording them: reclaim, the task
-# status update, bots, their models' rows in the model table, policy rows, the history
+# Everything but checking leases, taking the turns (and reading them) and recording them: the
+# task status update, bots, their models' rows in the model table, policy rows, the history
 # (anchors, window ids, window rows), native sessions, the reports' insert. The claims counted
 # here are the first since the configuration changed, so they read bots, models and policies;
 # a later one reuses what they read (`test_configuration_cache`).
-FIXED_QUERIES = 10
+FIXED_QUERIES = 9
 # When a prompt leaves history out: the transcripts' sealed parts (none here: the histories
 # are shorter than a part) and the turns after them; in their own transaction (here a
 # savepoint and its release) inserting the artifacts (transcripts, turn indexes, the turn
@@ -71,12 +71,13 @@ TRANSCRIPT_QUERIES = 8
 
 
 def claim_queries(claimed: int) -> int:
-    """Taking the turns and reading them: one `WITH claimed AS (UPDATE … WHERE id IN (SELECT …
-    SKIP LOCKED) RETURNING …) SELECT …` on PostgreSQL, which returns the claimed rows with
-    their tasks and the configuration version; on SQLite a transaction (here a savepoint and
-    its release) of a read and a compare-and-set UPDATE per turn taken, then the configuration
-    version and the claimed rows."""
-    return 1 if connection.vendor == "postgresql" else 5 + claimed
+    """Checking for leases run out, taking the turns and reading them: one `WITH claimed AS
+    (UPDATE … WHERE id IN (SELECT … SKIP LOCKED) RETURNING …) SELECT …` on PostgreSQL, which
+    returns the claimed rows with their tasks, the configuration version and whether a lease
+    ran out; on SQLite the lease check, then a transaction (here a savepoint and its release)
+    of a read and a compare-and-set UPDATE per turn taken, then the configuration version and
+    the claimed rows."""
+    return 1 if connection.vendor == "postgresql" else 6 + claimed
 
 
 def event_queries() -> int:
@@ -188,11 +189,11 @@ def test_a_finished_summary_costs_a_claim_no_query(user, worker):
         assert len(queries.captured_queries) == expected, limit
 
 
-# Claiming summary jobs, besides taking and reading them: reclaim, the task status update
-# (which leaves their tasks alone), the summaries they build on, bots, the bots' models (the
-# model table), policy rows, the jobs' turns and folded summaries, the turns those summaries
+# Claiming summary jobs, besides checking leases and taking and reading them: the task status
+# update (which leaves their tasks alone), the summaries they build on, bots, the bots' models
+# (the model table), policy rows, the jobs' turns and folded summaries, the turns those summaries
 # cover (by role), the reports' insert.
-SUMMARY_JOB_QUERIES = 9
+SUMMARY_JOB_QUERIES = 8
 
 
 def test_claiming_summary_jobs_costs_the_same_however_many(user, worker):

@@ -9,10 +9,11 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from backend.dispatch import claims
-from backend.dispatch.models import ConfigurationVersion
+from backend.dispatch import claims, leases
+from backend.dispatch.models import ConfigurationVersion, PromptReport
 from backend.tasks.models import Subtask, SubtaskStatus
 from backend.tasks.services import PipelineStep, create_task
 from tests.conftest import make_worker
@@ -76,7 +77,7 @@ def test_the_compiled_claim_picks_what_the_query_of_the_dispatch_picks(kinds, wo
         ]
     )
     assert expected  # every case claims something
-    claimed, version = claims._claim_in_one_statement(
+    claimed, version, expired = claims._claim_in_one_statement(
         kinds=kinds,
         worker_id=worker_id,
         now=now,
@@ -98,8 +99,9 @@ def test_the_compiled_claim_picks_what_the_query_of_the_dispatch_picks(kinds, wo
         assert (row.lease_owner, row.lease_expires_at) == (worker_id, stored.lease_expires_at)
         assert row.task.task_type == stored.task.task_type
         assert row.task.pipeline == stored.task.pipeline
-    # With the configuration version, read in the claim's snapshot.
+    # With the configuration version, read in the claim's snapshot, and no lease run out.
     assert version == ConfigurationVersion.objects.get().value
+    assert expired is False
     running = Subtask.objects.filter(status=SubtaskStatus.RUNNING, lease_owner=worker_id)
     assert sorted(running.values_list("id", flat=True)) == sorted(expected)
 
@@ -127,10 +129,11 @@ def _plans(statement_start: str) -> tuple[int, int]:
     return found[0]
 
 
-def test_the_claim_and_the_lease_check_are_planned_once_not_on_every_dispatch(settings):
-    """Prepared after a few runs, each statement gets one generic plan that reads its partial
-    index (the dispatch order, the running leases): the predicates' constants are in the text.
-    Against parameters PostgreSQL planned both again on every dispatch."""
+def test_the_claim_and_its_lease_check_are_planned_once_not_on_every_dispatch(settings):
+    """Prepared after a few runs, the claim statement gets one generic plan that reads the
+    partial indexes (the dispatch order, the running leases it asks about): the predicates'
+    constants are in the text. Against parameters PostgreSQL planned it again on every
+    dispatch. The lease check is part of it: no statement of its own."""
     assert settings.DATABASES["default"]["OPTIONS"]["prepare_threshold"] is not None
     # A long history of answered turns, counted by the planner: a plan that cannot read the
     # partial indexes would scan them all.
@@ -156,9 +159,57 @@ def test_the_claim_and_the_lease_check_are_planned_once_not_on_every_dispatch(se
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE tasks_subtask")
     worker = make_worker("worker-1")
-    for _ in range(20):  # nothing pending: each dispatch still runs both statements
-        assert claims.claim_turns(worker=worker, worker_id="w", kinds=["codex"], limit=1) == []
+    for _ in range(20):  # nothing pending: each dispatch still runs the claim statement
+        with CaptureQueriesContext(connection) as dispatch:
+            assert claims.claim_turns(worker=worker, worker_id="w", kinds=["codex"], limit=1) == []
+        assert len(dispatch) == 1
     generic, custom = _plans("WITH claimed AS (UPDATE tasks_subtask")
     assert generic > 0 and custom <= 5, (generic, custom)
-    generic, custom = _plans("SELECT id FROM tasks_subtask WHERE status = ")
-    assert generic > 0 and custom <= 5, (generic, custom)
+
+
+def test_the_lease_check_can_read_the_index_of_running_leases_in_a_generic_plan():
+    """The claim statement's lease check, planned once for every dispatch, can read a partial
+    index of running turns: its status is in the text, not a parameter (a generic plan cannot
+    know that a parameter matches an index's predicate)."""
+    check = leases.expired_lease_exists().replace("%s", "$1")
+    with connection.cursor() as cursor:
+        cursor.execute("SET plan_cache_mode = force_generic_plan")
+        cursor.execute("SET enable_seqscan = off")  # the index, wherever it can be read
+        cursor.execute(f"PREPARE lease_check (timestamptz) AS SELECT {check}")
+        try:
+            cursor.execute("EXPLAIN EXECUTE lease_check (now())")
+            plan = "\n".join(line for (line,) in cursor.fetchall())
+        finally:
+            cursor.execute("DEALLOCATE lease_check")
+            cursor.execute("RESET enable_seqscan")
+            cursor.execute("RESET plan_cache_mode")
+    # The running leases' index, or the one of active turns (PENDING or RUNNING), whichever
+    # the planner's statistics favour: a partial index, not the whole table.
+    assert "Seq Scan" not in plan and "Index Scan using subtask_" in plan, plan
+
+
+def test_a_lease_run_out_is_reclaimed_and_its_turn_claimed_by_the_same_dispatch():
+    owner = get_user_model().objects.create_user(username="owner")
+    for title in ("first", "second"):
+        create_task(
+            owner=owner,
+            title=title,
+            task_type="code",
+            message=title,
+            pipeline=[PipelineStep(executor="codex")],
+        )
+    worker = make_worker("worker-1")
+    [first] = claims.claim_turns(worker=worker, worker_id="slow", kinds=["codex"], limit=1)
+    Subtask.objects.filter(pk=first.subtask.pk).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    # The claim takes the second task's turn and finds the first's lease run out: that turn
+    # goes back in line, keeping its place, and the rest of the limit takes it.
+    claimed = claims.claim_turns(worker=worker, worker_id="fast", kinds=["codex"], limit=5)
+    assert [(turn.task.title, turn.subtask.attempts) for turn in claimed] == [
+        ("first", 2),
+        ("second", 1),
+    ]
+    assert PromptReport.objects.filter(subtask_id=first.subtask.pk, attempt=2).count() == 1
+    stored = Subtask.objects.get(pk=first.subtask.pk)
+    assert (stored.status, stored.lease_owner, stored.attempts) == ("RUNNING", "fast", 2)
