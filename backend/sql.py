@@ -62,6 +62,12 @@ def columns(
     )
 
 
+def width(model: type[Model], fields: Sequence[str] | None = None) -> int:
+    """How many columns `columns(model, fields)` names: where the next model's begin in a row
+    that selects several (`models_of` reads a row from its start)."""
+    return len(_fields(model, None if fields is None else tuple(fields)))
+
+
 @cache
 def _columns(model: type[Model], names: tuple[str, ...] | None, table: str) -> str:
     prefix = f"{table}." if table else ""

@@ -258,10 +258,12 @@ def prompt_inputs_for(
 ) -> dict[int, PromptInput]:
     """Builder inputs for several ASSISTANT turns at once, keyed by subtask id.
 
-    Three queries for the whole batch, whatever its size, the policies and the length of the
-    histories (anchors with the pinned first messages; the window ids, ranked and cut per
-    task's policy in the database, with per-role totals; the window rows), so dispatching ten
-    turns costs what one does.
+    One statement for the whole batch, whatever its size and the length of the histories,
+    when every policy caps messages (the shipped policies): it picks the window ids, cut per
+    task's policy in the database, with per-role totals, and the anchors (the pinned first
+    messages among them), and reads their rows (`_read_turns`). Two otherwise: the window ids
+    are ranked by the ORM first (`_ranked_window_ids`). Dispatching ten turns costs what one
+    does.
     """
     batch = [_Request(subtask, task, policy) for subtask, task, policy in requests]
     for request in batch:
@@ -285,18 +287,18 @@ def prompt_inputs_for(
         if request.summary_id is not None:
             conditions.append(f"{table}.id = %s")
             params.append(request.summary_id)
-    anchors = {
-        (turn.task_id, turn.message_id): turn
-        for turn in _turns_with_pointers(
-            " OR ".join(conditions),
-            params,
-            fields=(*SUMMARY_FIELDS, "task_id", "message", "parent_message_id"),
-        )
-    }
-    summaries = {turn.pk: turn for turn in anchors.values() if turn.kind == SubtaskKind.SUMMARY}
-
+    anchor_part = (
+        f"SELECT {_ANCHOR} AS part, id, task_id, 0 AS users, 0 AS assistants "  # noqa: S608
+        f"FROM {table} WHERE {' OR '.join(conditions)}"
+    )
     with_history = [request for request in batch if request.wants_history]
-    windows, totals = _history_windows(with_history, anchors=anchors)
+    window_parts, window_params, ranked_totals = _window_parts(with_history)
+    read = _read_turns([*window_parts, anchor_part], [*window_params, *params])
+    anchors = {(turn.task_id, turn.message_id): turn for turn in read.anchors}
+    summaries = {turn.pk: turn for turn in anchors.values() if turn.kind == SubtaskKind.SUMMARY}
+    windows, totals = _history_windows(
+        with_history, anchors=anchors, rows=read.window, totals={**ranked_totals, **read.totals}
+    )
 
     inputs: dict[int, PromptInput] = {}
     for request in batch:
@@ -543,29 +545,16 @@ def _history_condition(request: _Request) -> Q:
 
 
 def _history_windows(
-    batch: list[_Request], *, anchors: dict[tuple[int, int], Subtask]
+    batch: list[_Request],
+    *,
+    anchors: dict[tuple[int, int], Subtask],
+    rows: list[Subtask],
+    totals: dict[int, tuple[int, int]],
 ) -> tuple[dict[int, list[Subtask]], dict[int, tuple[int, int]]]:
     """Per subtask id: its window of history turns (oldest first, pinned first message
-    included) and the (user, assistant) totals of its whole history — two queries, whatever
-    the number of turns in the batch, the length of their histories and their policies."""
-    if not batch:
-        return {}, {}
-    if all(request.policy.max_messages is not None for request in batch):
-        window_ids, totals_by_task = _capped_window_ids(batch)  # the shipped policies' case
-    else:
-        window_ids, totals_by_task = _ranked_window_ids(batch)
+    included) and the (user, assistant) totals of its whole history, from the window rows
+    (newest first per task) and the totals per task that `_read_turns` read."""
     by_task: dict[int, list[Subtask]] = {}
-    table = Subtask._meta.db_table
-    rows = (
-        _turns_with_pointers(
-            f"{table}.id IN ({sql.placeholders(window_ids)})",
-            window_ids,
-            fields=(*HISTORY_FIELDS, "task_id"),
-            order_by=f"{table}.task_id, {table}.message_id DESC",
-        )
-        if window_ids
-        else []
-    )
     for turn in rows:
         by_task.setdefault(turn.task_id, []).append(turn)
 
@@ -582,43 +571,108 @@ def _history_windows(
         ):
             newest = [*newest, first]
         windows[request.subtask.pk] = list(reversed(newest))
-        totals_out[request.subtask.pk] = totals_by_task.get(request.task.pk, (0, 0))
+        totals_out[request.subtask.pk] = totals.get(request.task.pk, (0, 0))
     return windows, totals_out
 
 
-def _turns_with_pointers(
-    where: str, params: Sequence[Any], *, fields: Sequence[str], order_by: str = ""
-) -> list[Subtask]:
-    """The turns `where` selects, loaded as `.only(fields).select_related("artifact")` would
-    (`fields` may name the artifact's as `artifact__…`). Every dispatch reads its anchors and
-    its window this way: their SQL is written out (see `backend.sql`)."""
-    own = tuple(name for name in fields if "__" not in name) + ("artifact",)
-    pointer = tuple(name.split("__", 1)[1] for name in fields if name.startswith("artifact__"))
+# The parts of the statement that reads a batch's turns (`_read_turns`), by its `part` column:
+# a turn of a window, a task's history totals, an anchor.
+_WINDOW, _TOTALS, _ANCHOR = 0, 1, 2
+_WINDOW_FIELDS = (*HISTORY_FIELDS, "task_id")
+_ANCHOR_FIELDS = (*SUMMARY_FIELDS, "task_id", "message", "parent_message_id")
+
+
+@dataclass(frozen=True)
+class _Read:
+    window: list[Subtask]  # newest first within each task
+    totals: dict[int, tuple[int, int]]  # per task id
+    anchors: list[Subtask]
+
+
+def _window_parts(
+    batch: list[_Request],
+) -> tuple[list[str], list[Any], dict[int, tuple[int, int]]]:
+    """The parts of `_read_turns`'s statement that pick the batch's window turns (and, when
+    every policy caps messages, their tasks' totals), their parameters, and the totals read
+    beforehand when one does not (none for an empty batch)."""
+    if not batch:
+        return [], [], {}
+    if all(request.policy.max_messages is not None for request in batch):
+        parts, params = _capped_window_parts(batch)  # the shipped policies' case
+        return parts, params, {}
+    window_ids, totals = _ranked_window_ids(batch)
+    if not window_ids:
+        return [], [], totals
+    part = (
+        f"SELECT {_WINDOW} AS part, id, task_id, 0 AS users, 0 AS assistants "  # noqa: S608
+        f"FROM {Subtask._meta.db_table} WHERE id IN ({sql.placeholders(window_ids)})"
+    )
+    return [part], list(window_ids), totals
+
+
+def _read_turns(parts: list[str], params: Sequence[Any]) -> _Read:
+    """The turns and totals the `parts` pick, in one statement: each part selects `(part, id,
+    task_id, users, assistants)`, and a window turn's row is read as
+    `.only(_WINDOW_FIELDS).select_related("artifact")` would load it, an anchor's as
+    `.only(_ANCHOR_FIELDS)…` (its message too), each through its own join, so a window turn's
+    message is never read. Every dispatch reads its history this way: the SQL is written out
+    (see `backend.sql`)."""
     table, artifacts = Subtask._meta.db_table, Artifact._meta.db_table
-    return sql.rows_of(
-        Subtask,
-        f"SELECT {sql.columns(Subtask, own)}, {sql.columns(Artifact, pointer)} "  # noqa: S608
-        f"FROM {table} LEFT JOIN {artifacts} ON {artifacts}.id = {table}.artifact_id "
-        f"WHERE {where}" + (f" ORDER BY {order_by}" if order_by else ""),
-        params,
-        fields=own,
-        joined=("artifact", pointer),
+    window, window_pointer = _own_and_pointer(_WINDOW_FIELDS)
+    anchor, anchor_pointer = _own_and_pointer(_ANCHOR_FIELDS)
+    statement = (
+        "SELECT picked.part, picked.task_id, picked.users, picked.assistants, "  # noqa: S608
+        f"{sql.columns(Subtask, window, table='w')}, "
+        f"{sql.columns(Artifact, window_pointer, table='wa')}, "
+        f"{sql.columns(Subtask, anchor, table='a')}, "
+        f"{sql.columns(Artifact, anchor_pointer, table='aa')} "
+        f"FROM ({' UNION ALL '.join(parts)}) AS picked "
+        f"LEFT JOIN {table} AS w ON picked.part = {_WINDOW} AND w.id = picked.id "
+        f"LEFT JOIN {artifacts} AS wa ON wa.id = w.artifact_id "
+        f"LEFT JOIN {table} AS a ON picked.part = {_ANCHOR} AND a.id = picked.id "
+        f"LEFT JOIN {artifacts} AS aa ON aa.id = a.artifact_id "
+        "ORDER BY picked.part, picked.task_id, w.message_id DESC"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(statement, list(params))
+        rows = cursor.fetchall()
+    window_width = sql.width(Subtask, window) + sql.width(Artifact, window_pointer)
+    totals: dict[int, tuple[int, int]] = {}
+    window_rows, anchor_rows = [], []
+    for row in rows:
+        if row[0] == _WINDOW:
+            window_rows.append(row[4 : 4 + window_width])
+        elif row[0] == _ANCHOR:
+            anchor_rows.append(row[4 + window_width :])
+        else:
+            totals[row[1]] = (int(row[2]), int(row[3]))
+    return _Read(
+        window=sql.models_of(
+            Subtask, window_rows, fields=window, joined=("artifact", window_pointer)
+        ),
+        totals=totals,
+        anchors=sql.models_of(
+            Subtask, anchor_rows, fields=anchor, joined=("artifact", anchor_pointer)
+        ),
     )
 
 
-def _capped_window_ids(
-    batch: list[_Request],
-) -> tuple[list[int], dict[int, tuple[int, int]]]:
-    """For requests whose policy caps messages: the ids of each task's newest `max_messages`
-    history turns, and each task's (user, assistant) history totals — one statement for the
-    batch, none for an empty one. Each window is an index range read newest first and stopped
-    at the cap (`subtask_message_id_unique`), so its cost does not grow with the history; the
-    totals add up the counts of the transcript's sealed parts before the message and count
-    only the turns after them (`transcripts`), so theirs does not either. Written as SQL, not
-    the ORM: this runs on every dispatch, and compiling the ranked form cost more than running
-    it."""
-    if not batch:
-        return [], {}
+def _own_and_pointer(fields: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A turn's own fields among `fields` (with its artifact's key) and its artifact's
+    (`fields` names them as `artifact__…`)."""
+    own = tuple(name for name in fields if "__" not in name) + ("artifact",)
+    pointer = tuple(name.split("__", 1)[1] for name in fields if name.startswith("artifact__"))
+    return own, pointer
+
+
+def _capped_window_parts(batch: list[_Request]) -> tuple[list[str], list[Any]]:
+    """For requests whose policy caps messages, `_read_turns` parts and their parameters: the
+    ids of each task's newest `max_messages` history turns, and each task's (user, assistant)
+    history totals. Each window is an index range read newest first and stopped at the cap
+    (`subtask_message_id_unique`), so its cost does not grow with the history; the totals add
+    up the counts of the transcript's sealed parts before the message and count only the
+    turns after them (`transcripts`), so theirs does not either. Written as SQL, not the ORM:
+    this runs on every dispatch, and compiling the ranked form cost more than running it."""
     table = Subtask._meta.db_table
     statuses = ", ".join("%s" for _ in HISTORY_STATUSES)
     history = f"kind = %s AND status IN ({statuses})"
@@ -626,7 +680,7 @@ def _capped_window_ids(
     params: list[int | str | None] = []
     for number, request in enumerate(batch):
         parts.append(
-            f"SELECT * FROM (SELECT 0 AS part, id, task_id, 0 AS users, 0 AS assistants "  # noqa: S608
+            f"SELECT * FROM (SELECT {_WINDOW} AS part, id, task_id, 0 AS users, 0 AS assistants "  # noqa: S608
             f"FROM {table} WHERE task_id = %s AND message_id < %s AND {history} "
             f"ORDER BY message_id DESC LIMIT %s) AS window_{number}"
         )
@@ -645,7 +699,7 @@ def _capped_window_ids(
             "WHERE task_id = %s AND span = %s), 0))"
         )
         parts.append(
-            "SELECT * FROM (SELECT 1 AS part, 0 AS id, %s AS task_id, "  # noqa: S608
+            f"SELECT * FROM (SELECT {_TOTALS} AS part, 0 AS id, %s AS task_id, "  # noqa: S608
             "COALESCE(SUM(users), 0) AS users, COALESCE(SUM(assistants), 0) AS assistants "
             f"FROM (SELECT users, assistants {sealed} UNION ALL "
             "SELECT CASE WHEN role = %s THEN 1 ELSE 0 END, CASE WHEN role = %s THEN 1 ELSE 0 END "
@@ -658,17 +712,7 @@ def _capped_window_ids(
         params += [request.task.pk, *in_parts, Role.USER, Role.ASSISTANT]
         params += [request.task.pk, request.current_id, SubtaskKind.TURN, *HISTORY_STATUSES]
         params += in_parts
-    window_ids: list[int] = []
-    totals: dict[int, tuple[int, int]] = {}
-    with connection.cursor() as cursor:
-        # Only the table's name and placeholders are formatted into the SQL.
-        cursor.execute(" UNION ALL ".join(parts), params)
-        for part, subtask_id, task_id, users, assistants in cursor.fetchall():
-            if part == 0:
-                window_ids.append(subtask_id)
-            else:
-                totals[task_id] = (int(users), int(assistants))
-    return window_ids, totals
+    return parts, params
 
 
 def _ranked_window_ids(

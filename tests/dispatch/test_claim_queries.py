@@ -17,7 +17,7 @@ from django.utils import timezone
 from backend.configuration_cache import CONFIGURATION
 from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import HistoryPolicy
-from backend.prompting import Role
+from backend.prompting import PromptPolicy, Role
 from backend.tasks import transcripts
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task
 from backend.tasks.services import (
@@ -54,12 +54,12 @@ POLICIES = {
     "default": {},
     "max_messages_2": {"max_messages": 2},
 }
-# Everything but checking leases, taking the turns (and reading them) and recording them: the
-# task status update, bots, their models' rows in the model table, policy rows, the history
-# (anchors, window ids, window rows), native sessions, the reports' insert. The claims counted
-# here are the first since the configuration changed, so they read bots, models and policies;
-# a later one reuses what they read (`test_configuration_cache`).
-FIXED_QUERIES = 9
+# Everything but checking leases, taking the turns (and reading them), the history and recording
+# them: the task status update, bots, their models' rows in the model table, policy rows,
+# native sessions, the reports' insert. The claims counted here are the first since the
+# configuration changed, so they read bots, models and policies; a later one reuses what they
+# read (`test_configuration_cache`).
+FIXED_QUERIES = 6
 # When a prompt leaves history out: the transcripts' sealed parts (none here: the histories
 # are shorter than a part) and the turns after them; in their own transaction (here a
 # savepoint and its release) inserting the artifacts (transcripts, turn indexes, the turn
@@ -78,6 +78,13 @@ def claim_queries(claimed: int) -> int:
     of a read and a compare-and-set UPDATE per turn taken, then the configuration version and
     the claimed rows."""
     return 1 if connection.vendor == "postgresql" else 6 + claimed
+
+
+def history_queries(caps: dict) -> int:
+    """The history: one statement picks the windows, the totals and the anchors and reads
+    their rows when the policy caps messages (the shipped default does); otherwise the window
+    ids are ranked first."""
+    return 1 if caps.get("max_messages", PromptPolicy().max_messages) is not None else 2
 
 
 def event_queries() -> int:
@@ -124,15 +131,20 @@ def test_a_claim_costs_the_same_whatever_the_policy_and_the_length_of_the_histor
     answered_tasks(user, executor="claude_code", rounds=1)
     answered_tasks(user, executor="codex", rounds=25)
     for name, caps in POLICIES.items():
-        HistoryPolicy.objects.filter(task_type="code").update(**caps)
+        # A row's value applies where the row names it among its overrides.
+        HistoryPolicy.objects.filter(task_type="code").update(**caps, overrides=list(caps))
         for limit in (1, TASKS):
-            expected = FIXED_QUERIES + claim_queries(limit) + event_queries()
+            expected = (
+                FIXED_QUERIES + history_queries(caps) + claim_queries(limit) + event_queries()
+            )
             short, short_omits = queries_to_claim(worker, kinds=["claude_code"], limit=limit)
             long, long_omits = queries_to_claim(worker, kinds=["codex"], limit=limit)
             assert short == expected + TRANSCRIPT_QUERIES * short_omits, (name, limit)
             assert long == expected + TRANSCRIPT_QUERIES * long_omits, (name, limit)
-            if name != "no_caps":
-                assert long_omits  # the long histories are cut: transcripts were counted
+            if name not in ("no_caps", "max_messages_none"):
+                # The long histories are cut (fifty short turns fit the default character
+                # cap): transcripts were counted.
+                assert long_omits, name
 
 
 SUMMARIES_ON = {
@@ -185,7 +197,13 @@ def test_a_finished_summary_costs_a_claim_no_query(user, worker):
             assert len(claimed) == limit
             assert all(turn.report.summary_last_message_id == 20 for turn in claimed)
             transaction.set_rollback(True)
-        expected = FIXED_QUERIES + claim_queries(limit) + event_queries() + TRANSCRIPT_QUERIES
+        expected = (
+            FIXED_QUERIES
+            + history_queries({})  # the shipped policy
+            + claim_queries(limit)
+            + event_queries()
+            + TRANSCRIPT_QUERIES
+        )
         assert len(queries.captured_queries) == expected, limit
 
 

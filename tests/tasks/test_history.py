@@ -165,24 +165,80 @@ POLICIES = {
 def test_query_count_is_constant(user, django_assert_num_queries, rounds, policy):
     task = chat(user, rounds)
     turn = pending(task)[0]
-    # anchors (with the pinned first message), ranked window ids with per-role totals,
-    # the window's rows
-    with django_assert_num_queries(3):
+    # A message cap: one statement picks the window, the totals and the anchors (with the
+    # pinned first message) and reads their rows. Any other policy ranks the window ids with
+    # per-role totals first.
+    expected = 1 if policy.max_messages is not None else 2
+    with django_assert_num_queries(expected):
         prompt_input_for(subtask=turn, task=task, policy=policy)
 
 
-def test_a_batch_costs_three_queries_whatever_its_size_and_policies(
-    user, django_assert_num_queries
-):
+def test_a_batch_costs_two_queries_whatever_its_size_and_policies(user, django_assert_num_queries):
     tasks = [chat(user, rounds) for rounds in (1, 6, 12, 25)]
     requests = [
         (pending(task)[0], task, policy)
         for task, policy in zip(tasks, POLICIES.values(), strict=True)
     ]
-    with django_assert_num_queries(3):
+    with django_assert_num_queries(2):
         batched = prompt_inputs_for(requests=requests)
     for subtask, task, policy in requests:
         assert batched[subtask.pk] == prompt_input_for(subtask=subtask, task=task, policy=policy)
+
+
+def test_a_batch_under_message_caps_is_one_statement_and_reads_each_window(
+    user, django_assert_num_queries
+):
+    """Every policy caps messages (the shipped policies' case): one statement picks each
+    task's window, totals and anchors and reads their rows, and each window is that task's
+    newest `max_messages` history turns, with its pinned first message and its totals."""
+    caps = {1: 4, 6: 2, 12: 5, 25: 3}
+    tasks = {rounds: chat(user, rounds) for rounds in caps}
+    requests = [
+        (pending(task)[0], task, PromptPolicy(max_messages=caps[rounds]))
+        for rounds, task in tasks.items()
+    ]
+    with django_assert_num_queries(1):
+        batched = prompt_inputs_for(requests=requests)
+    for subtask, task, policy in requests:
+        loaded = batched[subtask.pk]
+        history = list(
+            task.subtasks.filter(message_id__lt=subtask.parent_message_id)
+            .order_by("message_id")
+            .values_list("message_id", "history_text")
+        )
+        newest = history[-policy.max_messages :]
+        if newest[0][0] != 1:
+            newest = [history[0], *newest]  # the first user message stays pinned
+        assert [(item.message_id, item.text) for item in loaded.history] == newest
+        assert loaded.current.message_id == subtask.parent_message_id
+        current = task.subtasks.get(message_id=subtask.parent_message_id)
+        assert loaded.current.text == current.message
+        assert loaded.earlier_user_messages + loaded.earlier_assistant_messages == len(
+            history
+        ) - len(newest)
+
+
+def test_window_turns_are_read_without_their_messages(user):
+    """A window turn's message (the whole text a user sent, which can be long) is not read with
+    it: its history text is what a prompt shows. The anchors' messages are read."""
+    from backend.tasks import history
+
+    task = chat(user, 5)
+    turn = pending(task)[0]
+    request = history._Request(turn, task, PromptPolicy(max_messages=3))
+    parts, params = history._capped_window_parts([request])
+    anchors = (
+        f"SELECT {history._ANCHOR} AS part, id, task_id, 0 AS users, 0 AS assistants "  # noqa: S608
+        "FROM tasks_subtask WHERE task_id = %s AND message_id IN (%s, %s)"
+    )
+    read = history._read_turns([*parts, anchors], [*params, task.pk, turn.parent_message_id, 1])
+    assert [row.message_id for row in read.window] == [10, 9, 8]
+    assert all("message" in row.get_deferred_fields() for row in read.window)
+    assert sorted((row.message_id, row.message) for row in read.anchors) == [
+        (1, "question 1"),
+        (turn.parent_message_id, "question 6"),
+    ]
+    assert read.totals == {task.pk: (5, 5)}
 
 
 @pytest.mark.parametrize("per_message_max_chars", [None, 150, 400])
