@@ -38,7 +38,14 @@ from backend.dispatch.summaries import schedule_summaries
 from backend.errors import InvalidInput
 from backend.prompting import Role
 from backend.tasks import task_events
-from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskStatus
+from backend.tasks.models import (
+    NativeSession,
+    Subtask,
+    SubtaskKind,
+    SubtaskStatus,
+    Task,
+    TaskStatus,
+)
 
 MAX_CLAIM_LIMIT = 100
 
@@ -59,34 +66,37 @@ def claim_turns(
     on_postgresql = connection.vendor == "postgresql"
     if not on_postgresql:
         reclaim_expired_leases()
-    ids, configuration_version, rows, expired = _claim_ids(
-        worker=worker, worker_id=worker_id, kinds=kinds, limit=limit
-    )
-    if expired:
+    claim = _claim_ids(worker=worker, worker_id=worker_id, kinds=kinds, limit=limit)
+    if claim.expired:
         # On PostgreSQL the claim statement asked whether a lease ran out (a round trip fewer
         # on every dispatch, where the answer is almost always no). Their turns go back in
         # line, keeping their place, and what the claim left of the limit is claimed again.
         reclaim_expired_leases()
-        if len(ids) < limit:
-            more, more_version, more_rows, _ = _claim_ids(
-                worker=worker, worker_id=worker_id, kinds=kinds, limit=limit - len(ids)
+        if len(claim.ids) < limit:
+            more = _claim_ids(
+                worker=worker, worker_id=worker_id, kinds=kinds, limit=limit - len(claim.ids)
             )
-            if more:
-                configuration_version = (
-                    more_version
-                    if not ids or more_version == configuration_version
-                    else None  # the configuration changed in between: read it all
+            if more.ids:
+                claim = _Claim(
+                    ids=sorted([*claim.ids, *more.ids]),
+                    version=(
+                        more.version
+                        if not claim.ids or more.version == claim.version
+                        else None  # the configuration changed in between: read it all
+                    ),
+                    rows=sorted([*(claim.rows or ()), *(more.rows or ())], key=_line_order),
+                    sessions={**(claim.sessions or {}), **(more.sessions or {})},
+                    expired=True,
                 )
-                ids = sorted([*ids, *more])
-                rows = sorted([*(rows or ()), *(more_rows or ())], key=_line_order)
-    if not ids:
+    if not claim.ids:
         return []
     claimed = build_claimed_turns(
-        ids=ids,
+        ids=claim.ids,
         worker=worker,
         worker_id=worker_id,
-        configuration_version=configuration_version,
-        loaded=rows,
+        configuration_version=claim.version,
+        loaded=claim.rows,
+        sessions=claim.sessions,
     )
     task_events.record_claims(turns=[turn.subtask for turn in claimed])
     schedule_summaries(prompts=[(turn.subtask, turn.prompt) for turn in claimed])
@@ -129,16 +139,27 @@ def _line_order(row: Subtask) -> tuple[datetime, int]:
     return row.pending_since, row.pk
 
 
-def _claim_ids(
-    *, worker: User, worker_id: str, kinds: Sequence[str], limit: int
-) -> tuple[list[int], int | None, list[Subtask] | None, bool]:
-    """The ids of the turns claimed; the configuration version their payloads may reuse what
-    the process read under (None: read it all; see `backend.configuration_cache`); on
-    PostgreSQL the claimed rows with their tasks, oldest first (None: the payload reads them);
-    and whether a RUNNING turn's lease had run out (asked on PostgreSQL only)."""
+@dataclass(frozen=True)
+class _Claim:
+    """What a claim took (`_claim_ids`)."""
+
+    ids: list[int]  # the turns claimed, by id
+    # The configuration version their payloads may reuse what the process read under (None:
+    # read it all; see `backend.configuration_cache`).
+    version: int | None
+    # On PostgreSQL, the claimed rows with their tasks, oldest first, and each claimed turn's
+    # native session of its bot (by the turn's id); None: the payload reads them.
+    rows: list[Subtask] | None
+    sessions: dict[int, NativeSession] | None
+    expired: bool  # whether a RUNNING turn's lease had run out (asked on PostgreSQL only)
+
+
+def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int) -> _Claim:
+    """Claim up to `limit` turns (see `_Claim`)."""
     now = timezone.now()
     version = None
     rows = None
+    sessions = None
     expired = False
     claim = {
         "status": SubtaskStatus.RUNNING,
@@ -151,7 +172,7 @@ def _claim_ids(
         "updated_at": now,
     }
     if connection.vendor == "postgresql":
-        rows, version, expired = _claim_in_one_statement(
+        rows, sessions, version, expired = _claim_in_one_statement(
             kinds=kinds, worker_id=worker_id, now=now, limit=limit, claim=claim
         )
         ids = sorted(row.pk for row in rows)
@@ -190,20 +211,22 @@ def _claim_ids(
         for row in rows or ():
             if row.task_id in running:
                 row.task.status, row.task.updated_at = TaskStatus.RUNNING, now
-    return ids, version, rows, expired
+    return _Claim(ids=ids, version=version, rows=rows, sessions=sessions, expired=expired)
 
 
 def _claim_in_one_statement(
     *, kinds: Sequence[str], worker_id: str, now: datetime, limit: int, claim: dict[str, Any]
-) -> tuple[list[Subtask], int | None, bool]:
+) -> tuple[list[Subtask], dict[int, NativeSession], int | None, bool]:
     """PostgreSQL: pick and claim in one statement, `UPDATE … WHERE id IN (SELECT … FOR
     UPDATE SKIP LOCKED LIMIT n) RETURNING …` — one round trip instead of a transaction of
     four. The rows the subquery locks are skipped by every concurrent claim, and the UPDATE
     changes exactly those, so each turn still goes to one caller. `claim` is `_claim_ids`'s.
 
     The claimed rows come back as the payload reads them (`payload.claimed_rows`: the turn
-    as claimed, joined to its task), oldest first, each with the configuration version, all
-    read in the claim's snapshot: the payload's own read of them is one round trip fewer.
+    as claimed, joined to its task), oldest first, each with its bot's native session in its
+    task (the one row `native_session_per_bot` allows, if any; for turns, not summary jobs)
+    and the configuration version, all read in the claim's snapshot: the payload's own reads
+    of them are two round trips fewer.
     The statement also says whether a RUNNING turn's lease ran out before `now` (the index
     range `leases` reads), on a row of its own when nothing was claimed: the claimed rows
     are LEFT JOINed to one row."""
@@ -220,7 +243,8 @@ def _claim_in_one_statement(
     ]
     # Only column names and the ORM's own parameterized SQL (with the dispatch index's
     # constants written in by `_picking`) are formatted in.
-    tasks = Task._meta.db_table
+    tasks, sessions = Task._meta.db_table, NativeSession._meta.db_table
+    turn = sql.literal(SubtaskKind.TURN.value)  # a summary job has no session
     statement = (
         f"WITH claimed AS (UPDATE {Subtask._meta.db_table} SET status = %s, "  # noqa: S608
         "claimed_by_id = %s, lease_owner = %s, lease_expires_at = %s, started_at = %s, "
@@ -228,18 +252,26 @@ def _claim_in_one_statement(
         f"WHERE id IN ({picked} FOR UPDATE SKIP LOCKED) "
         f"RETURNING {sql.columns(Subtask, CLAIMED_FIELDS, table='')}) "
         f"SELECT {sql.columns(Subtask, CLAIMED_FIELDS, table='claimed')}, {sql.columns(Task)}, "
+        f"{sql.columns(NativeSession, table='session')}, "
         f"(SELECT value FROM {ConfigurationVersion._meta.db_table} WHERE id = 1), "
         f"{expired_lease_exists()} "
         f"FROM (VALUES (1)) AS one LEFT JOIN (claimed JOIN {tasks} "
-        f"ON {tasks}.id = claimed.task_id) ON true "
-        "ORDER BY claimed.pending_since, claimed.id"
+        f"ON {tasks}.id = claimed.task_id LEFT JOIN {sessions} AS session "
+        "ON session.task_id = claimed.task_id AND session.bot = claimed.bot "
+        f"AND session.executor = claimed.executor AND claimed.kind = {turn}) "
+        "ON true ORDER BY claimed.pending_since, claimed.id"
     )
     with connection.cursor() as cursor:
         cursor.execute(statement, [*values, *picked_params, sql.when(now)])
         rows = cursor.fetchall()
-    # Each row: the claimed turn (its id first), its task, the version, whether a lease ran out.
+    # Each row: the claimed turn (its id first), its task, its session, the version, whether
+    # a lease ran out.
     claimed = [row for row in rows if row[0] is not None]
-    return claimed_rows(claimed), rows[0][-2], rows[0][-1]
+    turns = claimed_rows(claimed)
+    start = sql.width(Subtask, CLAIMED_FIELDS) + sql.width(Task)
+    found = sql.models_of(NativeSession, [row[start:] for row in claimed])
+    by_turn = {turn.pk: session for turn, session in zip(turns, found, strict=True) if session}
+    return turns, by_turn, rows[0][-2], rows[0][-1]
 
 
 # Stand-ins the claim's SELECT is compiled with, to find where each value goes among its

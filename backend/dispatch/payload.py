@@ -91,11 +91,13 @@ def build_claimed_turns(
     worker_id: str,
     configuration_version: int | None = None,
     loaded: list[Subtask] | None = None,
+    sessions: dict[int, NativeSession] | None = None,
 ) -> list[ClaimedTurn]:
     """The payloads of the turns the claim (`worker`, `worker_id`) just took (`ids`), oldest first.
     Their bots, model windows and policies reuse what this process read under the claim's
     `configuration_version` (see `backend.configuration_cache`). `loaded`: the claimed turns
-    with their tasks as the claim statement returned them (`claimed_rows`), else read here.
+    with their tasks as the claim statement returned them (`claimed_rows`), else read here;
+    `sessions`: the claimed turns' native sessions it returned too (by turn id), else read here.
 
     A turn whose payload cannot be built is released (see `_build_failed`) and left out.
     """
@@ -148,7 +150,8 @@ def build_claimed_turns(
     except Exception:  # noqa: BLE001 - fall back to one turn at a time to isolate the failure
         inputs = {}
     try:
-        sessions = native_sessions_for(subtasks)
+        if sessions is None:
+            sessions = native_sessions_for(subtasks)
     except Exception as error:  # noqa: BLE001 - any failure must release the claims
         for subtask in claimed_rows:
             _build_failed(subtask=subtask, worker_id=worker_id, error=error)

@@ -54,12 +54,12 @@ POLICIES = {
     "default": {},
     "max_messages_2": {"max_messages": 2},
 }
-# Everything but checking leases, taking the turns (and reading them), the history and recording
-# them: the task status update, bots, their models' rows in the model table, policy rows,
-# native sessions, the reports' insert. The claims counted here are the first since the
+# Everything but checking leases, taking the turns (and reading them), their native sessions,
+# the history and recording them: the task status update, bots, their models' rows in the model
+# table, policy rows, the reports' insert. The claims counted here are the first since the
 # configuration changed, so they read bots, models and policies; a later one reuses what they
 # read (`test_configuration_cache`).
-FIXED_QUERIES = 6
+FIXED_QUERIES = 5
 # When a prompt leaves history out: the transcripts' sealed parts (none here: the histories
 # are shorter than a part) and the turns after them; in their own transaction (here a
 # savepoint and its release) inserting the artifacts (transcripts, turn indexes, the turn
@@ -78,6 +78,11 @@ def claim_queries(claimed: int) -> int:
     of a read and a compare-and-set UPDATE per turn taken, then the configuration version and
     the claimed rows."""
     return 1 if connection.vendor == "postgresql" else 6 + claimed
+
+
+def session_queries() -> int:
+    """The claimed turns' native sessions: PostgreSQL's claim statement returns them."""
+    return 0 if connection.vendor == "postgresql" else 1
 
 
 def history_queries(caps: dict) -> int:
@@ -135,7 +140,11 @@ def test_a_claim_costs_the_same_whatever_the_policy_and_the_length_of_the_histor
         HistoryPolicy.objects.filter(task_type="code").update(**caps, overrides=list(caps))
         for limit in (1, TASKS):
             expected = (
-                FIXED_QUERIES + history_queries(caps) + claim_queries(limit) + event_queries()
+                FIXED_QUERIES
+                + history_queries(caps)
+                + claim_queries(limit)
+                + session_queries()
+                + event_queries()
             )
             short, short_omits = queries_to_claim(worker, kinds=["claude_code"], limit=limit)
             long, long_omits = queries_to_claim(worker, kinds=["codex"], limit=limit)
@@ -201,6 +210,7 @@ def test_a_finished_summary_costs_a_claim_no_query(user, worker):
             FIXED_QUERIES
             + history_queries({})  # the shipped policy
             + claim_queries(limit)
+            + session_queries()
             + event_queries()
             + TRANSCRIPT_QUERIES
         )

@@ -14,7 +14,8 @@ from django.utils import timezone
 
 from backend.dispatch import claims, leases
 from backend.dispatch.models import ConfigurationVersion, PromptReport
-from backend.tasks.models import Subtask, SubtaskStatus
+from backend.dispatch.sessions import native_sessions_for
+from backend.tasks.models import NativeSession, Subtask, SubtaskStatus
 from backend.tasks.services import PipelineStep, create_task
 from tests.conftest import make_worker
 
@@ -55,6 +56,26 @@ def pending_turns(shipped_bots):
             not_before=None if backoff is None else now + timedelta(seconds=backoff),
             session_worker=session_worker,
         )
+        # Sessions: of the turn's bot where a worker holds the turn, of another bot in every
+        # other task, and in every other task of the turn's bot on another executor.
+        own = Subtask.objects.get(task=task, status=SubtaskStatus.PENDING).bot
+        NativeSession.objects.create(
+            task=task,
+            bot=own if session_worker else "somebody",
+            executor=executor,
+            session_id=f"session-{index}",
+            worker_id=session_worker or "w9",
+            seen_through_message_id=1,
+        )
+        if index % 2:
+            NativeSession.objects.create(
+                task=task,
+                bot=own,
+                executor="agno" if executor != "agno" else "codex",
+                session_id=f"elsewhere-{index}",
+                worker_id="w9",
+                seen_through_message_id=1,
+            )
 
 
 @pytest.mark.usefixtures("pending_turns")
@@ -77,7 +98,7 @@ def test_the_compiled_claim_picks_what_the_query_of_the_dispatch_picks(kinds, wo
         ]
     )
     assert expected  # every case claims something
-    claimed, version, expired = claims._claim_in_one_statement(
+    claimed, sessions, version, expired = claims._claim_in_one_statement(
         kinds=kinds,
         worker_id=worker_id,
         now=now,
@@ -99,6 +120,12 @@ def test_the_compiled_claim_picks_what_the_query_of_the_dispatch_picks(kinds, wo
         assert (row.lease_owner, row.lease_expires_at) == (worker_id, stored.lease_expires_at)
         assert row.task.task_type == stored.task.task_type
         assert row.task.pipeline == stored.task.pipeline
+    # Each with its bot's native session in its task, as the payload would read them: the
+    # held turns have one.
+    assert set(sessions) == {row.pk for row in claimed if row.session_worker}
+    assert {turn: (row.pk, row.session_id) for turn, row in sessions.items()} == {
+        turn: (row.pk, row.session_id) for turn, row in native_sessions_for(claimed).items()
+    }
     # With the configuration version, read in the claim's snapshot, and no lease run out.
     assert version == ConfigurationVersion.objects.get().value
     assert expired is False
