@@ -44,7 +44,6 @@ from backend.tasks.models import (
     SubtaskKind,
     SubtaskStatus,
     Task,
-    TaskStatus,
 )
 
 MAX_CLAIM_LIMIT = 100
@@ -188,29 +187,6 @@ def _claim_ids(*, worker: User, worker_id: str, kinds: Sequence[str], limit: int
                     ids.append(candidate)
         if ids:
             version = ConfigurationVersion.objects.values_list("value", flat=True).first()
-    if ids:
-        # After the claim commits, not inside it: the claim holds turn locks, and taking task
-        # locks after them would invert the order of follow-ups and cancel (task, then turns).
-        # A task cancelled meanwhile keeps its status.
-        # A summary job is no part of the conversation: it leaves the task's status alone.
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {Task._meta.db_table} SET status = %s, updated_at = %s "  # noqa: S608
-                f"WHERE id IN (SELECT task_id FROM {Subtask._meta.db_table} WHERE kind = %s "
-                f"AND id IN ({sql.placeholders(ids)})) AND status <> %s RETURNING id",
-                [
-                    TaskStatus.RUNNING.value,
-                    sql.when(now),
-                    SubtaskKind.TURN.value,
-                    *ids,
-                    TaskStatus.CANCELLED.value,
-                ],
-            )
-            running = {task_id for (task_id,) in cursor.fetchall()}
-        # The claim statement read the tasks before this: their rows say what it wrote.
-        for row in rows or ():
-            if row.task_id in running:
-                row.task.status, row.task.updated_at = TaskStatus.RUNNING, now
     return _Claim(ids=ids, version=version, rows=rows, sessions=sessions, expired=expired)
 
 

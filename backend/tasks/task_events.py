@@ -23,7 +23,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from backend import sql
-from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskEvent
+from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskEvent, TaskStatus
 from backend.tasks.wakeups import EVENTS_CHANNEL, announce_events
 
 # Progress: at most this many of a report's streamed events, each string in them cut to
@@ -154,8 +154,10 @@ def record_claims(*, turns: Sequence[Subtask]) -> None:
     """`turn.claimed` for the turns a claim took, after the claim committed (a claim takes turn
     locks, and task locks after them would invert the writers' order): under their tasks'
     locks, and only for turns still RUNNING then (a turn cancelled in between says so with its
-    own, earlier event, and no `claimed` follows it). Three queries for any number of turns;
-    none for summary jobs, which are no turns."""
+    own, earlier event, and no `claimed` follows it). A task with a turn still RUNNING is
+    RUNNING now, unless it was cancelled. One statement on PostgreSQL, four queries elsewhere,
+    for any number of turns; none for summary jobs, which are no turns and leave their task's
+    status alone."""
     by_task: dict[int, list[Subtask]] = {}
     for turn in sorted(turns, key=lambda turn: (turn.task_id, turn.message_id)):
         if turn.kind == SubtaskKind.TURN:
@@ -177,6 +179,20 @@ def record_claims(*, turns: Sequence[Subtask]) -> None:
                 [*ids, SubtaskStatus.RUNNING.value],
             )
             running = {row[0] for row in cursor.fetchall()}
+            started = sorted(
+                {turn.task_id for turn in turns if turn.pk in running}.intersection(firsts)
+            )
+            if started:
+                cursor.execute(
+                    f"UPDATE {Task._meta.db_table} SET status = %s, updated_at = %s "  # noqa: S608
+                    f"WHERE id IN ({sql.placeholders(started)}) AND status <> %s",
+                    [
+                        TaskStatus.RUNNING.value,
+                        sql.when(timezone.now()),
+                        *started,
+                        TaskStatus.CANCELLED.value,
+                    ],
+                )
         sql.insert(
             [
                 TaskEvent(
@@ -196,13 +212,15 @@ def record_claims(*, turns: Sequence[Subtask]) -> None:
 
 
 def _record_claims_in_one_statement(by_task: dict[int, list[Subtask]]) -> None:
-    """PostgreSQL: `record_claims` as one statement instead of a transaction of three and a
+    """PostgreSQL: `record_claims` as one statement instead of a transaction of four and a
     notification after it (every dispatch records its claims). Its parts run in this order,
-    each reading the one before: the tasks' numbers reserved (their rows locked, as
-    `_allocate_many` does), the turns still RUNNING read under a share lock (a turn a cancel
-    changed while this waited for its task's lock is read as the cancel left it, not as the
-    statement's snapshot saw it), their events inserted, numbered in message order, and the
-    tasks' streams notified when it commits."""
+    each reading the one before: the tasks' rows locked (as `_allocate_many`'s update does),
+    the turns still RUNNING read under a share lock (a turn a cancel changed while this waited
+    for its task's lock is read as the cancel left it, not as the statement's snapshot saw
+    it), the tasks' numbers reserved and, where a turn still runs, their status set, their
+    events inserted, numbered in message order, and the tasks' streams notified when it
+    commits. The status is set by the update that reserves the numbers: one statement cannot
+    change a row twice."""
     counts = {task_id: len(claimed) for task_id, claimed in by_task.items()}
     added, added_params = sql.case_by_id(counts)
     turns = [turn for claimed in by_task.values() for turn in claimed]
@@ -217,13 +235,23 @@ def _record_claims_in_one_statement(by_task: dict[int, list[Subtask]]) -> None:
             json.dumps(turn_data(turn)),
         ]
     tasks, subtasks = Task._meta.db_table, Subtask._meta.db_table
-    # Only table names, the CASE from `sql.case_by_id` and placeholders are formatted in.
+    task_ids = sql.placeholders(list(counts))
+    # A task with a claimed turn still RUNNING starts running, unless it was cancelled.
+    cancelled = sql.literal(TaskStatus.CANCELLED.value)
+    started = f"status <> {cancelled} AND id IN (SELECT task_id FROM running)"  # noqa: S608
+    now = sql.when(timezone.now())
+    # Only table names, constants, the CASE from `sql.case_by_id` and placeholders are
+    # formatted in.
     statement = (
-        f"WITH numbered AS (UPDATE {tasks} SET next_event_seq = next_event_seq + {added} "  # noqa: S608
-        f"WHERE id IN ({sql.placeholders(list(counts))}) RETURNING id, next_event_seq), "
-        f"running AS (SELECT turn.id FROM {subtasks} AS turn "
-        "JOIN numbered ON numbered.id = turn.task_id "
+        f"WITH locked AS (SELECT id FROM {tasks} WHERE id IN ({task_ids}) "  # noqa: S608
+        "FOR NO KEY UPDATE), "
+        f"running AS (SELECT turn.id, turn.task_id FROM {subtasks} AS turn "
+        "JOIN locked ON locked.id = turn.task_id "
         f"WHERE turn.id IN ({sql.placeholders(turns)}) AND turn.status = %s FOR SHARE OF turn), "
+        f"numbered AS (UPDATE {tasks} SET next_event_seq = next_event_seq + {added}, "
+        f"status = CASE WHEN {started} THEN %s ELSE status END, "
+        f"updated_at = CASE WHEN {started} THEN %s ELSE updated_at END "
+        f"WHERE id IN ({task_ids}) RETURNING id, next_event_seq), "
         f"claimed (task_id, subtask_id, message_id, reserved, data) AS (VALUES {values}), "
         f"written AS (INSERT INTO {TaskEvent._meta.db_table} "
         "(task_id, seq, type, subtask_id, data, created_at) "
@@ -239,13 +267,16 @@ def _record_claims_in_one_statement(by_task: dict[int, list[Subtask]]) -> None:
         cursor.execute(
             statement,
             [
-                *added_params,
                 *counts,
                 *(turn.pk for turn in turns),
                 SubtaskStatus.RUNNING.value,
+                *added_params,
+                TaskStatus.RUNNING.value,
+                now,
+                *counts,
                 *claimed_params,
                 TURN_CLAIMED,
-                sql.when(timezone.now()),
+                now,
                 EVENTS_CHANNEL,
             ],
         )

@@ -55,11 +55,11 @@ POLICIES = {
     "max_messages_2": {"max_messages": 2},
 }
 # Everything but checking leases, taking the turns (and reading them), their native sessions,
-# the history and recording them: the task status update, bots, their models' rows in the model
-# table, policy rows, the reports' insert. The claims counted here are the first since the
-# configuration changed, so they read bots, models and policies; a later one reuses what they
-# read (`test_configuration_cache`).
-FIXED_QUERIES = 5
+# the history and recording them: bots, their models' rows in the model table, policy rows, the
+# reports' insert. The claims counted here are the first since the configuration changed, so
+# they read bots, models and policies; a later one reuses what they read
+# (`test_configuration_cache`).
+FIXED_QUERIES = 4
 # When a prompt leaves history out: the transcripts' sealed parts (none here: the histories
 # are shorter than a part) and the turns after them; in their own transaction (here a
 # savepoint and its release) inserting the artifacts (transcripts, turn indexes, the turn
@@ -93,11 +93,12 @@ def history_queries(caps: dict) -> int:
 
 
 def event_queries() -> int:
-    """The `turn.claimed` events, for any number of tasks: one statement on PostgreSQL
-    (numbering them on the tasks, reading the turns still running, inserting them, notifying
-    the tasks' streams); elsewhere the same three steps in their own transaction (here a
-    savepoint and its release)."""
-    return 1 if connection.vendor == "postgresql" else 5
+    """The `turn.claimed` events and the tasks' status, for any number of tasks: one
+    statement on PostgreSQL (numbering them on the tasks, which start running, reading the
+    turns still running, inserting them, notifying the tasks' streams); elsewhere four steps
+    in their own transaction (here a savepoint and its release): the numbers, the turns still
+    running, the status of their tasks, the events."""
+    return 1 if connection.vendor == "postgresql" else 6
 
 
 def answered_tasks(user, *, executor: str, rounds: int) -> None:
@@ -217,11 +218,11 @@ def test_a_finished_summary_costs_a_claim_no_query(user, worker):
         assert len(queries.captured_queries) == expected, limit
 
 
-# Claiming summary jobs, besides checking leases and taking and reading them: the task status
-# update (which leaves their tasks alone), the summaries they build on, bots, the bots' models
-# (the model table), policy rows, the jobs' turns and folded summaries, the turns those summaries
-# cover (by role), the reports' insert.
-SUMMARY_JOB_QUERIES = 8
+# Claiming summary jobs, besides checking leases and taking and reading them: the summaries they
+# build on, bots, the bots' models (the model table), policy rows, the jobs' turns and folded
+# summaries, the turns those summaries cover (by role), the reports' insert. Their tasks' status
+# is left alone: no query.
+SUMMARY_JOB_QUERIES = 7
 
 
 def test_claiming_summary_jobs_costs_the_same_however_many(user, worker):

@@ -13,7 +13,7 @@ from backend.errors import Conflict
 from backend.prompting import Role
 from backend.tasks import task_events
 from backend.tasks.factories import answered_task
-from backend.tasks.models import Subtask, SubtaskStatus, Task, TaskEvent
+from backend.tasks.models import Subtask, SubtaskStatus, Task, TaskEvent, TaskStatus
 from backend.tasks.services import (
     FollowUp,
     PipelineStep,
@@ -184,6 +184,7 @@ def wait_for_a_lock_wait() -> None:
 
 
 def test_a_turn_cancelled_while_its_claim_waits_for_the_task_gets_no_claimed_event(user):
+    """Nor does its task start running: the status the cancel left stays."""
     turn = running_turn(user, "cancelled meanwhile")
     other = running_turn(user, "still running")
     holding, release = threading.Event(), threading.Event()
@@ -193,6 +194,7 @@ def test_a_turn_cancelled_while_its_claim_waits_for_the_task_gets_no_claimed_eve
             with transaction.atomic():
                 Task.objects.select_for_update().get(pk=turn.task_id)
                 Subtask.objects.filter(pk=turn.pk).update(status=SubtaskStatus.CANCELLED)
+                Task.objects.filter(pk=turn.task_id).update(status=TaskStatus.COMPLETED)
                 holding.set()
                 release.wait(30)
         finally:
@@ -220,3 +222,6 @@ def test_a_turn_cancelled_while_its_claim_waits_for_the_task_gets_no_claimed_eve
     earlier = TaskEvent.objects.filter(task_id=other.task_id).exclude(type=task_events.TURN_CLAIMED)
     assert claimed_events(other.task_id) == [(earlier.count() + 1, other.pk)]
     assert Task.objects.get(pk=other.task_id).next_event_seq == earlier.count() + 2
+    # The claim's task runs; the cancelled turn's keeps the status the cancel gave it.
+    assert Task.objects.get(pk=other.task_id).status == TaskStatus.RUNNING
+    assert Task.objects.get(pk=turn.task_id).status == TaskStatus.COMPLETED
