@@ -79,6 +79,7 @@ def main() -> None:
             cycle()
         with CaptureQueriesContext(connection) as queries:
             cycle()
+        statements = len(queries.captured_queries)
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_backend_pid()")
             backend = cursor.fetchone()[0]
@@ -92,7 +93,7 @@ def main() -> None:
             postgres.append((_backend_cpu_seconds(backend) - backend_started) / per_block * 1000)
 
     what = "cycle (dispatch + report)" if args.report else "dispatch"
-    print(f"per {what}: {len(queries)} statements; {per_block} a block")
+    print(f"per {what}: {statements} statements; {per_block} a block")
     for number, (mine, theirs) in enumerate(zip(python, postgres, strict=True), start=1):
         print(f"  block {number}: Python {mine:.2f} ms, PostgreSQL {theirs:.2f} ms")
     print(f"  minimum: Python {min(python):.2f} ms, PostgreSQL {min(postgres):.2f} ms")
