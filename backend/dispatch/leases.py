@@ -187,28 +187,30 @@ def requeue(
     refresh_task_status(task=Task.objects.get(pk=subtask.task_id))
 
 
+def _ran_out() -> str:
+    """The predicate of a RUNNING turn whose lease ran out before its one parameter (the
+    moment): an index range of the partial index of running leases, the status written in
+    for a prepared statement's plan to read that index (`sql.literal`). Only the table's name
+    and the status are formatted in."""
+    return (
+        f"FROM {Subtask._meta.db_table} "  # noqa: S608
+        f"WHERE status = {sql.literal(SubtaskStatus.RUNNING.value)} AND lease_expires_at < %s"
+    )
+
+
 def expired_lease_exists() -> str:
     """SQL asking whether a RUNNING turn's lease ran out before its one parameter (the
-    moment): `EXISTS` over the index range `_expired_lease_ids` reads, the status in the text
-    for the prepared statement's plan to read the partial index of running leases."""
-    return (
-        f"EXISTS (SELECT 1 FROM {Subtask._meta.db_table} "  # noqa: S608
-        f"WHERE status = {sql.literal(SubtaskStatus.RUNNING.value)} AND lease_expires_at < %s)"
-    )
+    moment), over the index range `_expired_lease_ids` reads."""
+    return f"EXISTS (SELECT 1 {_ran_out()})"
 
 
 def _expired_lease_ids(*, now: datetime) -> list[int]:
     """The RUNNING turns whose lease ran out before `now`, soonest expired first. Every
-    dispatch asks, and the answer is almost always none: one index range read, its SQL
-    written out instead of built by the ORM on each call."""
+    dispatch on SQLite asks, and on PostgreSQL any whose claim found one (`claims`): one
+    index range read, its SQL written out instead of built by the ORM on each call."""
     with connection.cursor() as cursor:
-        # Only the table's name and the status are formatted in: the status in the text, so
-        # that the prepared statement's plan reads the partial index of running leases
-        # (`sql.literal`).
         cursor.execute(
-            f"SELECT id FROM {Subtask._meta.db_table} "  # noqa: S608
-            f"WHERE status = {sql.literal(SubtaskStatus.RUNNING.value)} "
-            "AND lease_expires_at < %s ORDER BY lease_expires_at LIMIT %s",
+            f"SELECT id {_ran_out()} ORDER BY lease_expires_at LIMIT %s",
             [sql.when(now), RECLAIM_BATCH],
         )
         return [row[0] for row in cursor.fetchall()]
