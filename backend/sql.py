@@ -314,10 +314,7 @@ def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> set[Any]
         for start in statements:
             batch = rows[start : start + per_statement]
             if document is not None:
-                statement = (
-                    f"{head}SELECT {columns} FROM jsonb_populate_recordset("  # noqa: S608
-                    f"NULL::{meta.db_table}, %s::jsonb)"
-                )
+                statement = _from_document(meta.db_table, columns)
                 params: list[Any] = [document]
             else:
                 row_values = "(" + ", ".join("%s" for _ in fields) + ")"
@@ -346,6 +343,38 @@ def insert(rows: Sequence[Model], *, ignore_conflicts: bool = False) -> set[Any]
                 row._state.adding = False
                 row._state.db = db.alias
     return inserted
+
+
+def insert_statement(rows: Sequence[Model]) -> tuple[str, list[Any]] | None:
+    """`insert`'s statement for `rows` (of one model, their keys the database's to assign), to
+    run inside another statement as a data-modifying `WITH` part: the rows commit with that
+    statement's change, and a dispatch pays one round trip and one commit for both. Their
+    keys are not read back. On PostgreSQL, as one JSON document; None elsewhere, or when a
+    row is one the document cannot carry exactly: the caller then runs `insert`."""
+    if not rows:
+        return None
+    model = type(rows[0])
+    meta = model._meta
+    pk = meta.pk
+    assert pk is not None
+    if any(getattr(row, pk.attname) is not None for row in rows):
+        return None
+    db = connections[DEFAULT_DB_ALIAS]
+    record = _record_carriers(db.vendor, model, True)
+    document = _records(rows, record, db) if record is not None else None
+    if document is None:
+        return None
+    columns = ", ".join(field.column for field in meta.concrete_fields if field is not pk)
+    return _from_document(meta.db_table, columns), [document]
+
+
+def _from_document(table: str, columns: str) -> str:
+    """The INSERT of `columns` into `table` from the rows of the JSON document that is its
+    one parameter (see `_records`)."""
+    return (
+        f"INSERT INTO {table} ({columns}) SELECT {columns} "  # noqa: S608
+        f"FROM jsonb_populate_recordset(NULL::{table}, %s::jsonb)"
+    )
 
 
 def update(row: Model, fields: Sequence[str]) -> None:

@@ -328,6 +328,37 @@ def test_a_float_json_cannot_carry_is_stored_too(task):
     ]
 
 
+def test_an_insert_statement_run_inside_another_stores_rows_as_the_orm(task):
+    """`insert_statement` as the data-modifying part of another statement (as the claim's
+    events statement runs it): the rows stored equal the ORM's; where they cannot go as a
+    JSON document (elsewhere than PostgreSQL, a float JSON cannot carry, a row with its own
+    key), there is no statement and the caller inserts them."""
+    by_orm = _report(task, worker_id="naïve ✓")
+    by_orm.save()
+    written = [
+        _report(task, worker_id="naïve ✓"),
+        _report(task, worker_id="naïve ✓", attempt=2, sections=[]),
+    ]
+    statement = sql.insert_statement(written)
+    assert sql.insert_statement([_report(task, build_ms=math.inf)]) is None
+    assert sql.insert_statement([by_orm]) is None
+    assert sql.insert_statement([]) is None
+    if connection.vendor != "postgresql":
+        assert statement is None
+        return
+    assert statement is not None
+    text, params = statement
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH written AS ({text}) SELECT 1", params)
+    stored = [
+        {key: value for key, value in row.items() if key not in ("id", "created_at")}
+        for row in PromptReport.objects.exclude(pk=by_orm.pk).order_by("attempt").values()
+    ]
+    expected = _stored(by_orm)
+    del expected["created_at"]
+    assert stored == [expected, {**expected, "attempt": 2, "sections": []}]
+
+
 def test_a_json_value_of_none_is_sql_null_as_with_the_orm(task):
     """The ORM stores a JSON field's None as SQL NULL (not JSON null): a NOT NULL column
     refuses it, from `insert` as from `bulk_create`."""

@@ -33,11 +33,11 @@ from backend.dispatch.payload import (
     ClaimedTurn,
     build_claimed_turns,
     claimed_rows,
+    record_dispatch,
 )
 from backend.dispatch.summaries import schedule_summaries
 from backend.errors import InvalidInput
 from backend.prompting import Role
-from backend.tasks import task_events
 from backend.tasks.models import (
     NativeSession,
     Subtask,
@@ -97,7 +97,7 @@ def claim_turns(
         loaded=claim.rows,
         sessions=claim.sessions,
     )
-    task_events.record_claims(turns=[turn.subtask for turn in claimed])
+    record_dispatch(claimed)
     schedule_summaries(prompts=[(turn.subtask, turn.prompt) for turn in claimed])
     return claimed
 

@@ -57,6 +57,7 @@ from backend.events import EventValue, log_event, opaque_id
 from backend.prompting import BUILDER_VERSION, PromptBudgetError
 from backend.prompting.addressing import content_sha256
 from backend.prompting.inputs import PromptInput
+from backend.tasks import task_events
 from backend.tasks.history import input_snapshot, prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskKind, SubtaskStatus, Task
 from backend.tasks.selectors import bots_for_turns
@@ -307,8 +308,19 @@ def build_claimed_turns(
                 resume_reason=reason,
             )
         )
+    return claimed
+
+
+def record_dispatch(claimed: Sequence[ClaimedTurn]) -> None:
+    """Store what a claim built: its prompt reports and its turns' `turn.claimed` events
+    (`task_events.record_claims`), committed together, in one statement on PostgreSQL; then
+    log a dispatch line per report."""
+    reports = [row for turn in claimed for row in (turn.report, turn.resume_report) if row]
     # Every dispatch writes its reports: the statement is written out (see `backend.sql`).
-    sql.insert([row for turn in claimed for row in (turn.report, turn.resume_report) if row])
+    along = sql.insert_statement(reports)
+    if along is None:
+        sql.insert(reports)
+    task_events.record_claims(turns=[turn.subtask for turn in claimed], along=along)
     for turn in claimed:
         for row in (turn.report, turn.resume_report):
             if row is not None:
@@ -317,7 +329,6 @@ def build_claimed_turns(
                     level=logging.INFO,
                     **_dispatch_event(row=row, subtask=turn.subtask),
                 )
-    return claimed
 
 
 # Columns a payload never reads from the claimed rows (nor from a summary job's previous one).

@@ -150,24 +150,37 @@ def _allocate(*, task_id: int, count: int) -> int:
     return int(row[0]) - count
 
 
-def record_claims(*, turns: Sequence[Subtask]) -> None:
+def record_claims(
+    *, turns: Sequence[Subtask], along: tuple[str, Sequence[Any]] | None = None
+) -> None:
     """`turn.claimed` for the turns a claim took, after the claim committed (a claim takes turn
     locks, and task locks after them would invert the writers' order): under their tasks'
     locks, and only for turns still RUNNING then (a turn cancelled in between says so with its
     own, earlier event, and no `claimed` follows it). A task with a turn still RUNNING is
     RUNNING now, unless it was cancelled. One statement on PostgreSQL, four queries elsewhere,
     for any number of turns; none for summary jobs, which are no turns and leave their task's
-    status alone."""
+    status alone.
+
+    `along`: a statement (SQL, parameters) writing rows of the claim, such as the dispatch's
+    prompt reports (`sql.insert_statement`), committed with the events: on PostgreSQL a
+    data-modifying part of the same statement (a round trip and a commit fewer on every
+    dispatch), elsewhere the first statement of the same transaction."""
     by_task: dict[int, list[Subtask]] = {}
     for turn in sorted(turns, key=lambda turn: (turn.task_id, turn.message_id)):
         if turn.kind == SubtaskKind.TURN:
             by_task.setdefault(turn.task_id, []).append(turn)
     if not by_task:
+        if along is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(along[0], list(along[1]))
         return
     if connection.vendor == "postgresql":
-        _record_claims_in_one_statement(by_task)
+        _record_claims_in_one_statement(by_task, along=along)
         return
     with transaction.atomic():
+        if along is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(along[0], list(along[1]))
         firsts = _allocate_many(
             counts={task_id: len(claimed) for task_id, claimed in by_task.items()}
         )
@@ -211,7 +224,9 @@ def record_claims(*, turns: Sequence[Subtask]) -> None:
             announce_events(task_id=task_id)
 
 
-def _record_claims_in_one_statement(by_task: dict[int, list[Subtask]]) -> None:
+def _record_claims_in_one_statement(
+    by_task: dict[int, list[Subtask]], *, along: tuple[str, Sequence[Any]] | None
+) -> None:
     """PostgreSQL: `record_claims` as one statement instead of a transaction of four and a
     notification after it (every dispatch records its claims). Its parts run in this order,
     each reading the one before: the tasks' rows locked (as `_allocate_many`'s update does),
@@ -242,8 +257,10 @@ def _record_claims_in_one_statement(by_task: dict[int, list[Subtask]]) -> None:
     now = sql.when(timezone.now())
     # Only table names, constants, the CASE from `sql.case_by_id` and placeholders are
     # formatted in.
+    # A data-modifying part runs whether or not the rest reads it.
+    first = f"along AS ({along[0]}), " if along is not None else ""
     statement = (
-        f"WITH locked AS (SELECT id FROM {tasks} WHERE id IN ({task_ids}) "  # noqa: S608
+        f"WITH {first}locked AS (SELECT id FROM {tasks} WHERE id IN ({task_ids}) "  # noqa: S608
         "FOR NO KEY UPDATE), "
         f"running AS (SELECT turn.id, turn.task_id FROM {subtasks} AS turn "
         "JOIN locked ON locked.id = turn.task_id "
@@ -267,6 +284,7 @@ def _record_claims_in_one_statement(by_task: dict[int, list[Subtask]]) -> None:
         cursor.execute(
             statement,
             [
+                *(along[1] if along is not None else ()),
                 *counts,
                 *(turn.pk for turn in turns),
                 SubtaskStatus.RUNNING.value,

@@ -55,11 +55,10 @@ POLICIES = {
     "max_messages_2": {"max_messages": 2},
 }
 # Everything but checking leases, taking the turns (and reading them), their native sessions,
-# the history and recording them: bots, their models' rows in the model table, policy rows, the
-# reports' insert. The claims counted here are the first since the configuration changed, so
-# they read bots, models and policies; a later one reuses what they read
-# (`test_configuration_cache`).
-FIXED_QUERIES = 4
+# the history and recording them: bots, their models' rows in the model table, policy rows.
+# The claims counted here are the first since the configuration changed, so they read bots,
+# models and policies; a later one reuses what they read (`test_configuration_cache`).
+FIXED_QUERIES = 3
 # When a prompt leaves history out: the transcripts' sealed parts (none here: the histories
 # are shorter than a part) and the turns after them; in their own transaction (here a
 # savepoint and its release) inserting the artifacts (transcripts, turn indexes, the turn
@@ -93,12 +92,13 @@ def history_queries(caps: dict) -> int:
 
 
 def event_queries() -> int:
-    """The `turn.claimed` events and the tasks' status, for any number of tasks: one
-    statement on PostgreSQL (numbering them on the tasks, which start running, reading the
-    turns still running, inserting them, notifying the tasks' streams); elsewhere four steps
-    in their own transaction (here a savepoint and its release): the numbers, the turns still
-    running, the status of their tasks, the events."""
-    return 1 if connection.vendor == "postgresql" else 6
+    """The prompt reports, the `turn.claimed` events and the tasks' status, for any number of
+    tasks: one statement on PostgreSQL (inserting the reports, numbering the events on the
+    tasks, which start running, reading the turns still running, inserting the events,
+    notifying the tasks' streams); elsewhere the reports' insert, then four steps in their own
+    transaction (here a savepoint and its release): the numbers, the turns still running, the
+    status of their tasks, the events."""
+    return 1 if connection.vendor == "postgresql" else 7
 
 
 def answered_tasks(user, *, executor: str, rounds: int) -> None:
