@@ -1,0 +1,88 @@
+"""An input serializer validating a whole body reuses the fields its thread made for the class
+(`StrictInput.get_fields`): each body is still judged on its own, and no two threads share
+fields."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from backend.api.errors import RequestBodyNotAnObject
+from backend.api.executor_serializers import DispatchInput, ResultInput
+
+GOOD = {
+    "worker_id": "w",
+    "attempt": 2,
+    "status": "COMPLETED",
+    "result": {"value": "Done."},
+    "usage": {"input_tokens": 10, "output_tokens": 3},
+}
+
+
+def _judged(body: dict) -> tuple[bool, dict]:
+    payload = ResultInput(data=body)
+    valid = payload.is_valid()
+    return valid, dict(payload.validated_data) if valid else payload.errors
+
+
+def test_each_body_is_judged_on_its_own_with_the_fields_reused():
+    first = ResultInput(data=GOOD)
+    assert first.is_valid()
+    second = ResultInput(data=GOOD)
+    assert second.is_valid()
+    assert all(second.fields[name] is first.fields[name] for name in first.fields)
+    # Bound to the instance that validates now; the nested object is not a whole body.
+    assert second.fields["usage"].parent is second
+    bodies = [
+        {**GOOD, "usage": {"input_tokens": -1, "extra": 1}},
+        GOOD,
+        {**GOOD, "attempt": "2", "status": "DONE"},
+        {**GOOD, "usage": None, "error_code": "Bad Code"},
+        {key: value for key, value in GOOD.items() if key != "worker_id"},
+        GOOD,
+    ]
+    judged = [_judged(body) for body in bodies]
+    assert judged[1] == judged[5]
+    assert judged[1][0] and judged[1][1]["usage"] == {"input_tokens": 10, "output_tokens": 3}
+    assert judged[1][1]["attempt"] == 2 and judged[1][1]["error"] == ""
+    assert judged[0] == (False, {"usage": {"extra": ["Unknown field."]}})
+    assert judged[2] == (
+        False,
+        {"attempt": ["Must be an integer."]},  # types are checked before values
+    )
+    assert judged[3] == (
+        False,
+        {"error_code": ["Use a lowercase code such as upstream_error."]},
+    )
+    assert judged[4] == (False, {"worker_id": ["This field is required."]})
+    # Every error list is of its own body: a later body's validation leaves it as it was.
+    assert _judged(bodies[0]) == judged[0]
+
+
+def test_only_the_whole_body_must_be_an_object():
+    assert ResultInput(data=GOOD).is_valid()
+    valid, errors = _judged({**GOOD, "usage": [1]})
+    assert not valid and set(errors) == {"usage"}
+    with pytest.raises(RequestBodyNotAnObject):
+        ResultInput(data=[GOOD]).is_valid()
+
+
+def test_threads_do_not_share_fields():
+    mine = DispatchInput(data={"worker_id": "w", "kinds": ["codex"]})
+    assert mine.is_valid()
+    seen = {}
+
+    def validate() -> None:
+        theirs = DispatchInput(data={"worker_id": "v", "kinds": ["agno"], "limit": 3})
+        seen["valid"] = theirs.is_valid()
+        seen["data"] = dict(theirs.validated_data)
+        seen["fields"] = dict(theirs.fields)
+
+    thread = threading.Thread(target=validate)
+    thread.start()
+    thread.join()
+    assert seen["valid"] and seen["data"]["kinds"] == ["agno"] and seen["data"]["limit"] == 3
+    assert all(seen["fields"][name] is not mine.fields[name] for name in mine.fields)
+    again = DispatchInput(data={"worker_id": "w", "kinds": ["codex"]})
+    assert again.is_valid() and again.fields["kinds"] is mine.fields["kinds"]
