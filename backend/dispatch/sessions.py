@@ -20,8 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connection
-
 from backend import sql
 from backend.dispatch.models import PromptReport
 from backend.prompting.inputs import PromptInput
@@ -132,6 +130,18 @@ def resume_input(full_input: PromptInput, *, seen_through: int) -> PromptInput:
     return PromptInput(**data)
 
 
+# What `record_session` writes of a session it found (`updated_at` is set on save).
+_SESSION_WRITES = (
+    "session_id",
+    "seen_message_ids",
+    "turns",
+    "worker_id",
+    "seen_through_message_id",
+    "context_tokens",
+    "updated_at",
+)
+
+
 def record_session(
     *,
     subtask: Subtask,
@@ -146,39 +156,43 @@ def record_session(
     session: its session may hold a half-finished exchange, so the next turn starts fresh.
     """
     sent_kind = RESUME if resumed else "full"
-    with connection.cursor() as cursor:
-        # Every result report runs it: its SQL is written out (see `backend.sql`).
-        cursor.execute(
-            f"UPDATE {PromptReport._meta.db_table} SET sent = (kind = %s), "  # noqa: S608
-            "resume_reason = CASE WHEN kind = %s THEN %s ELSE resume_reason END "
-            "WHERE subtask_id = %s AND attempt = %s",
-            [
-                sent_kind,
-                RESUME,
-                "resumed" if resumed else "resume_failed",
-                subtask.pk,
-                subtask.attempts,
-            ],
-        )
+    table = PromptReport._meta.db_table
+    # Every result report runs it: its SQL is written out (see `backend.sql`). The reports
+    # come back with the turns each prompt held: the one sent is what the session has seen.
+    reports = sql.values_of(
+        PromptReport,
+        ("kind", "included_message_ids"),
+        f"UPDATE {table} SET sent = (kind = %s), "  # noqa: S608
+        "resume_reason = CASE WHEN kind = %s THEN %s ELSE resume_reason END "
+        "WHERE subtask_id = %s AND attempt = %s "
+        f"RETURNING {sql.value_columns(PromptReport, ('kind', 'included_message_ids'))}",
+        [
+            sent_kind,
+            RESUME,
+            "resumed" if resumed else "resume_failed",
+            subtask.pk,
+            subtask.attempts,
+        ],
+    )
     if (
         not session_id
         or subtask.status != SubtaskStatus.COMPLETED
         or subtask.kind != SubtaskKind.TURN
     ):
         return  # a summary job's session is of no use to the task's turns
-    sent = (
-        PromptReport.objects.filter(subtask=subtask, attempt=subtask.attempts, kind=sent_kind)
-        .values_list("included_message_ids", flat=True)
-        .first()
-    )
+    sent = next((included for kind, included in reports if kind == sent_kind), None)
     seen_now = {*(sent or []), subtask.parent_message_id, subtask.message_id}
     if subtask.pipeline_step:
         assert subtask.parent_message_id is not None  # an ASSISTANT turn answers a message
         seen_now.add(subtask.parent_message_id + subtask.pipeline_step)  # the previous step
     context_tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
-    existing = NativeSession.objects.filter(
-        task_id=subtask.task_id, bot=subtask.bot, executor=subtask.executor
-    ).first()
+    found = sql.rows_of(
+        NativeSession,
+        f"SELECT {sql.columns(NativeSession)} FROM {NativeSession._meta.db_table} "  # noqa: S608
+        "WHERE task_id = %s AND bot = %s AND executor = %s",
+        [subtask.task_id, subtask.bot, subtask.executor],
+    )
+    existing = found[0] if found else None
     if resumed and existing is not None and existing.session_id == session_id:
         existing.seen_message_ids = sorted(set(existing.seen_message_ids) | seen_now)
         existing.turns += 1
@@ -193,4 +207,7 @@ def record_session(
     existing.worker_id = worker_id
     existing.seen_through_message_id = subtask.message_id
     existing.context_tokens = context_tokens
-    existing.save()
+    if existing.pk is None:
+        sql.insert([existing])
+    else:
+        sql.update(existing, _SESSION_WRITES)

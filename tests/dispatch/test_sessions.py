@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from backend.dispatch.models import HistoryPolicy, PromptReport
@@ -32,6 +34,40 @@ def answer(client, turn, text, *, session="s1", resumed=False, worker_id="w1", *
         **extra,
     )
     assert response.status_code == 200, response.json()
+
+
+def _statements(client, turn, text, **extra) -> list[str]:
+    with CaptureQueriesContext(connection) as queries:
+        answer(client, turn, text, **extra)
+    return [query["sql"] for query in queries.captured_queries]
+
+
+def test_a_session_costs_a_report_two_statements_its_read_and_its_write(api, worker_api):
+    tasks = [create(api) for _ in range(3)]
+    warm_up, plain, fresh = dispatch(worker_api, limit=3)
+    answer(worker_api, warm_up, "The token is looked up once.", session="")
+    without = _statements(worker_api, plain, "No session.", session="")
+    started = _statements(worker_api, fresh, "A session starts.")
+    # The prompt reports' update returns what the prompt sent held: no read of its own.
+    assert len(started) == len(without) + 2, [s[:80] for s in started]
+    assert not any(
+        statement.startswith("SELECT") and PromptReport._meta.db_table in statement
+        for statement in started
+    )
+    session = NativeSession.objects.get(task_id=tasks[2]["id"])
+    assert (session.session_id, session.seen_message_ids, session.turns) == ("s1", [1, 2], 1)
+    follow_up(api, tasks[2], "Second question.")
+    [resumed] = dispatch(worker_api)
+    assert resumed["resume_reason"] == "resume"
+    again = _statements(worker_api, resumed, "Resumed.", resumed=True)
+    assert len(again) == len(without) + 2
+    session.refresh_from_db()
+    assert (session.seen_message_ids, session.turns, session.context_tokens) == (
+        [1, 2, 3, 4],
+        2,
+        None,
+    )
+    assert session.updated_at > session.created_at
 
 
 def test_a_resumed_session_gets_only_what_it_has_not_seen(api, worker_api):
