@@ -99,6 +99,11 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=4)
     parser.add_argument("--report", action="store_true", help="report each turn's result")
     parser.add_argument("--http", action="store_true", help="over HTTP, against gunicorn")
+    parser.add_argument(
+        "--native-sessions",
+        action="store_true",
+        help="with --report: each report names a native session, as Codex's and Claude Code's do",
+    )
     args = parser.parse_args()
     warm_up = 20
     per_block = args.dispatches // args.blocks
@@ -131,6 +136,11 @@ def main() -> None:
                             "attempt": turn["attempt"],
                             "status": "COMPLETED",
                             "result": {"value": "Done."},
+                            **(
+                                {"native_session_id": f"session-{turn['subtask_id']}"}
+                                if args.native_sessions
+                                else {}
+                            ),
                         },
                     )
                     assert status == 200, reported

@@ -25,6 +25,8 @@ each request makes and the CPU time a cycle costs the server's Python.
 
 Verified by counting: no turn claimed twice (the claimed ids are distinct), none lost (every
 seeded turn claimed; after the cycle, every one COMPLETED), one prompt report per claim.
+With `--native-sessions` each result report names a native session, as the workers of Codex
+CLI and Claude Code do, so Baton records what that session has seen (one per report, counted).
 """
 
 from __future__ import annotations
@@ -62,7 +64,14 @@ def _ceiling_client(url: str, seconds: float, start_at: float, queue) -> None:
 
 
 def _worker_client(
-    url: str, token: str, index: int, limit: int, report: bool, start_at: float, queue
+    url: str,
+    token: str,
+    index: int,
+    limit: int,
+    report: bool,
+    sessions: bool,
+    start_at: float,
+    queue,
 ) -> None:
     worker_id = f"bench-{index}"
     headers = {"Authorization": f"Token {token}"}
@@ -93,10 +102,17 @@ def _worker_client(
                             "attempt": turn["attempt"],
                             "status": "COMPLETED",
                             "result": {"value": f"Done: turn {turn['message_id']}."},
+                            **_session(turn, sessions),
                         },
                     )
                     answer.raise_for_status()
     queue.put((len(claimed), claimed, time.time(), latencies, time.process_time() - cpu_at_start))
+
+
+def _session(turn: dict, sessions: bool) -> dict:
+    """With `--native-sessions`, a report names the executor's native session, as Codex CLI's
+    and Claude Code's workers do: Baton then records what that session has seen."""
+    return {"native_session_id": f"session-{turn['subtask_id']}"} if sessions else {}
 
 
 @dataclass(frozen=True)
@@ -135,7 +151,7 @@ def _run(target, args_for, clients: int, *, server_pid: int) -> Phase:
     )
 
 
-def _in_process(token: str, cycles: int) -> tuple[int, int, float]:
+def _in_process(token: str, cycles: int, sessions: bool) -> tuple[int, int, float]:
     """Queries per dispatch and per report, and CPU ms per cycle, over `cycles` cycles run
     through Django's test client (the turns seeded for them)."""
     from django.db import connection
@@ -160,6 +176,7 @@ def _in_process(token: str, cycles: int) -> tuple[int, int, float]:
                     "attempt": turn["attempt"],
                     "status": "COMPLETED",
                     "result": {"value": "Done."},
+                    **_session(turn, sessions),
                 },
                 content_type="application/json",
             )
@@ -197,6 +214,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="gthread threads (0: sync)")
     parser.add_argument("--ceiling-seconds", type=float, default=10.0)
     parser.add_argument("--in-process", type=int, default=200, help="cycles without HTTP")
+    parser.add_argument(
+        "--native-sessions", action="store_true", help="reports name a native session"
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
 
@@ -204,7 +224,7 @@ def main() -> None:
         from django.db import connection
 
         from backend.dispatch.models import PromptReport
-        from backend.tasks.models import Subtask, SubtaskStatus
+        from backend.tasks.models import NativeSession, Subtask, SubtaskStatus
 
         os.environ["DJANGO_SETTINGS_MODULE"] = "bench._ceiling_settings"  # the server's
         with live_baton(workers=args.server_workers, threads=args.threads) as baton:
@@ -221,7 +241,7 @@ def main() -> None:
             connection.close()
             claims = _run(
                 _worker_client,
-                lambda index: (url, token, index, args.limit, False),
+                lambda index: (url, token, index, args.limit, False, False),
                 args.clients,
                 server_pid=pid,
             )
@@ -232,7 +252,7 @@ def main() -> None:
             connection.close()
             cycles = _run(
                 _worker_client,
-                lambda index: (url, token, index, args.limit, True),
+                lambda index: (url, token, index, args.limit, True, args.native_sessions),
                 args.clients,
                 server_pid=pid,
             )
@@ -245,6 +265,11 @@ def main() -> None:
                     f"{reports} prompt reports for {2 * args.turns} claims"
                 )
             print("  every cycled turn COMPLETED; one prompt report per claim")
+            if args.native_sessions:
+                sessions = NativeSession.objects.count()
+                if sessions != args.turns:
+                    raise SystemExit(f"{sessions} native sessions for {args.turns} reports")
+                print("  one native session recorded per report")
             # The ceiling again, after: this machine's speed drifts within minutes, and the
             # ratios divide by the mean of the two (their spread says how far to trust them).
             ceiling_after = _run(
@@ -254,7 +279,9 @@ def main() -> None:
                 server_pid=pid,
             )
         seed(args.in_process + 1)
-        dispatch_queries, report_queries, cycle_cpu_ms = _in_process(token, args.in_process)
+        dispatch_queries, report_queries, cycle_cpu_ms = _in_process(
+            token, args.in_process, args.native_sessions
+        )
 
     bare = [
         sum(result[0] for result in phase.results) / phase.seconds
@@ -271,6 +298,7 @@ def main() -> None:
     print(
         f"database: {vendor}; gunicorn {server}; {args.clients} client processes; "
         f"limit={args.limit}; {args.turns} turns per phase; load before: {load_before:.2f}"
+        + ("; reports name native sessions" if args.native_sessions else "")
     )
     header = f"{'phase':<34} {'per second':>10} {'vs ceiling':>10}   CPU ms per item:"
     print(f"{header} {'server':>7} {'clients':>7} {'rest':>7}")
