@@ -1,10 +1,13 @@
 """`baton-executor` / `python -m executors`: start a worker from flags and environment.
 
-At start the worker finds every executor it was asked to serve, once (a missing one stops it
-with a message saying how to install it), works out each executor's model endpoint — the
-provider named by the ecosystem's own variables, or Baton's stand-in model when asked to — and
-then claims turns until it is stopped. Exit codes: 0 stopped or idle (--once), 2 configuration
-or setup problem.
+At start the worker takes hold of its workspace root and the worker id kept there
+(`executors.identity`: a restarted worker is known to the backend by the same name, so it
+resumes its native sessions; a second worker on the same root is refused). It then finds every
+executor it was asked to serve, once (a missing one stops it with a message saying how to
+install it), works out each executor's model endpoint — the provider named by the ecosystem's
+own variables, or Baton's stand-in model when asked to — and then claims turns until it is
+stopped. Exit codes: 0 stopped or idle (--once), 2 configuration or setup problem (a workspace
+root another worker holds included).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from executors.adapters import adapter_for
 from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, ModelEndpoint
 from executors.client import BackendClient
 from executors.config import ConfigurationError, StandinMode, WorkerSettings, load_settings
+from executors.identity import WorkerIdentity, claim_workspace_root
 from executors.standin import ModelServer
 from executors.worker import Worker
 
@@ -106,10 +110,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     _configure_logging(settings.log_level)
     try:
-        adapters = locate_adapters(settings.kinds)
+        with claim_workspace_root(
+            root=settings.workspace_root, explicit_worker_id=settings.worker_id
+        ) as identity:
+            return _serve(settings, identity)
+    except ConfigurationError as error:
+        print(f"baton-executor: {error}", file=sys.stderr)
+        return 2
     except ExecutorUnavailable as error:
         print(f"baton-executor: cannot serve the requested executors: {error}", file=sys.stderr)
         return 2
+
+
+def _serve(settings: WorkerSettings, identity: WorkerIdentity) -> int:
+    """Run the worker while this process holds its workspace root."""
+    logger.info(
+        json.dumps(
+            {
+                "event": "worker_identity",
+                "worker_id": identity.worker_id,
+                "source": identity.source.value,
+                "replaced": identity.replaced,
+            }
+        )
+    )
+    adapters = locate_adapters(settings.kinds)
     standin = None
     if any(uses_standin(settings, kind) for kind in settings.kinds):
         standin = ModelServer(keep_requests=False).start()
@@ -128,14 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         client = BackendClient(
-            base_url=settings.backend_url, token=settings.token, worker_id=settings.worker_id
+            base_url=settings.backend_url, token=settings.token, worker_id=identity.worker_id
         )
         worker = Worker(settings=settings, client=client, adapters=adapters, endpoints=endpoints)
         worker.install_signal_handlers()
         return worker.run()
-    except ConfigurationError as error:
-        print(f"baton-executor: {error}", file=sys.stderr)
-        return 2
     finally:
         if standin is not None:
             standin.stop()

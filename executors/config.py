@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -41,6 +40,15 @@ PASSTHROUGH_VARIABLES = (
 )
 
 
+MAX_WORKER_ID_LENGTH = 200  # what the backend keeps (Subtask.lease_owner, NativeSession.worker_id)
+
+
+def valid_worker_id(value: str) -> bool:
+    """Whether `value` can name a worker: it goes on one line of the root's identity file and
+    into every claim, so it is printable and not blank."""
+    return 0 < len(value) <= MAX_WORKER_ID_LENGTH and value == value.strip() and value.isprintable()
+
+
 class ConfigurationError(RuntimeError):
     """The flags and environment describe a worker that cannot run; the message says why."""
 
@@ -58,7 +66,9 @@ class WorkerSettings(BaseModel):
 
     backend_url: str
     token: str = Field(repr=False)
-    worker_id: str = Field(min_length=1, max_length=200)
+    # The id given with --worker-id / BATON_WORKER_ID; None: the one kept in the workspace
+    # root (`executors.identity`), which the worker is known by once it holds the root.
+    worker_id: str | None = Field(None, max_length=MAX_WORKER_ID_LENGTH)
     kinds: tuple[str, ...] = EXECUTOR_KINDS
     slots: int = Field(2, ge=1, le=100)
     workspace_root: Path
@@ -90,6 +100,13 @@ class WorkerSettings(BaseModel):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL of the Baton backend")
         return value.rstrip("/")
+
+    @field_validator("worker_id")
+    @classmethod
+    def _printable_id(cls, value: str | None) -> str | None:
+        if value is not None and not valid_worker_id(value):
+            raise ValueError("must be printable text, not blank, with no surrounding spaces")
+        return value
 
     @field_validator("kinds")
     @classmethod
@@ -126,7 +143,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--token-file", help="read the token from this file ($BATON_WORKER_TOKEN_FILE)"
     )
-    parser.add_argument("--worker-id", help="this worker's name in claims ($BATON_WORKER_ID)")
+    parser.add_argument(
+        "--worker-id",
+        help="this worker's name in claims, kept in the workspace root; default: the name "
+        "kept there, or a new one ($BATON_WORKER_ID)",
+    )
     parser.add_argument(
         "--kinds", help="executors to serve, comma-separated ($BATON_EXECUTOR_KINDS)"
     )
@@ -182,8 +203,7 @@ def load_settings(
     values: dict[str, object] = {
         "backend_url": backend,
         "token": token,
-        "worker_id": pick(args.worker_id, "BATON_WORKER_ID")
-        or f"{socket.gethostname()}-{os.getpid()}",
+        "worker_id": pick(args.worker_id, "BATON_WORKER_ID"),
         "workspace_root": Path(
             str(pick(args.workspace_root, "BATON_WORKSPACE_ROOT") or "var/workspaces")
         ).resolve(),

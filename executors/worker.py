@@ -90,7 +90,7 @@ class Worker:
             json.dumps(
                 {
                     "event": "worker_started",
-                    "worker_id": self.settings.worker_id,
+                    "worker_id": self.client.worker_id,
                     "kinds": list(self.settings.kinds),
                     "slots": self.settings.slots,
                 }
