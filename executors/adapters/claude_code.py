@@ -34,6 +34,7 @@ from typing import Any
 
 from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, Launch, RunRequest
 from executors.adapters.context_overflow import mentions_context_overflow
+from executors.adapters.session_usage import SessionUsageStore
 from executors.events import (
     RETRYABLE_CODES,
     ErrorCode,
@@ -57,6 +58,7 @@ INSTALL_HINT = (
 SDK_PACKAGE = "claude_agent_sdk"
 BUNDLED_BINARY = PurePosixPath("_bundled") / "claude"
 INSTRUCTIONS_FILE = "baton-instructions.md"  # in the run's tmp dir; see launch()
+USAGE_STATE_DIR = "baton-session-usage"  # in the state dir: each session's last totals
 MAX_ERROR_CHARS = 4000
 # What Claude Code prints in `result.errors` when `--resume` names a session it does not have:
 # a UUID it has no transcript for, or (the second) anything else that matches no session title.
@@ -146,7 +148,7 @@ class ClaudeCodeAdapter(ExecutorAdapter):
         )
 
     def parser(self, request: RunRequest) -> ClaudeCodeStreamParser:
-        return ClaudeCodeStreamParser(workspace=request.workspace)
+        return ClaudeCodeStreamParser(workspace=request.workspace, state_dir=request.state_dir)
 
 
 def _bundled_binary() -> str:
@@ -323,8 +325,26 @@ def usage_from_result(result: Mapping[str, Any]) -> Usage:
     )
 
 
+def _stored_usage(raw: Any) -> Usage:
+    """A session's saved totals (`Usage.to_json()`), leniently: bad numbers count as 0."""
+    raw = raw if isinstance(raw, Mapping) else {}
+    cost = raw.get("cost_usd")
+    return Usage(
+        **{
+            item.name: _count(raw.get(item.name))
+            for item in fields(Usage)
+            if item.name != "cost_usd"
+        },
+        cost_usd=float(cost)
+        if isinstance(cost, int | float) and not isinstance(cost, bool)
+        else None,
+    )
+
+
 def _usage_since(total: Usage, earlier: Usage) -> Usage:
-    """What `total` adds to `earlier`, totals of the same run; all of it if any number fell."""
+    """What `total` adds to `earlier`, totals of one session; all of it if any number fell
+    (the earlier totals are not of this history: a restored state dir, a session Claude Code
+    did not restore)."""
     numbers = [item.name for item in fields(Usage) if item.name != "cost_usd"]
     if any(getattr(total, name) < getattr(earlier, name) for name in numbers):
         return total
@@ -385,12 +405,17 @@ class ClaudeCodeStreamParser:
     they ran in the workspace. Lines that are not JSON objects are ignored.
     """
 
-    def __init__(self, *, workspace: Path) -> None:
+    def __init__(self, *, workspace: Path, state_dir: Path | None = None) -> None:
         self._workspace = PurePosixPath(os.path.normpath(os.path.abspath(workspace)))
+        # Where each session's last totals are kept; None keeps none (a run's totals are its own).
+        self._usage_store = (
+            None if state_dir is None else SessionUsageStore(state_dir, USAGE_STATE_DIR)
+        )
         self.session_id = ""
         self._result: dict[str, Any] | None = None
         self._api_error: dict[str, Any] | None = None  # the last synthetic API-error message
-        self._usage = Usage(cost_usd=0.0)  # the totals of the last result line
+        self._before: Usage | None = None  # the session's totals before this run
+        self._usage = Usage(cost_usd=0.0)  # this run's usage up to the last result line
         self._tools: dict[str, _ToolUse] = {}
         self._commands: list[dict[str, Any]] = []
         self._files_changed: list[str] = []
@@ -420,12 +445,21 @@ class ClaudeCodeStreamParser:
 
     def _result_line(self, result: dict[str, Any]) -> list[Event]:
         # Usually one per run; a background subagent finishing after the main loop's answer
-        # resumes the loop and a second result follows. Its numbers are totals for the process
-        # so far: the event reports what this result added, the Outcome the last totals.
+        # resumes the loop and a second result follows. Its numbers are totals for the session
+        # so far — after `--resume` Claude Code restores the session's earlier totals — so the
+        # run's usage is the total less what the session had before it, and the event reports
+        # what this result added.
         self._result = result
         total = usage_from_result(result)
-        added = _usage_since(total, self._usage)
-        self._usage = total
+        session_id = self.session_id or _string(result.get("session_id")) or ""
+        store = self._usage_store if session_id and not self.missing_session else None
+        if self._before is None:
+            self._before = _stored_usage(store.load(session_id)) if store else Usage()
+        run = _usage_since(total, self._before)
+        added = _usage_since(run, self._usage)
+        self._usage = run
+        if store is not None:
+            store.save(session_id, total.to_json())
         return [UsageReported(usage=added)]
 
     @property

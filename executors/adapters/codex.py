@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -41,6 +40,7 @@ from executors.adapters.base import (
     RunRequest,
 )
 from executors.adapters.context_overflow import mentions_context_overflow
+from executors.adapters.session_usage import SessionUsageStore
 from executors.events import (
     RETRYABLE_CODES,
     ErrorCode,
@@ -285,53 +285,16 @@ class ThreadUsage:
 
 
 class ThreadUsageStore:
-    """Each thread's last cumulative usage, one small JSON file per thread id.
-
-    Files are replaced atomically (write a temporary file, then rename), so a run killed
-    mid-write leaves the previous record, never a torn one.
-    """
+    """Each thread's last cumulative usage (see `session_usage`)."""
 
     def __init__(self, state_dir: Path) -> None:
-        self._dir = state_dir / USAGE_STATE_DIR
-
-    def _path(self, thread_id: str) -> Path | None:
-        try:
-            name = str(uuid.UUID(thread_id))  # also keeps the id from naming another path
-        except ValueError:
-            return None
-        return self._dir / f"{name}.json"
+        self._store = SessionUsageStore(state_dir, USAGE_STATE_DIR)
 
     def load(self, thread_id: str) -> ThreadUsage:
-        path = self._path(thread_id)
-        if path is None:
-            return ThreadUsage()
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return ThreadUsage()  # none yet (a new thread), or unreadable: count from zero
-        return ThreadUsage.from_json(record.get("usage") if isinstance(record, dict) else None)
+        return ThreadUsage.from_json(self._store.load(thread_id))
 
     def save(self, thread_id: str, usage: ThreadUsage) -> None:
-        path = self._path(thread_id)
-        if path is None:
-            return
-        record = {"thread_id": thread_id, "usage": usage.to_json()}
-        try:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            fd, temporary = tempfile.mkstemp(dir=self._dir, prefix=".tmp-", suffix=".json")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as file:
-                    json.dump(record, file)
-                    file.flush()
-                    os.fsync(file.fileno())
-                os.replace(temporary, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary)
-                raise
-        except OSError as error:
-            # The next turn of this thread will then over-report; the run itself is fine.
-            logger.warning("cannot record Codex thread usage: %s", error.strerror)
+        self._store.save(thread_id, usage.to_json())
 
 
 def classify_error(message: str) -> ErrorCode:

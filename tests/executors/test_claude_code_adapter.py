@@ -73,6 +73,7 @@ MODEL = "claude-sonnet-4-5"  # an alias Claude Code knows: an unknown one warns 
 API_KEY = "sk-ant-baton-test-key"
 RUN_TIMEOUT_SECONDS = 30.0
 MISSING_SESSION_ID = "00000000-0000-4000-8000-000000000000"
+TEXT_SESSION = "cc396d51-98e3-406e-9c2e-bb8209a1ddae"  # the session of recordings/text.jsonl
 
 # Byte-exact answer: non-ASCII, typographic quotes, a backslash, blank lines, a tab, a trailing
 # newline — everything a careless strip or re-encode would change.
@@ -1246,3 +1247,75 @@ if __name__ == "__main__":
     with tempfile.TemporaryDirectory(prefix="claude-recording-") as scratch:
         record_all(Path(scratch), names=sys.argv[1:])
     sys.exit(0)
+
+
+# -- usage across resumes ----------------------------------------------------------------------
+
+
+def _resumed_result_lines(turns: int) -> list[str]:
+    """The recorded text run as Claude Code prints its `turns`-th turn of one session: after
+    `--resume` it restores the session's totals, so `modelUsage` and `total_cost_usd` hold
+    every earlier turn's request too (11/7 → 22/14 → 33/21 tokens, seen with 2.1.332)."""
+    lines = []
+    for line in (RECORDINGS / "text.jsonl").read_text(encoding="utf-8").splitlines():
+        message = json.loads(line)
+        if message.get("type") == "result":
+            message["total_cost_usd"] = round(0.000138 * turns, 6)
+            for model in message["modelUsage"].values():
+                model.update(inputTokens=11 * turns, outputTokens=7 * turns)
+                model["costUSD"] = round(0.000138 * turns, 6)
+        lines.append(json.dumps(message))
+    return lines
+
+
+def test_each_resumed_turn_reports_its_own_usage_and_cost(tmp_path: Path) -> None:
+    one_request = Usage(input_tokens=11, output_tokens=7, cost_usd=0.000138)
+    for turns in (1, 2, 3):
+        parser = ClaudeCodeStreamParser(
+            workspace=Path(PLACEHOLDERS["workspace"]), state_dir=tmp_path
+        )
+        events = [event for line in _resumed_result_lines(turns) for event in parser.feed(line)]
+        outcome = parser.finish(exit_code=0, stderr_tail="")
+        assert of_type(events, UsageReported) == [UsageReported(usage=one_request)], turns
+        assert outcome.usage == one_request, turns
+    saved = tmp_path / "baton-session-usage"
+    assert [path.name for path in saved.iterdir()] == [f"{TEXT_SESSION}.json"]  # no temp file
+
+
+def test_a_session_this_worker_has_no_totals_for_reports_the_whole_total(tmp_path: Path) -> None:
+    parser = ClaudeCodeStreamParser(workspace=Path(PLACEHOLDERS["workspace"]), state_dir=tmp_path)
+    for line in _resumed_result_lines(2):
+        parser.feed(line)
+    assert parser.finish(exit_code=0, stderr_tail="").usage == Usage(
+        input_tokens=22, output_tokens=14, cost_usd=0.000276
+    )
+
+
+def test_totals_smaller_than_the_saved_ones_are_a_history_of_their_own(tmp_path: Path) -> None:
+    """Claude Code did not restore the session's totals (or the state dir was restored from an
+    older copy): the run's totals are all its own."""
+    for turns in (3, 1):
+        parser = ClaudeCodeStreamParser(
+            workspace=Path(PLACEHOLDERS["workspace"]), state_dir=tmp_path
+        )
+        for line in _resumed_result_lines(turns):
+            parser.feed(line)
+    assert parser.finish(exit_code=0, stderr_tail="").usage == Usage(
+        input_tokens=11, output_tokens=7, cost_usd=0.000138
+    )
+
+
+def test_resumed_runs_of_the_real_binary_report_one_request_each(
+    model_server: ModelServer, tmp_path: Path
+) -> None:
+    model_server.set_turns([{"text": "One."}, {"text": "Two."}, {"text": "Three."}])
+    session_id = None
+    usages = []
+    for number in range(3):
+        run = _run(
+            _request(tmp_path, model_server, prompt=f"Question {number}.", resume=session_id)
+        )
+        session_id = run.outcome.session_id
+        usages.append(run.outcome.usage)
+    one_request = Usage(input_tokens=11, output_tokens=7, cost_usd=0.000138)
+    assert usages == [one_request] * 3

@@ -392,7 +392,7 @@ def test_recorded_resume_reports_each_turns_usage_not_the_threads(tmp_path: Path
     store = tmp_path / "baton-thread-usage"
     assert [path.name for path in store.iterdir()] == [f"{T_RESUMED}.json"]  # no temp file left
     assert json.loads((store / f"{T_RESUMED}.json").read_text()) == {
-        "thread_id": T_RESUMED,
+        "session_id": T_RESUMED,
         "usage": {
             "input_tokens": 200,
             "cached_input_tokens": 80,
