@@ -309,8 +309,9 @@ def report_result(
     error, network) puts it back to PENDING after a backoff, or fails it for good with this
     error once BATON_MAX_ATTEMPTS claims have been used. RELEASE gives it back at once (the
     worker is shutting down) and does not use up an attempt. A FAILED or RETRY with error code
-    `context_overflow` requeues the turn with a tighter token budget, or fails it saying what
-    was tried (see `overflow`).
+    `context_overflow` requeues the turn in a fresh session (when it resumed one:
+    `session_resumed`) or with a tighter token budget, or fails it saying what was tried (see
+    `overflow`).
 
     Idempotent: the same report from the same claim a second time changes nothing and returns
     changed=False, even after the lease time passed. A different report for a turn this claim
@@ -407,7 +408,7 @@ def _apply_report(
     if status == RELEASE:
         requeue(subtask=subtask, error=error, error_code=error_code, released=True)
     elif _is_overflow(status=status, error_code=error_code):
-        recover_from_overflow(subtask=subtask, error=error)
+        recover_from_overflow(subtask=subtask, error=error, session_resumed=session_resumed)
         subtask.refresh_from_db()
         # Marks which prompt was sent; no session is recorded for a turn that did not complete.
         record_session(

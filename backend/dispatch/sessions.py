@@ -12,7 +12,8 @@ When a result comes back, `record_session` notes what the session has now seen: 
 the prompt that was sent, the message it answered and its own answer. A resume is offered only
 when it is safe; `resume_reason` says why not otherwise (another worker holds the session, the
 session's context is nearly full, the model refused this turn's prompt as too long, history
-is off, unseen turns fell outside the window, ...).
+is off, unseen turns fell outside the window, ...). A session whose context overflowed on a
+resume is forgotten (`forget_session`): the turn runs again in a fresh one (see `overflow`).
 """
 
 from __future__ import annotations
@@ -67,12 +68,12 @@ def resume_reason(
     `input_window` is the most input the bot's model takes (`ModelWindow.input_window`; None
     when not known): a session whose last turn used more than `resume_max_context_fraction` of
     it starts fresh."""
+    if subtask.context_overflows:
+        # The model refused a prompt of this turn as too long, a resumed session's or a full
+        # one: its retry starts a fresh session with the full prompt (see `overflow`).
+        return "context_overflow"
     if session is None:
         return "no_session"
-    if subtask.token_cap is not None:
-        # The model refused a prompt of this turn as too long: its retry starts a fresh
-        # session with the full prompt under the tightened budget (see `overflow`).
-        return "context_overflow"
     if subtask.executor not in RESUMABLE_EXECUTORS:
         return "executor_keeps_baton_prompt"
     if not policy.resume_native_sessions:
@@ -93,6 +94,19 @@ def resume_reason(
     if not _window_covers_unseen(full_input, seen_through=session.seen_through_message_id):
         return "unseen_beyond_window"
     return RESUME
+
+
+def forget_session(*, subtask: Subtask) -> int | None:
+    """Forget the native session of `subtask`'s bot in its task, whose context overflowed when
+    the turn resumed it: no later turn resumes it, the next one starts a fresh session.
+    Returns the input tokens of that session's last completed turn (None: not known)."""
+    found = NativeSession.objects.filter(
+        task_id=subtask.task_id, bot=subtask.bot, executor=subtask.executor
+    ).first()
+    if found is None:
+        return None
+    found.delete()
+    return found.context_tokens
 
 
 def _window_covers_unseen(full_input: PromptInput, *, seen_through: int) -> bool:

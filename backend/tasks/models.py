@@ -428,8 +428,10 @@ class Subtask(models.Model):
     # After the model refused a prompt as too long (backend/dispatch/overflow.py): the most
     # tokens this turn's prompt may take, applied with the policy's cap (the lower wins), and
     # one entry per attempt whose prompt overflowed: {"attempt", "tokens", "max_tokens"}, what
-    # its prompt took and the budget it was built under (null: no cap). Requeues after an
-    # overflow do not use up attempts; BATON_CONTEXT_OVERFLOW_RETRIES bounds them.
+    # its prompt took and the budget it was built under (null: no cap), with "resumed" and
+    # "session_tokens" when it was a resumed native session's (retried fresh, not halved).
+    # Requeues after an overflow do not use up attempts; BATON_CONTEXT_OVERFLOW_RETRIES bounds
+    # the halvings.
     token_cap = models.PositiveIntegerField(null=True, blank=True)
     context_overflows = models.JSONField(default=list, blank=True)
     # The worker holding this bot's native session when the turn was created: it is offered

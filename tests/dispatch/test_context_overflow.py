@@ -1,6 +1,7 @@
-"""Recovery from context overflow, over the executor API: a prompt the model refused as too long
-is requeued with half the budget and a fresh session, a bounded number of times, and then fails
-saying what was tried; the overflowed attempts never reach a later prompt's history."""
+"""Recovery from context overflow, over the executor API: a resumed native session that overflowed
+is retried once in a fresh session with the full prompt; a full prompt the model refused as too
+long is requeued with half the budget and a fresh session, a bounded number of times, and then
+fails saying what was tried; the overflowed attempts never reach a later prompt's history."""
 
 from __future__ import annotations
 
@@ -180,15 +181,40 @@ def test_repeating_an_overflow_report_changes_nothing(api, worker_api):
     assert len(stored.context_overflows) == 1
 
 
-def test_the_retry_of_an_overflowed_resume_starts_a_fresh_session(api, worker_api):
-    task = big_task(api)
+def resumed_turn(api, worker_api, task, *, message="And now?", usage=None) -> dict:
+    """Complete the task's first turn in session "s1", then dispatch `message`'s turn, which
+    the worker is offered to resume in that session."""
     [first] = dispatch(worker_api)
     answer = {"result": {"value": "Read it."}, "native_session_id": "s1"}
+    if usage is not None:
+        answer["usage"] = usage
     assert report(worker_api, first, **answer).status_code == 200
-    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "And now?"}, format="json")
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": message}, format="json")
     [resumed] = dispatch(worker_api)
-    assert (resumed["resume_reason"], resumed["resume_prompt"]) == ("resume", "And now?")
-    overflow(worker_api, resumed, native_session_id="s1", session_resumed=True)
+    assert (resumed["resume_reason"], resumed["resume_prompt"]) == ("resume", message)
+    return resumed
+
+
+def resumed_overflow(worker_api, turn, **body):
+    return overflow(worker_api, turn, native_session_id="s1", session_resumed=True, **body)
+
+
+def test_an_overflowed_resume_is_retried_with_the_full_prompt_in_a_fresh_session(api, worker_api):
+    task = big_task(api)
+    resumed = resumed_turn(api, worker_api, task, usage={"input_tokens": 9_000})
+    assert resumed_overflow(worker_api, resumed)["status"] == "PENDING"
+    stored = Subtask.objects.get(pk=resumed["subtask_id"])
+    assert stored.token_cap is None  # the resume prompt is not what overflowed: no halving
+    assert stored.context_overflows == [
+        {
+            "attempt": 1,
+            "tokens": count_tokens("And now?"),  # the resume prompt that was sent
+            "max_tokens": None,
+            "resumed": True,
+            "session_tokens": 9_000,
+        }
+    ]
+    assert not stored.task.native_sessions.exists()  # the overflowed session is not resumed
     sent = PromptReport.objects.filter(subtask_id=resumed["subtask_id"], attempt=1)
     assert sorted(sent.values_list("kind", "sent")) == [("full", False), ("resume", True)]
 
@@ -198,22 +224,114 @@ def test_the_retry_of_an_overflowed_resume_starts_a_fresh_session(api, worker_ap
         None,
         "context_overflow",
     )
-    # The full prompt (history and all) under half of what the overflowed attempt's full
-    # prompt took: here too little for the first message, so its notice points to the
-    # transcript instead.
-    assert full_report(retry).token_budget == max(full_report(resumed).tokens // 2, 1024)
-    assert retry["prompt"] == (
-        "## Conversation History\n\n"
-        "[omitted earlier messages: 2 (1 user, 1 assistant)]\n"
-        f"{retry['prompt'].splitlines()[3]}\n"
-        f"{retry['prompt'].splitlines()[4]}\n\n"
-        "## Current Message\n\nUser:\nAnd now?\n"
+    # The whole conversation under the normal budget: the very prompt the resume stood for.
+    assert retry["prompt"] == resumed["prompt"]
+    assert retry["prompt"].startswith("## Conversation History\n\nUser:\nstep 0: compile")
+    row = full_report(retry)
+    assert (row.retry_reason, row.previous_token_budget, row.token_budget) == (
+        "resumed_session_overflow",
+        None,
+        None,
     )
-    assert "full text: .baton/history/task-" in retry["prompt"]
+    assert row.tokens == full_report(resumed).tokens
+    assert replay_prompt(report=row).matches
     answer = {"result": {"value": "Fresh."}, "native_session_id": "s2"}
     assert report(worker_api, retry, **answer).status_code == 200
     session = Subtask.objects.get(pk=retry["subtask_id"]).task.native_sessions.get()
     assert (session.session_id, session.turns) == ("s2", 1)
+
+
+def test_a_small_conversation_whose_resumed_session_overflowed_completes_fresh(api, worker_api):
+    # A few tokens of Baton's prompt in a session whose context is full: no smaller prompt
+    # exists, and none is needed.
+    task = create(api)
+    resumed = resumed_turn(api, worker_api, task)
+    assert resumed_overflow(worker_api, resumed)["status"] == "PENDING"
+    [retry] = dispatch(worker_api)
+    assert retry["prompt"] == resumed["prompt"]
+    assert full_report(retry).retry_reason == "resumed_session_overflow"
+    assert report(worker_api, retry, result={"value": "Fresh."}).status_code == 200
+    assert Subtask.objects.get(pk=retry["subtask_id"]).status == "COMPLETED"
+
+
+def test_a_fresh_retry_that_overflows_too_is_halved_then_fails_listing_each_attempt(
+    api, worker_api, settings
+):
+    settings.BATON_CONTEXT_OVERFLOW_RETRIES = 1
+    task = big_task(api)
+    # The follow-up is long too: its full prompt can be halved twice.
+    resumed = resumed_turn(api, worker_api, task, message=BUILD_LOG, usage={"input_tokens": 9_000})
+    resume_tokens = PromptReport.objects.get(
+        subtask_id=resumed["subtask_id"], attempt=1, kind="resume"
+    ).tokens
+    resumed_overflow(worker_api, resumed)
+    [fresh] = dispatch(worker_api)
+    fresh_tokens = full_report(fresh).tokens
+    assert overflow(worker_api, fresh, native_session_id="s2")["status"] == "PENDING"
+    assert Subtask.objects.get(pk=fresh["subtask_id"]).token_cap == fresh_tokens // 2
+    [halved] = dispatch(worker_api)
+    row = full_report(halved)
+    assert (row.retry_reason, row.previous_token_budget, row.token_budget) == (
+        "context_overflow",
+        fresh_tokens,
+        fresh_tokens // 2,
+    )
+    assert (halved["native_session"], halved["resume_prompt"]) == (None, None)
+    overflow(worker_api, halved, error="prompt is too long")
+    stored = Subtask.objects.get(pk=halved["subtask_id"])
+    assert (stored.status, stored.attempts) == ("FAILED", 3)
+    assert stored.error == (
+        "The prompt did not fit the model's context window ("
+        f"attempt 1: a {resume_tokens}-token resume prompt in a resumed native session whose "
+        "last turn took 9000 input tokens; "
+        f"attempt 2: {fresh_tokens} tokens under no token cap; "
+        f"attempt 3: {row.tokens} tokens under a {fresh_tokens // 2}-token budget). "
+        "Baton gave up after a fresh session and 1 retry with a halved budget "
+        "(BATON_CONTEXT_OVERFLOW_RETRIES=1). The executor's last error: prompt is too long"
+    )
+
+
+def test_with_halving_off_an_overflowed_resume_still_gets_its_fresh_session(
+    api, worker_api, settings
+):
+    settings.BATON_CONTEXT_OVERFLOW_RETRIES = 0
+    task = big_task(api)
+    resumed = resumed_turn(api, worker_api, task)
+    assert resumed_overflow(worker_api, resumed)["status"] == "PENDING"
+    [fresh] = dispatch(worker_api)
+    assert overflow(worker_api, fresh)["status"] == "FAILED"
+    stored = Subtask.objects.get(pk=fresh["subtask_id"])
+    assert stored.error.endswith(
+        "Baton retried in a fresh session; retrying with a tighter budget is off "
+        "(BATON_CONTEXT_OVERFLOW_RETRIES=0). "
+        "The executor's last error: Codex ran out of room in the model's context window."
+    )
+
+
+def test_a_resume_the_dispatch_never_offered_is_a_full_prompt_overflow(api, worker_api):
+    big_task(api)
+    [first] = dispatch(worker_api)
+    assert first["resume_prompt"] is None
+    # The worker says it resumed, but it had only the full prompt: that is what overflowed.
+    overflow(worker_api, first, native_session_id="s1", session_resumed=True)
+    stored = Subtask.objects.get(pk=first["subtask_id"])
+    assert stored.token_cap == full_report(first).tokens // 2
+    assert "resumed" not in stored.context_overflows[0]
+    [second] = dispatch(worker_api)
+    assert full_report(second).retry_reason == "context_overflow"
+
+
+def test_a_resume_that_fell_back_to_the_full_prompt_is_halved(api, worker_api):
+    task = big_task(api)
+    resumed = resumed_turn(api, worker_api, task)
+    # The session was not on the worker after all: it ran the full prompt, which overflowed.
+    overflow(worker_api, resumed, native_session_id="s9", session_resumed=False)
+    sent = PromptReport.objects.filter(subtask_id=resumed["subtask_id"], attempt=1)
+    assert sorted(sent.values_list("kind", "sent")) == [("full", True), ("resume", False)]
+    stored = Subtask.objects.get(pk=resumed["subtask_id"])
+    assert stored.token_cap == max(full_report(resumed).tokens // 2, 1024)
+    [retry] = dispatch(worker_api)
+    assert (full_report(retry).retry_reason, retry["resume_prompt"]) == ("context_overflow", None)
 
 
 def test_the_next_prompt_shows_no_failure_for_an_attempt_that_overflowed(api, worker_api):

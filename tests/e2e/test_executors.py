@@ -195,9 +195,12 @@ def test_a_prompt_over_the_models_window_completes_on_a_smaller_retry(
         baton.follow_up(task["id"], build_log)
         done = baton.wait(task["id"])
     first, turn = done["turns"][1], done["turns"][3]
+    # The CLIs first resume their session: that attempt's retry is a fresh session first.
+    resumes = kind != "agno"
+    attempts = 3 if resumes else 2
     assert (turn["status"], turn["attempts"], turn["result"]["value"]) == (
         "COMPLETED",
-        2,
+        attempts,
         "Done on the retry.",
     )
     assert (turn["error"], turn["error_code"]) == ("", "")
@@ -218,13 +221,21 @@ def test_a_prompt_over_the_models_window_completes_on_a_smaller_retry(
     assert "full text: .baton/history/task-" in prompt
     assert "## Current Message\n\nUser:\nstep 0: compile module 0" in prompt
     assert "chars truncated" in prompt
-    if kind != "agno":
+    if resumes:
         # The CLI first resumed its session with the build log alone (Claude Code then tried
-        # to compact the session and sent it again); the retry ran in a fresh session.
+        # to compact the session and sent it again); the retry ran Baton's full prompt in a
+        # fresh session under the normal budget, and only when that overflowed too was the
+        # budget halved.
         assert extract_prompt(refused[0].api, refused[0].body) == build_log
         assert turn["native_session_id"] != first["native_session_id"]
-    overflowed = PromptReport.objects.get(subtask_id=turn["id"], attempt=1, kind="full")
-    retried = PromptReport.objects.get(subtask_id=turn["id"], attempt=2, kind="full")
+        resumed = PromptReport.objects.get(subtask_id=turn["id"], attempt=1, kind="full")
+        fresh = PromptReport.objects.get(subtask_id=turn["id"], attempt=2, kind="full")
+        assert (fresh.retry_reason, fresh.token_budget) == (
+            "resumed_session_overflow",
+            resumed.token_budget,
+        )
+    overflowed = PromptReport.objects.get(subtask_id=turn["id"], attempt=attempts - 1, kind="full")
+    retried = PromptReport.objects.get(subtask_id=turn["id"], attempt=attempts, kind="full")
     assert (retried.retry_reason, retried.previous_token_budget, retried.token_budget) == (
         "context_overflow",
         overflowed.tokens,
