@@ -19,6 +19,11 @@ Outcome: success is `result.is_error == false`, never `subtype` (an HTTP 500 com
 assistant message Claude Code prints before it (see `classify_error`). A resume of a session this
 worker does not have fails with "No conversation found with session ID: …";
 `is_missing_session()` recognises that outcome so the worker can start afresh.
+
+Usage: `modelUsage` and `total_cost_usd` are totals over the session — `--resume` restores them
+(11 → 22 → 33 input tokens over three one-request turns) — so the parser keeps each session's
+last totals in `<state_dir>/baton-session-usage/<session id>.json` (see `session_usage`) and
+reports the difference: a turn's usage and cost are that turn's alone.
 """
 
 from __future__ import annotations
