@@ -46,7 +46,9 @@ class ProviderError:
         return str(error)
 
 
-def _openai(message: str, kind: str = "invalid_request_error", code: Any = None, param: Any = None):
+def _openai(
+    message: str, kind: str = "invalid_request_error", code: Any = None, param: Any = None
+) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
