@@ -159,6 +159,7 @@ def _locked(directory: int, *, root: Path) -> int:
     except BaseException:
         os.close(lock)
         raise
+    os.ftruncate(lock, 0)  # a dead holder's record: until ours is written, the holder is unnamed
     return lock
 
 
@@ -173,9 +174,7 @@ def _holder(lock: int) -> str:
 
 def _record_holder(lock: int, identity: WorkerIdentity) -> None:
     record = {"worker_id": identity.worker_id, "pid": os.getpid(), "host": socket.gethostname()}
-    content = f"{json.dumps(record)}\n".encode()
-    os.ftruncate(lock, 0)
-    os.pwrite(lock, content, 0)
+    os.pwrite(lock, f"{json.dumps(record)}\n".encode(), 0)
 
 
 def _identity(directory: int, *, root: Path, explicit_worker_id: str | None) -> WorkerIdentity:
