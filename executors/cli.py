@@ -124,7 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(settings: WorkerSettings, identity: WorkerIdentity) -> int:
     """Run the worker while this process holds its workspace root."""
-    logger.info(
+    # An explicit id that replaced the kept one: the sessions recorded under the old id start
+    # afresh (the backend offers their resume to that id only).
+    logger.log(
+        logging.WARNING if identity.replaced else logging.INFO,
         json.dumps(
             {
                 "event": "worker_identity",
@@ -132,7 +135,7 @@ def _serve(settings: WorkerSettings, identity: WorkerIdentity) -> int:
                 "source": identity.source.value,
                 "replaced": identity.replaced,
             }
-        )
+        ),
     )
     adapters = locate_adapters(settings.kinds)
     standin = None
