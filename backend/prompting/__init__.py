@@ -8,7 +8,9 @@ each:
 * ``kinds`` — what an artifact's text is (JSON, command output, code, …), from a bounded sample.
 * ``addressing`` — content addresses: the artifact id, workspace path and pointer of a text.
 * ``truncate`` — head + tail cuts with Codex's exact markers; the previews ingestion stores.
-* ``previews`` — kind-aware previews: valid JSON skeletons, evidence lines, line-bounded cuts.
+* ``evidence`` — what a cut must keep from a text's middle: errors, tracebacks, URLs, titles.
+* ``json_skeleton`` — a cut of a JSON text that is itself valid JSON.
+* ``previews`` — every cut, kind-aware: JSON skeletons, evidence lines, line-bounded cuts.
 * ``policy`` — :class:`PromptPolicy`, every cap, validated; :class:`ContextPassing`.
 * ``inputs`` — the history, its summary, current message and previous result as frozen models.
 * ``document`` — the structure of a prompt (sections, messages, omission notice).

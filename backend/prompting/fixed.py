@@ -1,8 +1,9 @@
 """The fixed sections: the Current Message and the Previous Result, never dropped, only cut.
 
-Each is cut head + tail at its own char cap. When the fixed sections alone leave no room under
-``max_tokens`` for the history's header and notice, :func:`squeeze` cuts one of them further,
-still in chars.
+Each is cut at its own char cap the way its kind needs (``previews``: a log keeps its
+traceback, JSON keeps a skeleton that parses, code is cut on line boundaries). When the fixed
+sections alone leave no room under ``max_tokens`` for the history's header and notice,
+:func:`squeeze` cuts one of them further, still in chars.
 
 Invariants kept here: every cut, the first and each squeeze, is made from the original text, so
 the marker counts the code points removed from the original and not from an earlier cut; and a
@@ -18,9 +19,11 @@ from backend.prompting.addressing import WholeText, pointer_to_whole
 from backend.prompting.counting import TokenCounter
 from backend.prompting.document import RenderedMessage, Section
 from backend.prompting.inputs import ArtifactPointer, Role
-from backend.prompting.pieces import SizedPiece, cut_chars, sized_piece
+from backend.prompting.kinds import classify_text
+from backend.prompting.pieces import SizedPiece, sized_piece
+from backend.prompting.previews import cut_preview, recut_preview
 from backend.prompting.render import header_piece
-from backend.prompting.truncate import Preview, Truncation
+from backend.prompting.truncate import Preview
 
 
 @dataclass(slots=True)
@@ -43,8 +46,10 @@ class FixedSection:
     """The turn whose text ``original`` is: a cut of unstored text points to its content
     address, and dispatch stores it there."""
     preview: Preview | None = None
-    """The stored preview ``original`` renders (a spilled text): cuts are made from its head
-    and tail, so the one marker keeps counting against the whole text."""
+    """The stored preview ``original`` renders (a spilled text): cuts are made from its parts,
+    so every marker keeps counting against the whole text."""
+    kind: str | None = None
+    """The text's kind when it is stored (its artifact's), else it is classified when cut."""
     piece: SizedPiece = field(init=False)
     shown: Preview | None = field(init=False, default=None)
     whole_text: WholeText | None = field(init=False, default=None)
@@ -58,27 +63,29 @@ class FixedSection:
     def recut(self, cap: int | None) -> None:
         self.cap = cap
         if self.preview is not None:
-            shown = self.preview
-            if cap is not None and shown.kept_chars > cap:
-                shown = shown.recut(cap)
-            self.shown = shown
-            content, markers, cut = shown.text, shown.marker_spans, None
+            kind = self._stored_kind() or classify_text(self.original)
+            shown: Preview | None = recut_preview(self.preview, cap, kind)
             tokens = self.original_tokens if shown is self.preview else None
-            partial = shown.removed_chars > 0
         else:
-            cut = cut_chars(self.original, cap)
-            content = cut.text if cut is not None else self.original
-            markers = cut.marker_spans if cut is not None else ()
-            tokens = self.original_tokens if cut is None else None
-            partial = cut is not None or self.removed_before > 0
-        pointer, self.whole_text = self._pointer() if partial else (None, None)
+            shown = cut_preview(self.original, cap, self._stored_kind())
+            tokens = self.original_tokens if shown is None else None
+        self.shown = shown
+        content = shown.text if shown is not None else self.original
+        markers = shown.marker_spans if shown is not None else ()
+        pointer, self.whole_text = self._pointer() if self.truncated else (None, None)
         message = RenderedMessage(
             role=self.role, name=self.name, content=content, artifact=pointer, markers=markers
         )
+        cut = shown if self.preview is None else None
         self.piece = self._render(message, tokens, cut)
 
+    def _stored_kind(self) -> str | None:
+        if self.kind is not None:
+            return self.kind
+        return self.artifact.kind if self.artifact is not None else None
+
     def _render(
-        self, message: RenderedMessage, tokens: int | None, cut: Truncation | None
+        self, message: RenderedMessage, tokens: int | None, cut: Preview | None
     ) -> SizedPiece:
         """The piece for ``message`` (its cached count ``tokens``): a labelled message."""
         return sized_piece(message, tokens, last=self.last, cut=cut, whole_text=self.whole_text)
@@ -94,15 +101,14 @@ class FixedSection:
 
     @property
     def kept_chars(self) -> int:
-        if self.shown is not None:
-            return self.shown.kept_chars
-        return self.piece.cut.kept_chars if self.piece.cut is not None else len(self.original)
+        return self.shown.kept_chars if self.shown is not None else len(self.original)
 
     @property
     def removed_chars(self) -> int:
-        if self.shown is not None:
+        if self.preview is not None:
+            assert self.shown is not None
             return self.shown.removed_chars
-        cut = self.piece.cut.removed_chars if self.piece.cut is not None else 0
+        cut = self.shown.removed_chars if self.shown is not None else 0
         return self.removed_before + cut
 
     @property

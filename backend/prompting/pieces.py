@@ -19,8 +19,7 @@ from backend.prompting.counting import TokenCounter
 from backend.prompting.document import RenderedMessage
 from backend.prompting.render import escape_content, message_prefix, message_suffix
 from backend.prompting.report import TruncatedMessage
-from backend.prompting.truncate import Truncation, truncate_middle_with_count
-from backend.prompting.units import Unit
+from backend.prompting.truncate import Preview
 
 
 @dataclass(slots=True)
@@ -33,7 +32,8 @@ class SizedPiece:
     body: str
     suffix: str
     cached_tokens: int | None
-    cut: Truncation | None = None
+    cut: Preview | None = None
+    """How the content was cut from the whole text here (None: not cut, or a stored preview)."""
     truncated: TruncatedMessage | None = None
     whole_text: WholeText | None = None
     """The unstored whole text the piece's pointer line addresses (dispatch stores it)."""
@@ -49,19 +49,12 @@ class SizedPiece:
         return self._tokens
 
 
-def cut_chars(text: str, cap: int | None) -> Truncation | None:
-    """A head + tail cut of ``text`` to ``cap`` code points, or None when it fits."""
-    if cap is None or len(text) <= cap:
-        return None
-    return truncate_middle_with_count(text, cap, Unit.CHARS)
-
-
 def sized_piece(
     message: RenderedMessage,
     content_tokens: int | None,
     *,
     last: bool = False,
-    cut: Truncation | None = None,
+    cut: Preview | None = None,
     truncated: TruncatedMessage | None = None,
     whole_text: WholeText | None = None,
     prefix: str | None = None,

@@ -1,133 +1,64 @@
-"""Kind-aware previews: within the same budget, a spilled text keeps the evidence of its kind.
+"""Kind-aware cuts: within the same budget, a cut text keeps the evidence of its kind.
 
-A preview keeps verbatim slices of the original and marks every place where something was
-left out with Codex's marker, so every kept character is the original's and every marker's N
-is exact (:class:`~backend.prompting.truncate.Preview`). What is kept depends on the kind
-(:mod:`backend.prompting.kinds`); the budget is always ``head_chars + tail_chars`` kept code
-points, markers not counted:
+Every cut a prompt makes goes through here: the preview ingestion stores for a spilled text
+(:func:`make_kind_preview`), and each cut of a first message, a Current Message, a Previous
+Result, a history turn, a resume prompt's turns or a summary's input (:func:`cut_preview` of a
+whole text, :func:`recut_preview` of a stored preview). A cut keeps verbatim slices of the
+original and marks every place where something was left out with Codex's marker, so every kept
+character is the original's and every marker's N is exact
+(:class:`~backend.prompting.truncate.Preview`). The budget is ``head_chars + tail_chars`` kept
+code points, markers not counted. What is kept depends on the kind
+(:mod:`~backend.prompting.kinds`):
 
-* ``json`` — a skeleton that is itself valid JSON: objects keep every key they can (values
-  that do not fit are cut inside, or become ``"…N chars truncated…"``), arrays keep their first
-  elements and then one ``"…N chars truncated…"`` element for the rest, members that do not fit
-  at all become one ``"…N chars truncated…": null`` member, and long strings keep their two
-  ends. Text that does not scan as JSON, or longer than ``JSON_SKELETON_MAX_CHARS``, gets the
-  line preview.
-* ``command_output`` — the first and last lines (the command line, the exit code and the test
-  summary are usually there) and, in between, the lines that carry evidence: shell prompt
-  lines, errors, failures, tracebacks, exit codes. Up to half the budget goes to them.
-* ``web_or_search`` — the same with lines that hold a URL or a title (a Markdown heading, a
-  ``Title:`` line, an HTML ``<title>``/``<h1>``–``<h3>``); for HTML on long lines, the tags
-  themselves.
-* ``file_or_code`` and ``text`` (logs) — head and tail cut on line boundaries: when a line
-  break lies within the last quarter of the head's budget (or the first quarter of the tail's),
-  the cut moves there, so each marker stands on a line of its own. Text with no such line
-  break is cut like :func:`~backend.prompting.truncate.make_preview`.
-
-A line that carries evidence is kept with the line breaks around it, so each marker stands on a
-line of its own; a line longer than ``EVIDENCE_LINE_MAX_CHARS`` keeps only the match, and
-evidence spans at most ``_BRIDGE_CHARS`` apart are kept as one (with what lies between).
+* ``json`` — a skeleton that is itself valid JSON (:mod:`~backend.prompting.json_skeleton`).
+  Text that does not scan as JSON, or a stored preview cut again, gets the line preview.
+* ``command_output``, ``text`` and ``web_or_search`` — the first and last lines within a
+  quarter of the budget each, then, within half the budget, the evidence lines of the middle
+  (:mod:`~backend.prompting.evidence`: errors, tracebacks, exit codes; URLs and titles), in the
+  evidence's own order — the longest prefix of it that fits, so a larger budget keeps every
+  evidence line a smaller one kept. What the evidence leaves goes back to the head and the
+  tail, never past an evidence line the budget could not take (so no budget keeps one by luck
+  that a larger budget drops). Without evidence in the middle: the line preview.
+* ``file_or_code`` (and any text without evidence) — head and tail cut on line boundaries:
+  when a line break lies within the last quarter of the head's budget (or the first quarter of
+  the tail's), the cut moves there, so each marker stands on a line of its own. Text with no
+  such line break is cut like :func:`~backend.prompting.truncate.make_preview`.
 
 A text longer than ``PREVIEW_SCAN_MAX_CHARS`` is never scanned whole: its preview reads only its
 two ends, half that bound each (:class:`TextEnds`, :func:`ends_to_read`). Its head and tail are
 the same as if the whole text were read; evidence lines are looked for within the two ends only,
-and a JSON text gets the line preview (a skeleton needs the whole text, and the skeleton's own
-bound is the same). So a text stored as a stream, which ingestion never holds whole, gets the
-preview its text would get (:func:`make_ends_preview`), and the cost of a preview has a bound.
+and a JSON text gets the line preview. So a text stored as a stream, which ingestion never holds
+whole, gets the preview its text would get (:func:`make_ends_preview`), and the cost of a
+preview has a bound. A stored preview cut again is read the same way: only its kept parts are
+known, and evidence is looked for within them.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from backend.prompting.kinds import ArtifactKind
-from backend.prompting.truncate import (
-    ElisionStyle,
-    Preview,
-    make_preview,
-    preview_from_slices,
-)
+from backend.prompting.evidence import EvidenceLine, evidence_lines, has_evidence
+from backend.prompting.json_skeleton import JSON_SKELETON_MAX_CHARS, json_skeleton, skeleton_walk
+from backend.prompting.kinds import ArtifactKind, classify_text
+from backend.prompting.truncate import Preview, make_preview, preview_from_slices
 
-JSON_SKELETON_MAX_CHARS = 8_000_000
+__all__ = [
+    "JSON_SKELETON_MAX_CHARS",
+    "PREVIEW_SCAN_MAX_CHARS",
+    "TextEnds",
+    "cut_preview",
+    "ends_to_read",
+    "json_skeleton",
+    "make_ends_preview",
+    "make_kind_preview",
+    "recut_preview",
+    "skeleton_walk",
+]
+
 PREVIEW_SCAN_MAX_CHARS = JSON_SKELETON_MAX_CHARS
-EVIDENCE_LINE_MAX_CHARS = 400
 _EVIDENCE_SHARE = 2  # evidence lines get at most 1 / _EVIDENCE_SHARE of the budget
 _LINE_SNAP_SHARE = 4  # a cut moves to a line break within 1 / _LINE_SNAP_SHARE of its budget
 _BRIDGE_CHARS = 24  # evidence spans this close together are kept as one
-
-
-def _word_alternatives(words: tuple[str, ...]) -> str:
-    """``words`` in lower, Capitalized and UPPER case, grouped by their first character.
-
-    A pattern whose every branch starts with a plain character lets the regex engine skip
-    ahead quickly: a 50 MB log is scanned in a fraction of a second, where ``\\b`` and
-    IGNORECASE made the same scan take seconds."""
-    rests: dict[str, set[str]] = {}
-    for word in words:
-        for variant in (word, word.capitalize(), word.upper()):
-            rests.setdefault(variant[0], set()).add(re.escape(variant[1:]))
-    return "|".join(
-        f"{re.escape(first)}(?:{'|'.join(sorted(rest, key=len, reverse=True))})"
-        for first, rest in sorted(rests.items())
-    )
-
-
-_EVIDENCE_WORDS = (
-    "error",
-    "exception",
-    "exit code",
-    "exit status",
-    "exited with",
-    "fail",
-    "fatal",
-    "traceback",
-    "panic",
-    "assert",
-)
-_COMMAND_EVIDENCE = re.compile(r"\n[ \t]*[$#>] \S|" + _word_alternatives(_EVIDENCE_WORDS))
-_WEB_EVIDENCE = re.compile(r"https?://|<(?i:title|h[1-3]|a)\b|\n[ \t]*(?:#{1,6} |(?i:title:))")
-_WEB_SPAN = re.compile(
-    r"https?://\S+|<title[\s>][^<]{0,300}</title>|<h[1-3][\s>][^<]{0,300}</h[1-3]>"
-    r"|<a\s[^>]{0,300}href=[^>]{0,300}>",
-    re.IGNORECASE,
-)
-
-
-def _command_evidence(text: str, match: re.Match[str]) -> tuple[int, int] | None:
-    """A shell prompt line, or an evidence word that starts a word."""
-    start = match.start()
-    if text[start] == "\n":
-        return start + 1, match.end()
-    if start > 0 and (text[start - 1].isalnum() or text[start - 1] == "_"):
-        return None
-    return match.span()
-
-
-def _web_evidence(text: str, match: re.Match[str]) -> tuple[int, int] | None:
-    """A URL, a title or heading line, or an HTML title, heading or link tag."""
-    start = match.start()
-    if text[start] == "\n":
-        return start + 1, match.end()
-    whole = _WEB_SPAN.match(text, start)
-    return whole.span() if whole is not None else None
-
-
-_Confirm = Callable[[str, re.Match[str]], "tuple[int, int] | None"]
-
-
-@dataclass(frozen=True)
-class _Evidence:
-    """Where a kind's evidence is: a fast search for candidates, and the check that confirms
-    one (the span it covers) or rejects it (None)."""
-
-    candidates: re.Pattern[str]
-    confirm: _Confirm
-
-
-_COMMAND = _Evidence(_COMMAND_EVIDENCE, _command_evidence)
-_WEB = _Evidence(_WEB_EVIDENCE, _web_evidence)
 
 
 @dataclass(frozen=True)
@@ -184,36 +115,76 @@ def make_ends_preview(ends: TextEnds, kind: str, *, head_chars: int, tail_chars:
     return _read_preview(_Known.of_ends(ends), kind, head_chars, tail_chars)
 
 
+def cut_preview(text: str, cap: int | None, kind: str | None = None) -> Preview | None:
+    """``text`` cut to at most ``cap`` kept code points the way its kind needs, or None when it
+    fits. ``kind`` is the stored text's kind when known, else the text is classified."""
+    if cap is None or len(text) <= cap:
+        return None
+    if cap == 0:
+        return Preview(head="", tail="", total_chars=len(text))
+    head = cap // 2
+    return make_kind_preview(
+        text, kind or classify_text(text), head_chars=head, tail_chars=cap - head
+    )
+
+
+def recut_preview(preview: Preview, cap: int | None, kind: str) -> Preview:
+    """A stored preview cut again to at most ``cap`` kept code points: its evidence first, as
+    :func:`cut_preview` would keep it of the parts the preview kept. A JSON skeleton is cut
+    from its two ends (a skeleton of a skeleton could not count its markers exactly)."""
+    if cap is None or preview.kept_chars <= cap:
+        return preview
+    if kind == ArtifactKind.JSON or cap == 0:
+        return preview.recut(cap)
+    head = cap // 2
+    return _read_preview(_Known.of_preview(preview), kind, head, cap - head)
+
+
 def _read_preview(known: _Known, kind: str, head_chars: int, tail_chars: int) -> Preview:
-    if kind == ArtifactKind.COMMAND_OUTPUT:
-        return _evidence_preview(known, head_chars, tail_chars, _COMMAND)
-    if kind == ArtifactKind.WEB_OR_SEARCH:
-        return _evidence_preview(known, head_chars, tail_chars, _WEB)
+    if has_evidence(kind):
+        return _evidence_preview(known, head_chars, tail_chars, kind)
     return _line_preview(known, head_chars, tail_chars)
 
 
 @dataclass(frozen=True)
 class _Known:
-    """What a preview reads of its text: the whole text, or its two ends. Positions are the
-    text's own; ``head`` is ``text[:len(head)]`` and ``tail`` is ``text[tail_offset:]``. A
-    whole text is its own head and tail. Every cut a preview makes lies within ``head`` or
-    within ``tail`` (the budget is shorter than either end)."""
+    """What a cut reads of its text: verbatim ``slices`` (``(offset, text)``, in order, the
+    first at 0 and the last ending at ``length``) — the whole text, its two ends, or a stored
+    preview's parts. Positions are the text's own. ``head`` is the first slice and ``tail`` the
+    last (the same one for a whole text); a cut's head lies within ``head`` and its tail within
+    ``tail``, and evidence is looked for within the slices."""
 
-    head: str
-    tail: str
+    slices: tuple[tuple[int, str], ...]
     length: int
 
     @classmethod
     def whole(cls, text: str) -> _Known:
-        return cls(head=text, tail=text, length=len(text))
+        return cls(((0, text),), len(text))
 
     @classmethod
     def of_ends(cls, ends: TextEnds) -> _Known:
-        return cls(head=ends.head, tail=ends.tail, length=ends.length)
+        return cls(((0, ends.head), (ends.length - len(ends.tail), ends.tail)), ends.length)
+
+    @classmethod
+    def of_preview(cls, preview: Preview) -> _Known:
+        slices = preview.slices()
+        if not slices or slices[0][0] != 0:
+            slices.insert(0, (0, ""))
+        if len(slices) == 1 or slices[-1][0] + len(slices[-1][1]) != preview.total_chars:
+            slices.append((preview.total_chars, ""))
+        return cls(tuple(slices), preview.total_chars)
+
+    @property
+    def head(self) -> str:
+        return self.slices[0][1]
+
+    @property
+    def tail(self) -> str:
+        return self.slices[-1][1]
 
     @property
     def tail_offset(self) -> int:
-        return self.length - len(self.tail)
+        return self.slices[-1][0]
 
     def head_end(self, budget: int, snap_share: int = _LINE_SNAP_SHARE) -> int:
         return _head_end(self.head, 0, budget, snap_share)
@@ -222,31 +193,26 @@ class _Known:
         offset = self.tail_offset
         return offset + _tail_start(self.tail, len(self.tail), budget, snap_share)
 
-    def slice(self, start: int, end: int) -> str:
-        if end <= len(self.head):
-            return self.head[start:end]
-        offset = self.tail_offset
-        assert start >= offset, "a preview never keeps what lies between the known ends"
-        return self.tail[start - offset : end - offset]
+    def holds(self, start: int, end: int) -> bool:
+        """Whether ``[start, end)`` lies within one known slice."""
+        return any(offset <= start and end <= offset + len(text) for offset, text in self.slices)
 
-    def evidence_spans(
-        self, start: int, end: int, evidence: _Evidence, budget: int
-    ) -> list[tuple[int, int]]:
-        """`_evidence_spans` over ``[start, end)``; of a text known by its ends, over the
-        whole lines within each end, first the head's, then the tail's."""
-        if self.tail_offset == 0:
-            return _evidence_spans(self.head, start, end, evidence, budget)
-        head_lines_end = self.head.rfind("\n") + 1  # 0: no whole line in the head
-        spans = _evidence_spans(self.head, start, min(end, head_lines_end), evidence, budget)
-        offset = self.tail_offset
-        first_break = self.tail.find("\n")
-        if first_break == -1:
-            return spans  # no whole line in the tail
-        budget -= sum(span_end - span_start for span_start, span_end in spans)
-        tail_spans = _evidence_spans(
-            self.tail, max(start - offset, first_break), end - offset, evidence, budget
-        )
-        return spans + [(s + offset, e + offset) for s, e in tail_spans]
+    def slice(self, start: int, end: int) -> str:
+        for offset, text in self.slices:
+            if offset <= start and end <= offset + len(text):
+                return text[start - offset : end - offset]
+        raise AssertionError("a cut never keeps what lies between the known parts")
+
+    def evidence(self, start: int, end: int, kind: str) -> list[EvidenceLine]:
+        """The evidence lines within ``[start, end)``, each within one known slice, in the
+        order a cut takes them."""
+        found: list[EvidenceLine] = []
+        for offset, text in self.slices:
+            low, high = max(start, offset), min(end, offset + len(text))
+            if low < high:
+                for line in evidence_lines(text, low - offset, high - offset, kind):
+                    found.append(EvidenceLine(line.start + offset, line.end + offset, line.tier))
+        return sorted(found, key=lambda line: (line.tier, line.start))
 
 
 # --- line-bounded head and tail -------------------------------------------------------------
@@ -287,293 +253,97 @@ def _line_preview(known: _Known, head_chars: int, tail_chars: int) -> Preview:
 # --- evidence lines -------------------------------------------------------------------------
 
 
-def _evidence_spans(
-    text: str,
-    start: int,
-    end: int,
-    evidence: _Evidence,
-    budget: int,
-) -> list[tuple[int, int]]:
-    """The lines (each with the line break before it) in ``[start, end)`` that match
-    the evidence, first come first kept, within ``budget`` code points."""
-    spans: list[tuple[int, int]] = []
+def _take_evidence(
+    candidates: list[EvidenceLine], budget: int
+) -> tuple[list[tuple[int, int]], list[EvidenceLine]]:
+    """The longest prefix of ``candidates`` whose sizes fit ``budget`` (a line is charged its
+    whole span, overlaps with its neighbours not discounted, so what one line costs never
+    depends on which others are kept), as merged spans in text order; and the rest."""
     used = 0
-    position = start
-    while position < end and used < budget:
-        # From the line break before the region, so a prompt on its first line is found.
-        match = evidence.candidates.search(text, max(position - 1, 0), end)
-        if match is None:
+    taken = 0
+    for line in candidates:
+        if used + line.size > budget:
             break
-        found = evidence.confirm(text, match)
-        if found is None:
-            position = match.end()
-            continue
-        line_start = text.rfind("\n", start, found[0] + 1)
-        line_start = start if line_start == -1 else line_start
-        line_end = text.find("\n", found[1], end)
-        line_end = end if line_end == -1 else line_end + 1
-        span = (line_start, line_end)
-        if line_end - line_start > EVIDENCE_LINE_MAX_CHARS:
-            span = found
-        if spans and span[0] - spans[-1][1] <= _BRIDGE_CHARS:
-            # Joined to the previous span: a marker would cost as much as the text it hides.
-            span = (spans[-1][0], span[1])
-            cost = span[1] - spans[-1][1]
-            if cost <= budget - used:
-                spans[-1] = span
-                used += cost
-        elif span[1] - span[0] <= budget - used:
-            spans.append(span)
-            used += span[1] - span[0]
-        position = max(span[1], found[1], position + 1)
-    return spans
+        used += line.size
+        taken += 1
+    spans: list[tuple[int, int]] = []
+    for line in sorted(candidates[:taken], key=lambda line: line.start):
+        if spans and line.start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], line.end))
+        else:
+            spans.append((line.start, line.end))
+    return spans, candidates[taken:]
 
 
-def _evidence_preview(
-    known: _Known, head_chars: int, tail_chars: int, evidence: _Evidence
-) -> Preview:
+def _evidence_preview(known: _Known, head_chars: int, tail_chars: int, kind: str) -> Preview:
     budget = head_chars + tail_chars
-    evidence_budget = budget // _EVIDENCE_SHARE
     length = known.length
     # First the first and last whole lines within a quarter of the budget each, then evidence.
     head_end = known.head_end(head_chars // 2, snap_share=1)
     tail_start = max(known.tail_start(tail_chars // 2, snap_share=1), head_end)
-    spans = known.evidence_spans(head_end, tail_start, evidence, evidence_budget)
-    if not spans:
+    candidates = known.evidence(head_end, tail_start, kind)
+    if not candidates:
         return _line_preview(known, head_chars, tail_chars)
+    spans, left = _take_evidence(candidates, budget // _EVIDENCE_SHARE)
+    # What the evidence did not use goes back to the head and tail; neither grows past a kept
+    # span, nor over an evidence line left out (a smaller budget must not keep it by luck).
+    # (An evidence span opens and closes with line breaks; the head may keep the one that opens
+    # a line left out, and the tail the one that closes it: they are no part of the line.)
+    head_limit = min([s for s, _ in spans] + [_after_break(known, line) for line in left])
+    head_limit = min(head_limit, tail_start)
+    tail_limit = max([e for _, e in spans] + [_before_break(known, line) for line in left])
+    tail_limit = max(tail_limit, head_end)
     spare = budget - (head_end + (length - tail_start) + sum(e - s for s, e in spans))
-    # What the evidence did not use goes back to the head and tail, never past the evidence;
-    # a gap too small to be worth a marker is kept.
-    if spans[0][0] - head_end <= min(_BRIDGE_CHARS, spare):
-        spare -= spans[0][0] - head_end
-        head_end = spans[0][0]
-    if tail_start - spans[-1][1] <= min(_BRIDGE_CHARS, spare):
-        spare -= tail_start - spans[-1][1]
-        tail_start = spans[-1][1]
+    spans, spare = _bridge(known, spans, left, spare)
+    # A gap too small to be worth a marker is kept (never across what is not known).
+    head_room = min(head_limit, len(known.head))
+    if head_room - head_end <= min(_BRIDGE_CHARS, spare):
+        spare -= head_room - head_end
+        head_end = head_room
+    tail_room = max(tail_limit, known.tail_offset, head_end)
+    if tail_start - tail_room <= min(_BRIDGE_CHARS, spare):
+        spare -= tail_start - tail_room
+        tail_start = tail_room
     grown = known.head_end(head_end + spare // 2, snap_share=1)
-    grown = min(max(grown, head_end), spans[0][0])
+    grown = min(max(grown, head_end), head_limit)
     spare -= grown - head_end
     head_end = grown
     grown = known.tail_start(length - tail_start + spare, snap_share=1)
-    tail_start = max(min(grown, tail_start), spans[-1][1])
+    tail_start = max(min(grown, tail_start), tail_limit, head_end)
     slices = [(0, known.slice(0, head_end))]
     slices += [(s, known.slice(s, e)) for s, e in spans]
     slices.append((tail_start, known.slice(tail_start, length)))
-    preview = preview_from_slices(slices, length)
-    while preview.kept_chars > budget:  # the snapped cuts may overshoot by a line's length
-        preview = preview.recut(budget)
-    return preview
+    return preview_from_slices(slices, length)
 
 
-# --- JSON skeletons -------------------------------------------------------------------------
-
-_WHITESPACE = re.compile(r"[ \t\n\r]*")
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
-_SCALAR = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null")
-# Everything up to and including the next bracket outside a string, in one match (possessive,
-# so a text that is not JSON never makes it backtrack).
-_TO_BRACKET = re.compile(r'(?:[^"\[\]{}]++|"[^"\\]*+(?:\\.[^"\\]*+)*+")*+[\[\]{}]')
-_MIN_STRING_CUT = 24
-"""A string cut keeps its quotes and at least this many code points between them."""
-_MIN_RECURSE = 40
-"""Below this many code points, a container that does not fit becomes one marker."""
-_SMALL_VALUE = 120
-"""What later members of an object are assumed to need when budgeting an earlier one."""
+def _after_break(known: _Known, line: EvidenceLine) -> int:
+    """Where a line left out starts, past the line break that opens its span."""
+    return line.start + 1 if known.slice(line.start, line.start + 1) == "\n" else line.start
 
 
-class _NotJson(Exception):
-    pass
+def _before_break(known: _Known, line: EvidenceLine) -> int:
+    """Where a line left out ends, before the line break that closes its span."""
+    return line.end - 1 if known.slice(line.end - 1, line.end) == "\n" else line.end
 
 
-def _skip_whitespace(text: str, position: int) -> int:
-    match = _WHITESPACE.match(text, position)
-    assert match is not None
-    return match.end()
-
-
-def _value_end(text: str, position: int) -> int:
-    """Where the JSON value starting at ``position`` ends (brackets are matched, not parsed)."""
-    first = text[position : position + 1]
-    if first == '"':
-        match = _STRING.match(text, position)
-        if match is None:
-            raise _NotJson
-        return match.end()
-    if first in ("[", "{"):
-        depth = 0
-        for match in _TO_BRACKET.finditer(text, position):
-            depth += 1 if text[match.end() - 1] in "[{" else -1
-            if depth == 0:
-                return match.end()
-        raise _NotJson
-    match = _SCALAR.match(text, position)
-    if match is None:
-        raise _NotJson
-    return match.end()
-
-
-def _content_end(text: str, container_end: int) -> int:
-    """The end of a container's last element (before the whitespace and its closing bracket)."""
-    position = container_end - 1
-    while position > 0 and text[position - 1] in " \t\n\r":
-        position -= 1
-    return position
-
-
-@dataclass
-class _Skeleton:
-    """A walk over a JSON text that decides, within a budget, which ranges are left out."""
-
-    text: str
-    elided: list[tuple[int, int, ElisionStyle]] = field(default_factory=list)
-
-    def value(self, start: int, end: int, budget: int) -> int:
-        """Keep what fits of the value at ``[start, end)``; returns the code points kept."""
-        if end - start <= budget:
-            return end - start
-        first = self.text[start]
-        if first == "{" and budget >= _MIN_RECURSE:
-            return self._object(start, end, budget)
-        if first == "[" and budget >= _MIN_RECURSE:
-            return self._array(start, end, budget)
-        if first == '"' and budget >= _MIN_STRING_CUT:
-            return self._string(start, end, budget)
-        self.elided.append((start, end, ElisionStyle.JSON_VALUE))
-        return 0
-
-    def _string(self, start: int, end: int, budget: int) -> int:
-        inner = budget - 2
-        cut_from = _escape_safe(self.text, start + 1 + inner // 2, start + 1)
-        cut_to = _escape_safe(self.text, end - 1 - (inner - inner // 2), start + 1)
-        self.elided.append((cut_from, max(cut_to, cut_from + 1), ElisionStyle.PLAIN))
-        return (cut_from - start) + (end - max(cut_to, cut_from + 1))
-
-    def _members(self, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-        """Each member of the object at ``[start, end)``: (key start, value start, value end)."""
-        position = _skip_whitespace(self.text, start + 1)
-        while self.text[position] != "}":
-            key = _STRING.match(self.text, position)
-            if key is None:
-                raise _NotJson
-            colon = _skip_whitespace(self.text, key.end())
-            if self.text[colon : colon + 1] != ":":
-                raise _NotJson
-            value_start = _skip_whitespace(self.text, colon + 1)
-            value_end = _value_end(self.text, value_start)
-            yield position, value_start, value_end
-            position = _skip_whitespace(self.text, value_end)
-            if self.text[position] == ",":
-                position = _skip_whitespace(self.text, position + 1)
-            if position >= end:
-                raise _NotJson
-
-    def _object(self, start: int, end: int, budget: int) -> int:
-        members = list(self._members(start, end))
-        if not members:
-            return end - start
-        # The brackets and the whitespace inside them are kept, and each kept member's comma.
-        used = (members[0][0] - start) + (end - _content_end(self.text, end))
-        needs = [
-            (value_start - key) + min(value_end - value_start, _SMALL_VALUE)
-            for key, value_start, value_end in members
-        ]
-        for index, (key, value_start, value_end) in enumerate(members):
-            key_cost = value_start - key
-            separator = members[index + 1][0] - value_end if index + 1 < len(members) else 0
-            if used + key_cost + separator + 1 > budget:
-                self.elided.append((key, _content_end(self.text, end), ElisionStyle.JSON_MEMBERS))
-                return used
-            room = budget - used - key_cost - separator
-            share = max(room - sum(needs[index + 1 :]), min(room, 1))
-            used += key_cost + separator + self.value(value_start, value_end, share)
-        return used
-
-    def _array(self, start: int, end: int, budget: int) -> int:
-        content_end = _content_end(self.text, end)
-        position = _skip_whitespace(self.text, start + 1)
-        used = (position - start) + (end - content_end)
-        kept_any = False
-        while position < content_end:
-            value_end = _value_end(self.text, position)
-            after = _skip_whitespace(self.text, value_end)
-            if self.text[after : after + 1] == ",":
-                after = _skip_whitespace(self.text, after + 1)
-            size = value_end - position
-            room = budget - used
-            if size + (after - value_end) <= room:
-                used += after - position
-                kept_any = True
-                position = after
+def _bridge(
+    known: _Known, spans: list[tuple[int, int]], left: list[EvidenceLine], spare: int
+) -> tuple[list[tuple[int, int]], int]:
+    """Kept spans a few code points apart joined (a marker would cost as much as the text it
+    hides), from what the budget has spare, unless the gap holds an evidence line left out or
+    is not known."""
+    joined: list[tuple[int, int]] = []
+    for span in spans:
+        if joined:
+            gap = span[0] - joined[-1][1]
+            holds_left = any(joined[-1][1] <= line.start < span[0] for line in left)
+            if (
+                gap <= min(_BRIDGE_CHARS, spare)
+                and not holds_left
+                and known.holds(joined[-1][0], span[1])
+            ):
+                joined[-1] = (joined[-1][0], span[1])
+                spare -= gap
                 continue
-            if not kept_any and room >= _MIN_RECURSE:
-                used += self.value(position, value_end, room - (after - value_end))
-                used += after - value_end
-                position = after
-            if position < content_end:
-                self.elided.append((position, content_end, ElisionStyle.JSON_VALUE))
-            return used
-        return used
-
-
-def _escape_safe(text: str, position: int, floor: int) -> int:
-    """``position`` moved back, no further than ``floor``, so it does not split an escape."""
-    while position > floor:
-        run = 0
-        while position - run - 1 >= floor and text[position - run - 1] == "\\":
-            run += 1
-        if run % 2 == 1:
-            position -= 1
-            continue
-        escape = text.rfind("\\u", max(floor, position - 5), position)
-        if escape != -1 and position - escape < 6:
-            position = escape
-            continue
-        return position
-    return floor
-
-
-def json_skeleton(text: str, budget: int) -> Preview | None:
-    """A valid-JSON preview of ``text`` keeping at most ``budget`` code points, or None when the
-    text does not scan as one JSON value or is too long to scan."""
-    preview = skeleton_walk(text, budget)
-    if preview is None:
-        return None
-    try:  # The walk keeps JSON valid; a skeleton that is not is never stored.
-        json.loads(preview.text)
-    except ValueError:
-        return None
-    return preview
-
-
-def skeleton_walk(text: str, budget: int) -> Preview | None:
-    """The skeleton's walk alone (:func:`json_skeleton` checks its output parses)."""
-    if len(text) > JSON_SKELETON_MAX_CHARS or budget < _MIN_RECURSE:
-        return None
-    start = _skip_whitespace(text, 0)
-    end = _content_end(text, len(text) + 1)
-    # A container's end is its last character (not scanned for: the walk scans what it keeps,
-    # and the kept skeleton is parsed); any other value must fit the budget whole.
-    if (text[start : start + 1], text[end - 1 : end]) not in (("{", "}"), ("[", "]")):
-        return None
-    outside = start + (len(text) - end)
-    for attempt in (budget, budget * 3 // 4, budget // 2):
-        walk = _Skeleton(text)
-        try:
-            walk.value(start, end, attempt - outside)
-        except (_NotJson, IndexError):
-            return None
-        preview = _preview_of(text, walk.elided)
-        if preview.kept_chars <= budget:
-            return preview
-    return None
-
-
-def _preview_of(text: str, elided: list[tuple[int, int, ElisionStyle]]) -> Preview:
-    slices = []
-    position = 0
-    for start, end, _style in sorted(elided):
-        slices.append((position, text[position:start]))
-        position = end
-    slices.append((position, text[position:]))
-    styles = {(start, end): style for start, end, style in elided}
-    return preview_from_slices(slices, len(text), styles)
+        joined.append(span)
+    return joined, spare

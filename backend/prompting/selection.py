@@ -5,8 +5,9 @@ The history's part of docs/architecture.md's "Caps, in order":
 * Messages are selected newest first, up to ``max_messages``. With ``keep_first_user_message``
   the task's first user message is selected before all others: it counts against every cap and
   is the last thing dropped.
-* Each selected message is cut at ``per_message_max_chars`` (a spilled message's stored preview
-  is re-cut from its own head and tail, so its marker still counts against the original).
+* Each selected message is cut at ``per_message_max_chars`` the way its kind needs (``previews``;
+  a spilled message's stored preview is cut again from its own parts, so its markers still
+  count against the original).
 * Messages are dropped oldest first until the history's messages fit ``max_chars`` and, with the
   section's header and notice, the token budget the fixed sections leave. One omission notice at
   the top of the history counts what was dropped, by role.
@@ -30,8 +31,9 @@ from backend.prompting.addressing import pointer_to_whole
 from backend.prompting.counting import TokenCounter
 from backend.prompting.document import OmissionNotice, RenderedMessage, Section
 from backend.prompting.inputs import HistoryMessage, PromptInput, Role
-from backend.prompting.pieces import SizedPiece, cut_chars, sized_piece
+from backend.prompting.pieces import SizedPiece, sized_piece
 from backend.prompting.policy import ContextPassing, PromptPolicy
+from backend.prompting.previews import cut_preview, recut_preview
 from backend.prompting.render import header_piece, notice_piece
 from backend.prompting.report import TruncatedMessage
 
@@ -182,9 +184,11 @@ class HistorySection:
         # the whole text (which dispatch then stores). A spilled message is always cut.
         pointer, whole = None, None
         markers: tuple[tuple[int, int], ...] = ()
+        kind = message.artifact.kind if message.artifact is not None else None
         if preview is not None:
             if cap is not None and preview.kept_chars > cap:
-                preview = preview.recut(cap)
+                assert kind is not None  # a spilled message has its artifact
+                preview = recut_preview(preview, cap, kind)
                 content, cached = preview.text, None
             else:
                 content = message.text
@@ -201,7 +205,7 @@ class HistorySection:
             assert source is not None
             if message.shows_error:
                 cached = None
-            cut = cut_chars(source, cap)
+            cut = cut_preview(source, cap, None if message.shows_error else kind)
             content = source
             if cut is not None:
                 content, cached, markers = cut.text, None, cut.marker_spans

@@ -34,7 +34,7 @@ from backend.prompting.inputs import HistorySummary, Role
 from backend.prompting.pieces import SizedPiece, sized_piece
 from backend.prompting.policy import ContextPassing, PromptPolicy
 from backend.prompting.render import summary_header
-from backend.prompting.truncate import Truncation
+from backend.prompting.truncate import Preview
 
 JOB_PER_MESSAGE_MAX_CHARS = 4_000
 """Each turn a summary job reads is cut here when the task's policy has no per-message cap."""
@@ -53,7 +53,7 @@ class SummarySection(FixedSection):
     transcript_path: str | None = None
 
     def _render(
-        self, message: RenderedMessage, tokens: int | None, cut: Truncation | None
+        self, message: RenderedMessage, tokens: int | None, cut: Preview | None
     ) -> SizedPiece:
         header = summary_header(self.first_message_id, self.last_message_id, self.transcript_path)
         return sized_piece(message, tokens, cut=cut, prefix=header + "\n")

@@ -119,9 +119,8 @@ PROSE = "word " * 400
             + "\nhttps://example.com/1\n\n## Result 2\n"
             + m(44)
             + "\nhttps://example.com/2\n"
-            + m(2136)
-            + "\n\n## Result 29\nA snippet that says something about topic 29.\n"
-            "https://example.com/29\n\n",
+            + m(2150)
+            + "\nA snippet that says something about topic 29.\nhttps://example.com/29\n\n",
             id="search-results-keep-titles-and-urls",
         ),
         pytest.param(
