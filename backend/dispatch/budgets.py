@@ -16,7 +16,11 @@ learned per bot from the executor's usage reports (`learn_overhead`: the smalles
 minus the prompt's tokens seen for a full prompt), and until then a conservative default per
 executor. The budget is in the model's own tokens; the builder counts with the encoding of the
 model's tokenizer (`prompting.tokenizers`), exactly for OpenAI's models, and for Claude with
-an estimate that overcounts, so it receives the budget converted to counted tokens.
+an estimate that overcounts, so it receives the budget converted to counted tokens. The same
+usage reports teach that estimate's factor per bot (`learn_token_ratio`: a fit of reported
+input tokens against counted prompt tokens over the bot's recent full-prompt turns,
+`tokenizers.fit_ratio`, bounded on the safe side), stored on the bot and used here in place of
+the shipped factor; a PromptReport records the factor it was converted with.
 
 Without a known model, the policy applies as it is: `max_tokens` counted with its
 `token_encoding`. The policy the builder receives carries the resolved `max_tokens` and
@@ -30,14 +34,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Q
+from django.db.models import F, Q
 
 from backend import sql
 from backend.configuration_cache import CONFIGURATION
 from backend.dispatch.models import PromptReport
+from backend.events import log_event
 from backend.prompting.policy import MIN_MAX_TOKENS, PromptPolicy
-from backend.prompting.tokenizers import TokenCounting, counting_for, unknown_counting
-from backend.tasks.models import Bot, ExecutorKind, LanguageModel, Subtask
+from backend.prompting.tokenizers import TokenCounting, counting_for, fit_ratio, unknown_counting
+from backend.tasks.models import Bot, ExecutorKind, LanguageModel, Subtask, SubtaskStatus
 from backend.tasks.selectors import bots_for_turns
 
 OUTPUT_RESERVE_SHARE = 0.10
@@ -53,6 +58,9 @@ DEFAULT_OVERHEAD_TOKENS = {
 """Until a bot's usage reports teach Baton better: generous guesses of what each executor's
 own system prompt and tool definitions take (Codex's base instructions and tools, Claude
 Code's long system prompt and tools, Agno's instructions and file tools)."""
+
+RATIO_SAMPLES = 50
+"""The bot's most recent full-prompt turns a learned token ratio is fitted on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +244,11 @@ def model_window(*, bot: Bot, row: LanguageModel | None) -> ModelWindow | None:
         context_window=context_window,
         max_output_tokens=row.max_output_tokens if row is not None else None,
         max_input_tokens=row.max_input_tokens if row is not None else None,
-        counting=counting_for(row.tokenizer) if row is not None else None,
+        counting=(
+            counting_for(row.tokenizer).with_learned(bot.token_ratio_per_mille)
+            if row is not None
+            else None
+        ),
         overhead_tokens=(
             bot.overhead_tokens
             if bot.overhead_tokens is not None
@@ -256,6 +268,8 @@ def budget_columns(budget: TokenBudget, *, counted_tokens: int) -> dict[str, Any
         "effective_max_tokens": budget.effective_max_tokens,
         "model_tokens": budget.model_tokens(counted_tokens),
         "tokens_estimated": budget.estimated,
+        "token_ratio_per_mille": budget.counting.per_mille if budget.counting else None,
+        "token_ratio_learned": budget.counting is not None and budget.counting.learned,
     }
 
 
@@ -273,7 +287,66 @@ def learn_from_usage(*, subtask: Subtask, usage: Any) -> bool:
     bot = bots_for_turns([subtask]).get(subtask.pk)
     if prompt_tokens is None or bot is None:
         return False
-    return learn_overhead(bot=bot, input_tokens=input_tokens, prompt_tokens=prompt_tokens)
+    changed = learn_overhead(bot=bot, input_tokens=input_tokens, prompt_tokens=prompt_tokens)
+    return learn_token_ratio(bot=bot) or changed
+
+
+def learn_token_ratio(*, bot: Bot) -> bool:
+    """Fit `bot`'s token ratio on its recent full-prompt turns (see `tokenizers.fit_ratio`)
+    and store it, when its model's tokens are estimated with a factor usage may lower.
+    Samples are the turns completed with a full prompt built since the bot last changed (its
+    model, instructions or tools change what the executor reads), counted with its model's
+    encoding, that reported input tokens. Returns whether the bot changed."""
+    bot.refresh_from_db(fields=["overhead_tokens", "token_ratio_per_mille", "updated_at"])
+    row = _listed(bot.model, {row.name: row for row in _model_rows(bot)})
+    window = model_window(bot=bot, row=row)
+    if window is None or row is None:
+        return False  # no model table row: counted with the policy's encoding, nothing to fit
+    shipped = counting_for(row.tokenizer)
+    if shipped.floor_per_mille is None:
+        return False  # an exact count, or nothing bounds a learned factor
+    sent = (
+        PromptReport.objects.filter(
+            subtask__bot=bot.name,
+            subtask__status=SubtaskStatus.COMPLETED,
+            attempt=F("subtask__attempts"),
+            kind="full",
+            sent=True,
+            token_encoding=shipped.encoding,
+            created_at__gte=bot.updated_at,
+        )
+        .order_by("-id")
+        .values_list("tokens", "subtask__usage")[:RATIO_SAMPLES]
+    )
+    samples = [
+        (tokens, input_tokens)
+        for tokens, usage in sent
+        if isinstance(usage, dict)
+        and isinstance(input_tokens := usage.get("input_tokens"), int)
+        and not isinstance(input_tokens, bool)
+    ]
+    fit = fit_ratio(samples, counting=shipped, overhead_tokens=window.overhead_tokens)
+    per_mille = fit.per_mille if fit.learned else None
+    if per_mille == bot.token_ratio_per_mille:
+        return False  # written only when the factor moves: every write is a configuration change
+    log_event(
+        "token_ratio_learned",
+        bot=bot.pk,
+        samples=fit.samples,
+        slope=round(fit.slope, 4) if fit.slope is not None else None,
+        intercept=round(fit.intercept) if fit.intercept is not None else None,
+        per_mille=fit.per_mille,
+        learned=fit.learned,
+    )
+    changed = Bot.objects.filter(pk=bot.pk).update(
+        token_ratio_per_mille=per_mille, token_ratio_samples=fit.samples
+    )
+    return changed > 0
+
+
+def _model_rows(bot: Bot) -> list[LanguageModel]:
+    names = LanguageModel.lookup_names(bot.model) if bot.model else []
+    return list(LanguageModel.objects.filter(name__in=list(names)))
 
 
 def learn_overhead(*, bot: Bot, input_tokens: Any, prompt_tokens: int) -> bool:

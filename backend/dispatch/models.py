@@ -247,6 +247,10 @@ class PromptReport(models.Model):
     effective_max_tokens = models.PositiveIntegerField(null=True, blank=True)
     model_tokens = models.PositiveIntegerField(null=True, blank=True)
     tokens_estimated = models.BooleanField(default=False)
+    # The model's tokens per 1000 counted the budget converted with (null: no known model),
+    # and whether the bot's usage taught it (else the shipped factor).
+    token_ratio_per_mille = models.PositiveIntegerField(null=True, blank=True)
+    token_ratio_learned = models.BooleanField(default=False)
     artifacts = models.JSONField(default=list)
     included_message_ids = models.JSONField(default=list)
     first_user_message_pinned = models.BooleanField()

@@ -22,6 +22,18 @@ count is exact. Claude's tokenizer is not published; its prompts are counted wit
   them, and a budget fraction below 1 is what absorbs them: text mostly in capitals (2.3× on
   the 4.7 vocabulary) and lines of nothing but blanks (3×).
 
+The factors are safe for any text, so for mostly-English prompts they waste room (Claude 3
+reads English at about 1.1–1.26× cl100k, not 1.6×). Where a bot's turns report the input tokens
+the model really read, :func:`fit_ratio` learns a smaller factor for that bot: a least-squares
+line of reported input tokens against counted prompt tokens over its recent full-prompt turns,
+whose slope is the ratio and whose intercept the executor's own overhead. The factor it returns
+is bounded on the safe side: the slope's upper error bound plus a margin, never below
+``floor_per_mille`` (the highest ratio measured for English prose: learning never claims text
+is cheaper than that), never above the shipped factor, and high enough that every sample's
+reported input stays within what the budget predicts for it (ratio × its counted tokens + the
+overhead the budget subtracts). Few samples, too narrow a spread of sizes or a noisy fit (a tool
+loop's turn reads the prompt several times) keep the shipped factor.
+
 ``cl100k_base`` rather than ``o200k_base`` is the basis because it tracks Claude more closely
 across scripts (o200k packs Hindi or Thai into half the tokens Claude needs), and because every
 history row already caches its ``cl100k_base`` count, so an estimate costs the builder nothing.
@@ -29,7 +41,9 @@ history row already caches its ``cl100k_base`` count, so an estimate costs the b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from backend.prompting.units import DEFAULT_TOKEN_ENCODING, O200K_ENCODING
@@ -57,6 +71,21 @@ class TokenCounting:
     estimated: bool = False
     """The count is not in the model's own tokens: an estimate, on the safe side when
     ``per_mille`` says so."""
+    floor_per_mille: int | None = None
+    """The smallest ``per_mille`` a factor learned from usage may have (None: nothing is
+    learned, the count is exact or nothing bounds a learned factor from below)."""
+    learned: bool = False
+    """``per_mille`` was learned from the bot's usage (:func:`fit_ratio`), not shipped."""
+
+    def with_learned(self, per_mille: int | None) -> TokenCounting:
+        """This counting with a bot's learned factor (None: the shipped one), kept within
+        ``floor_per_mille`` and the shipped factor whatever was stored."""
+        if per_mille is None or self.floor_per_mille is None:
+            return self
+        bounded = min(max(per_mille, self.floor_per_mille), self.per_mille)
+        if bounded == self.per_mille:
+            return self
+        return replace(self, per_mille=bounded, learned=True)
 
     def model_tokens(self, counted: int) -> int:
         """At least the model's tokens for text of ``counted`` tokens (exact when not estimated)."""
@@ -70,8 +99,13 @@ class TokenCounting:
 COUNTINGS: dict[str, TokenCounting] = {
     Tokenizer.O200K_BASE: TokenCounting(Tokenizer.O200K_BASE, O200K_ENCODING),
     Tokenizer.CL100K_BASE: TokenCounting(Tokenizer.CL100K_BASE, DEFAULT_TOKEN_ENCODING),
-    Tokenizer.CLAUDE_3: TokenCounting(Tokenizer.CLAUDE_3, DEFAULT_TOKEN_ENCODING, 1600, True),
-    Tokenizer.CLAUDE_4_7: TokenCounting(Tokenizer.CLAUDE_4_7, DEFAULT_TOKEN_ENCODING, 2100, True),
+    # The floors: the highest ratio measured on English prose for each vocabulary.
+    Tokenizer.CLAUDE_3: TokenCounting(
+        Tokenizer.CLAUDE_3, DEFAULT_TOKEN_ENCODING, 1600, True, floor_per_mille=1260
+    ),
+    Tokenizer.CLAUDE_4_7: TokenCounting(
+        Tokenizer.CLAUDE_4_7, DEFAULT_TOKEN_ENCODING, 2100, True, floor_per_mille=1830
+    ),
 }
 
 UNKNOWN_TOKENIZER = "unknown"
@@ -91,3 +125,65 @@ def counting_for(tokenizer: str) -> TokenCounting:
         raise ValueError(
             f"unknown tokenizer {tokenizer!r} (known: {', '.join(COUNTINGS)})"
         ) from None
+
+
+RATIO_MIN_SAMPLES = 8
+"""Fewer full-prompt turns with usage than this keep the shipped factor."""
+RATIO_MIN_SPREAD = 2.0
+"""The largest sampled prompt must count at least this many times the smallest: a slope is
+not measured on prompts of one size."""
+RATIO_MAX_SLOPE_ERROR = 0.05
+"""A slope whose standard error is above this share of it is noise: the shipped factor stays."""
+RATIO_MARGIN = 0.10
+"""Added to the slope's upper error bound (two standard errors): the next prompt's text is
+not the samples'."""
+
+
+@dataclass(frozen=True, slots=True)
+class RatioFit:
+    """What :func:`fit_ratio` found: the line, and the factor a budget may use."""
+
+    per_mille: int
+    """Model tokens per 1000 counted: learned and bounded, or the shipped factor."""
+    learned: bool
+    samples: int
+    slope: float | None = None
+    intercept: float | None = None
+
+
+def fit_ratio(
+    samples: Sequence[tuple[int, int]], *, counting: TokenCounting, overhead_tokens: int
+) -> RatioFit:
+    """The factor of ``counting`` learned from ``samples``, (counted prompt tokens, reported
+    input tokens) of a bot's full-prompt turns, for a budget that subtracts
+    ``overhead_tokens`` for the executor: see the module docstring for its bounds."""
+    shipped = RatioFit(per_mille=counting.per_mille, learned=False, samples=len(samples))
+    floor = counting.floor_per_mille
+    usable = [(x, y) for x, y in samples if x > 0 and y > 0]
+    if floor is None or floor >= counting.per_mille or len(usable) < RATIO_MIN_SAMPLES:
+        return shipped
+    xs = [float(x) for x, _ in usable]
+    ys = [float(y) for _, y in usable]
+    if max(xs) < RATIO_MIN_SPREAD * min(xs):
+        return shipped
+    n = len(usable)
+    mean_x, mean_y = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sxx
+    intercept = mean_y - slope * mean_x
+    residuals = sum((y - intercept - slope * x) ** 2 for x, y in zip(xs, ys, strict=True))
+    slope_error = math.sqrt(residuals / (n - 2) / sxx)
+    if slope <= 0 or slope_error > RATIO_MAX_SLOPE_ERROR * slope:
+        return replace(shipped, slope=slope, intercept=intercept)
+    upper = (slope + 2 * slope_error) * (1 + RATIO_MARGIN)
+    # No sample may read more than the budget would predict for its prompt (in integers: a
+    # rounding must not let one through).
+    envelope = max(-(-(y - overhead_tokens) * EXACT // x) for x, y in usable)
+    per_mille = min(max(math.ceil(upper * EXACT), envelope, floor), counting.per_mille)
+    return RatioFit(
+        per_mille=per_mille,
+        learned=per_mille < counting.per_mille,
+        samples=n,
+        slope=slope,
+        intercept=intercept,
+    )

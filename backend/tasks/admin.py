@@ -191,7 +191,19 @@ class BotAdmin(admin.ModelAdmin[Bot]):
     ]
     list_filter = ["executor", "permission_mode", "is_default"]
     search_fields = ["name", "model"]
-    readonly_fields = ["overhead_tokens", "created_at", "updated_at"]
+    # Learned from the executor's usage reports (backend/dispatch/budgets.py).
+    readonly_fields = ["overhead_tokens", "token_ratio", "created_at", "updated_at"]
+    exclude = ["token_ratio_per_mille", "token_ratio_samples"]  # shown as `token_ratio`
+
+    @admin.display(description="token ratio")
+    def token_ratio(self, bot: Bot) -> str:
+        """The factor the bot's prompts are converted to its model's tokens with, when learned."""
+        if bot.token_ratio_per_mille is None:
+            return "the shipped estimate (not learned)"
+        return (
+            f"{bot.token_ratio_per_mille / 1000:.3f} model tokens per counted token, learned "
+            f"from {bot.token_ratio_samples} full-prompt turns"
+        )
 
     def get_readonly_fields(self, request: HttpRequest, obj: Bot | None = None) -> list[str]:
         # Turns and pipelines store the bot's name: renaming would orphan them.

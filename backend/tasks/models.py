@@ -182,6 +182,25 @@ class Bot(models.Model):
             "reports (the smallest seen). Empty: a conservative default for the executor."
         ),
     )
+    # Learned from the same reports (budgets.learn_token_ratio): the model's tokens per 1000
+    # tokens Baton counts for its prompts, from a fit over the bot's recent full-prompt turns,
+    # bounded on the safe side (prompting.tokenizers.fit_ratio). Null: the shipped factor.
+    token_ratio_per_mille = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text=(
+            "The model's tokens per 1000 tokens Baton counts, learned from usage reports of "
+            "full prompts (never below a safe floor nor above the shipped estimate). Empty: "
+            "the shipped estimate."
+        ),
+    )
+    # Nullable without a default, like the field above: SQLite adds such a column in place,
+    # keeping the table's configuration-version triggers (dispatch migration 0013).
+    token_ratio_samples = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Full-prompt turns the token ratio was last fitted on. Empty: never fitted.",
+    )
     is_default = models.BooleanField(
         default=False,
         help_text="The bot a task gets when it names only an executor (one per executor).",
