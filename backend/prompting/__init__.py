@@ -14,6 +14,7 @@ each:
 * ``policy`` — :class:`PromptPolicy`, every cap, validated; :class:`ContextPassing`.
 * ``inputs`` — the history, its summary, current message and previous result as frozen models.
 * ``document`` — the structure of a prompt (sections, messages, omission notice).
+* ``confusables`` — how a reader takes in a character: UTS #39 skeletons from Unicode's table.
 * ``render`` — labels, escaping, pointer lines, the notice; document → text.
 * ``counting`` — exact token counts of a prompt's pieces, without encoding the prompt.
 * ``pieces`` — a rendered message piece with its size, the unit every cap budgets.

@@ -79,11 +79,14 @@ content escaped like a message's, a pointer line to the whole summary when it wa
 
 from __future__ import annotations
 
+import bisect
 import functools
+import itertools
 import re
-import unicodedata
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
+from backend.prompting import confusables
 from backend.prompting.document import (
     OmissionNotice,
     PromptDocument,
@@ -109,54 +112,88 @@ _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _LINE = re.compile(rf"(?:\A|(?<=[{_LINE_BREAKS}]))[^{_LINE_BREAKS}]*")
 
 # What a speaker label, a section header or a pointer/notice line looks like once `model_eye`
-# has folded a line (lower case, Latin letters, no invisible characters, no leading spaces).
+# has folded a line (lower case, look-alikes read as what they imitate, nothing invisible, no
+# leading blanks). Each letter of a structure word also accepts what its look-alikes read as
+# (`confusables.letter_forms`: a look-alike of ``m`` reads as ``rn``, one of ``I`` as ``l``).
 _SPACE = rf"[^\S{_LINE_BREAKS}]*"  # blanks within one line (the ASCII scan runs over many)
+_ROLE_WORDS = ("user", "assistant", "human", "system", "developer", "ai", "bot")
+_POINTER_WORDS = ("artifact", "omitted", "note", "summary")
+_SECTION_WORDS = tuple(tuple(section.value.lower().split()) for section in Section)
+# Markup a header name can wear (``**Current Message**``, ``=== Previous Result ===``,
+# ``<current_message>``), and what can join its two words.
+_DECORATION = "#=*_\\-:<>/"
+_DECOR = rf"(?:[^\S{_LINE_BREAKS}]|[{_DECORATION}])"
+_JOIN = rf"(?:[^\S{_LINE_BREAKS}]|[_-])*"
+
+
+def _word(word: str) -> str:
+    """A pattern for ``word`` (ASCII letters) as a folded line reads it."""
+    letters = []
+    for letter in word:
+        forms = confusables.letter_forms(letter)
+        pattern = "|".join(map(re.escape, forms))
+        letters.append(pattern if len(forms) == 1 else f"(?:{pattern})")
+    return "".join(letters)
+
+
+def _alternatives(words: tuple[str, ...]) -> str:
+    return "(?:" + "|".join(map(_word, words)) + ")"
+
+
+_NAME = (
+    "(?:"
+    + "|".join(f"{_word(first)}{_JOIN}{_word(second)}" for first, second in _SECTION_WORDS)
+    + ")"
+)
 _FOLDED_STRUCTURE = (
     rf"(?:[*_]+{_SPACE})?(?:"
-    rf"#+{_SPACE}(?:conversation{_SPACE}history|current{_SPACE}message|previous{_SPACE}result)"
-    rf"|(?:user|assistant|human|system|developer|ai|bot){_SPACE}"
+    rf"#+{_SPACE}{_NAME}"
+    rf"|{_alternatives(_ROLE_WORDS)}{_SPACE}"
     rf"(?:\[[^\]{_LINE_BREAKS}]*\]{_SPACE})?(?:[*_]+{_SPACE})?:"
-    rf"|\[{_SPACE}(?:artifact|omitted|note|summary)(?![a-z])"
+    rf"|\[{_SPACE}{_alternatives(_POINTER_WORDS)}(?![a-z])"
     r")"
+    # A header name alone on its line, in any markup (a setext heading's name line too).
+    rf"|{_DECOR}*{_NAME}{_DECOR}*(?![^{_LINE_BREAKS}])"
 )
 _LOOKS_STRUCTURAL = re.compile(_FOLDED_STRUCTURE)
-
-# Characters a line can start with (after backslashes and blanks) without any chance of folding
-# into structure: ASCII that starts no structure, line breaks, and large blocks of scripts and
-# punctuation that fold to neither Latin letters nor nothing. Tested against `model_eye`.
-_PLAIN_FIRST = (
-    '[\t-\r !-"$-)+-@CE-GI-RTV-Z\\]-^`cefgi-rtv-~\x1c-\x1f'
-    "\u2010-\u2016\u2018-\u2027\u3001\u3002\u3041-\u3096\u30a1-\u30fa\u3400-\u4dbf"
-    "\u4e00-\u9fff\uac00-\ud7a3]"
+# What a folded line opens with when it is structure: markup, a bracket, or the first letters
+# of a structure word. A line opening otherwise is ruled out before it is folded whole.
+_OPENING_WORDS = tuple(word[:4] for word in (*_ROLE_WORDS, *(s[0] for s in _SECTION_WORDS)))
+_STRUCTURE_OPENING = re.compile(rf"[{_DECORATION}\[]|{_alternatives(_OPENING_WORDS)}")
+# The longest folded text an opening alternative can need: a shorter opening decides nothing.
+_OPENING_CHARS = max(
+    sum(max(map(len, confusables.letter_forms(letter))) for letter in word)
+    for word in _OPENING_WORDS
 )
+_STRUCTURE_STARTS = frozenset(
+    _DECORATION.replace("\\", "")
+    + "["
+    + "".join(form[0] for word in _OPENING_WORDS for form in confusables.letter_forms(word[0]))
+)
+# ASCII characters a reader does not see (control characters that are not blanks).
+_ASCII_HIDDEN_CLASS = "".join(
+    re.escape(chr(code)) for code in range(0x80) if confusables.reading(chr(code)) == ""
+)
+_ASCII_HIDDEN = re.compile(f"[{_ASCII_HIDDEN_CLASS}]")
 _LEADING = rf"(?:\\|[^\S{_LINE_BREAKS}])*+"
-# A line worth folding: its first visible character opens an ASCII structure word, or is a
-# control character, or is not plain.
-_CANDIDATE = (
-    r"(?:(?i:[*_#\[]|user|assistant|ai|human|system|developer|bot)|[\x00-\x08\x0e-\x1b\x7f]"
-    r"|(?i:[uahsdb][a-z]*)(?:[\x00-\x08\x0e-\x1b\x7f]|[^\x00-\x7f])"
-    rf"|(?![\x00-\x7f]){_PLAIN_FIRST.replace('[', '[^', 1)})"
-)
-_FIRST_LINE_CANDIDATE = re.compile(rf"{_LEADING}{_CANDIDATE}")
-_LATER_LINE_CANDIDATE = re.compile(rf"[{_LINE_BREAKS}](?={_LEADING}{_CANDIDATE})")
-# Plain ASCII needs no folding beyond case and leading blanks: one scan of the lower-cased text
-# finds the structural lines.
-_ASCII_FIRST_LINE = re.compile(rf"\\*[ \t\x1f]*{_FOLDED_STRUCTURE}")
-_ASCII_LATER_LINE = re.compile(rf"[{_LINE_BREAKS}](?=\\*[ \t\x1f]*{_FOLDED_STRUCTURE})")
+# Plain ASCII needs no folding beyond case and leading blanks (its reading is itself, lower
+# case): one scan of the lower-cased text finds the structural lines.
+_ASCII_FIRST_LINE = re.compile(rf"\\*{_SPACE}(?:{_FOLDED_STRUCTURE})")
+_ASCII_LATER_LINE = re.compile(rf"[{_LINE_BREAKS}](?=\\*{_SPACE}(?:{_FOLDED_STRUCTURE}))")
 _LINE_END = re.compile(rf"[{_LINE_BREAKS}]")
-_ASCII_HIDDEN = re.compile(r"[\x00-\x08\x0e-\x1b\x7f]")
 
-# What a model could take for a truncation marker (Codex's ``…N chars truncated…``): an ellipsis,
-# a count, a unit, "truncated", an ellipsis, in any case and spacing. Escaping puts a backslash
+# What a model could take for a truncation marker (Codex's ``…N chars truncated…``), on folded
+# text: an ellipsis (``…``, ``...``, ``⋯``, any character named an ellipsis, three middle
+# dots), a count, a unit, "truncated", an ellipsis, in any spacing. Escaping puts a backslash
 # right after the opening ellipsis (``escapes``), which a real marker never has.
-_HIDDEN_CHAR = "[\u00ad\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\ufeff]"
-_MARKER_GAP = rf"(?:[^\S{_LINE_BREAKS}]|{_HIDDEN_CHAR})*"
-_MARKER_LIKE = re.compile(
-    rf"(?:…|\.\.\.|\u22ef)(?P<escapes>\\*){_MARKER_GAP}\d[\d,]*{_MARKER_GAP}"
-    rf"(?:chars?|characters?|tokens?|bytes?|lines?){_MARKER_GAP}truncated{_MARKER_GAP}"
-    r"(?:…|\.\.\.|\u22ef)",
-    re.IGNORECASE,
+_ELLIPSIS = r"(?:\.\.\.|···)"
+_MARKER_UNITS = ("chars", "characters", "tokens", "bytes", "lines")
+_FOLDED_MARKER = re.compile(
+    rf"{_ELLIPSIS}(?P<escapes>\\*){_SPACE}[0-9][0-9,]*{_SPACE}"
+    rf"(?:{'|'.join(_word(unit[:-1]) + 's?' for unit in _MARKER_UNITS)}){_SPACE}"
+    rf"{_word('truncated')}{_SPACE}{_ELLIPSIS}"
 )
+_ASCII_MARKER_WORD = "truncated"  # every ASCII marker-like holds it (its letters read as is)
 
 _POINTER = re.compile(
     r"\[artifact (?P<id>[A-Za-z0-9_-]+) · (?P<kind>[a-z0-9_]+)"
@@ -173,63 +210,15 @@ _SUMMARY_HEADER = re.compile(
 )
 
 
-# Letters of other scripts (and Latin small capitals) that render like the Latin letter a
-# reader takes them for; applied before case folding so capitals map to what they imitate.
-_CONFUSABLES = str.maketrans(
-    {
-        **dict.fromkeys("АаɑαΑ", "a"),
-        **dict.fromkeys("ВвΒβʙ", "b"),
-        **dict.fromkeys("СсϲϹ", "c"),
-        **dict.fromkeys("ԁᏧ", "d"),
-        **dict.fromkeys("ЕеЁёΕεᴇ", "e"),
-        **dict.fromkeys("ɡ", "g"),
-        **dict.fromkeys("НһΗʜհ", "h"),
-        **dict.fromkeys("ІіΙιɪıӀӏ", "i"),
-        **dict.fromkeys("Јј", "j"),
-        **dict.fromkeys("КкΚκᴋ", "k"),
-        **dict.fromkeys("ʟ", "l"),
-        **dict.fromkeys("МмΜᴍ", "m"),
-        **dict.fromkeys("ΝɴηՈո", "n"),
-        **dict.fromkeys("ОоΟοօᴏ", "o"),
-        **dict.fromkeys("РрΡρᴘ", "p"),
-        **dict.fromkeys("Ԛԛ", "q"),
-        **dict.fromkeys("ʀ", "r"),
-        **dict.fromkeys("ЅѕꜱՏ", "s"),
-        **dict.fromkeys("ТтΤτᴛ", "t"),
-        **dict.fromkeys("υսᴜ", "u"),
-        **dict.fromkeys("νѵᴠ", "v"),
-        **dict.fromkeys("ԜԝᴡωѡաW", "w"),
-        **dict.fromkeys("ХхΧχ", "x"),
-        **dict.fromkeys("УуΥʏү", "y"),
-        **dict.fromkeys("ΖᴢZ", "z"),
-        **dict.fromkeys("\u0589\u05c3\u2236\ua789\u02f8\u02d0", ":"),
-    }
-)
-# Blank letters: Hangul fillers and the braille blank render as nothing, like format characters.
-_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
-_INVISIBLE_CATEGORIES = frozenset({"Cf", "Cc", "Cs", "Mn", "Me"})
-# Unassigned and private-use code points show as a box (or nothing a reader can name): they
-# separate words like a blank does, so ``[note`` + a box + ``A`` still opens like a note.
-_BOX_CATEGORIES = frozenset({"Co", "Cn"})
-
-
 def model_eye(line: str) -> str:
     """``line`` as a reader takes it in: what ``_FOLDED_STRUCTURE`` is matched against.
 
-    Compatibility forms are decomposed (full-width letters, ligatures, ``…`` into ``...``),
-    invisible characters and combining marks dropped, unassigned and private-use code points
-    read as a blank, homoglyphs mapped to Latin, case folded and leading whitespace skipped.
+    Each character is read as :func:`confusables.reading` says (compatibility forms
+    decomposed, invisible characters and combining marks dropped, unassigned and private-use
+    code points read as a blank, look-alikes as their UTS #39 prototype, case folded), and
+    leading blanks are skipped.
     """
-    decomposed = unicodedata.normalize("NFKD", line)
-    visible = "".join(
-        " " if unicodedata.category(char) in _BOX_CATEGORIES else char
-        for char in decomposed
-        if not (
-            (unicodedata.category(char) in _INVISIBLE_CATEGORIES and not char.isspace())
-            or char in _BLANK_LETTERS
-        )
-    )
-    return visible.translate(_CONFUSABLES).casefold().lstrip()
+    return "".join(map(confusables.reading, line)).lstrip()
 
 
 def looks_structural(line: str) -> bool:
@@ -241,51 +230,91 @@ def looks_structural(line: str) -> bool:
         return _LOOKS_STRUCTURAL.match(visible.lower()) is not None
     if not _may_start_structure(visible[0]):
         return False
+    return any(_reads_as_structure(visible, read) for read in _READINGS)
+
+
+# A line is read twice: with symbols that look like letters read as letters, and as blanks.
+_READINGS = (confusables.reading, confusables.blind_reading)
+
+
+def _reads_as_structure(visible: str, read: Callable[[str], str]) -> bool:
     # The first few letters rule out most lines before the whole prefix is folded.
-    opening = model_eye(visible[:16])
+    opening = "".join(map(read, visible[:16])).lstrip()
     if len(opening) >= _OPENING_CHARS and _STRUCTURE_OPENING.match(opening) is None:
         return False
-    folded = model_eye(visible[:_FOLD_PREFIX_CHARS])
-    if len(folded) < _FOLDED_PREFIX_CHARS < len(visible):
-        folded = model_eye(visible)  # mostly invisible padding: read on
+    folded = "".join(map(read, visible[:_FOLD_PREFIX_CHARS])).lstrip()
+    if len(visible) > _FOLD_PREFIX_CHARS and (
+        len(folded) < _FOLDED_PREFIX_CHARS or _MAY_BE_A_NAME_LINE.fullmatch(folded)
+    ):
+        folded = "".join(map(read, visible)).lstrip()  # invisible padding, or a name line
     return _LOOKS_STRUCTURAL.match(folded) is not None
 
 
 # Structure is matched at the start of a line, so folding a bounded prefix decides; a prefix this
-# long holds any label a reader would take in at a glance, invisible padding included.
+# long holds any label a reader would take in at a glance, invisible padding included. Only a
+# header name alone on its line is judged on the whole line, when the prefix could be one.
 _FOLD_PREFIX_CHARS = 512
 _FOLDED_PREFIX_CHARS = 128
-_STRUCTURE_OPENING = re.compile(r"[*_#\[]|user|assistant|ai|human|system|developer|bot")
-_OPENING_CHARS = len("developer")
-_STRUCTURE_STARTS = frozenset("*_#[uahsdb")
+_NAME_LETTERS = "".join(sorted({char for char in _NAME if char.isalpha()}))
+_MAY_BE_A_NAME_LINE = re.compile(rf"[\s{_DECORATION}{_NAME_LETTERS}]*")
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _may_start_structure(char: str) -> bool:
+    """Whether a line whose first visible character is ``char`` can fold into structure."""
+    return _opens_structure(*(read(char) for read in _READINGS))
+
+
+def _opens_structure(*readings: str) -> bool:
+    """Whether a line can be structure when its first visible character reads as one of
+    ``readings``. An invisible first character says nothing: what follows it decides."""
+    return any(not read.lstrip() or read.lstrip()[0] in _STRUCTURE_STARTS for read in readings)
 
 
 @functools.cache
-def _may_start_structure(char: str) -> bool:
-    """Whether a line whose first visible character is ``char`` can fold into structure."""
-    folded = model_eye(char)
-    # An invisible first character says nothing: what follows it decides.
-    return not folded or folded[0] in _STRUCTURE_STARTS
+def _derived_classes() -> tuple[str, ...]:
+    """From one scan of Unicode's data: the non-ASCII characters that are plain (their
+    reading is visible and opens no structure), that read as a dot, that read as a digit."""
+    return confusables.non_ascii_classes(
+        lambda char, read: not _opens_structure(read, confusables.blinded(char, read)),
+        lambda _, read: "." in read or "·" in read,
+        lambda _, read: any("0" <= digit <= "9" for digit in read),
+    )
 
 
-# Every structure ends its folded prefix with one of these; a line without any of them (or a
-# character that folds to one) cannot read as structure. Completeness is tested against Unicode.
-_STRUCTURE_PUNCTUATION = re.compile(
-    "[:#\\[\ufe13\ufe55\uff1a\ufe5f\uff03\ufe47\uff3b\u2a74\u0589\u05c3\u2236\ua789\u02f8\u02d0\U00010781]"
-)
+@functools.cache
+def _candidates() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """The scans for lines worth folding: the first line, and a line after a break.
+
+    A line is worth folding when its first visible character opens an ASCII structure word or
+    markup (in any case), is an ASCII control character, starts an ASCII letter run that a
+    non-ASCII or hidden character interrupts, or is a non-ASCII character that is not plain.
+    Plain characters (their reading is visible and opens no structure) are derived from
+    Unicode's data once, on first use; above ``confusables.SCANNED_LIMIT`` none is.
+    """
+    plain = _derived_classes()[0]
+    letters = "".join(sorted(char for char in _STRUCTURE_STARTS if char.isalpha()))
+    candidate = (
+        rf"(?:(?i:{_STRUCTURE_OPENING.pattern})|[{_ASCII_HIDDEN_CLASS}]"
+        rf"|(?i:[{letters}][a-z]*)(?:[{_ASCII_HIDDEN_CLASS}]|[^\x00-\x7f])"
+        rf"|(?![\x00-\x7f])[^{plain}])"
+    )
+    return (
+        re.compile(rf"{_LEADING}{candidate}"),
+        re.compile(rf"[{_LINE_BREAKS}](?={_LEADING}{candidate})"),
+    )
 
 
 def _candidate_line_starts(content: str) -> Iterator[int]:
-    if _FIRST_LINE_CANDIDATE.match(content):
+    first_line, later_line = _candidates()
+    if first_line.match(content):
         yield 0
-    for match in _LATER_LINE_CANDIDATE.finditer(content):
+    for match in later_line.finditer(content):
         yield match.start() + 1
 
 
 def _structural_line_starts(content: str) -> list[int]:
     """Offsets of the lines of ``content`` that look structural, in order."""
-    if _STRUCTURE_PUNCTUATION.search(content) is None:
-        return []
     if content.isascii() and _ASCII_HIDDEN.search(content) is None:
         lowered = content.lower()
         starts = [0] if _ASCII_FIRST_LINE.match(lowered) else []
@@ -299,11 +328,57 @@ def _structural_line_starts(content: str) -> list[int]:
     return starts
 
 
-def typed_markers(content: str, keep: tuple[tuple[int, int], ...] = ()) -> list[re.Match[str]]:
+@dataclass(frozen=True, slots=True)
+class MarkerLike:
+    """Text a model could take for a truncation marker: its span in the content, where
+    escaping puts its backslash (right after the opening ellipsis), and whether one is there."""
+
+    start: int
+    end: int
+    escape_at: int
+    escaped: bool
+
+    def span(self) -> tuple[int, int]:
+        return self.start, self.end
+
+
+@functools.cache
+def _marker_prefilter() -> re.Pattern[str]:
+    """Content without both a character that reads as a dot and one that reads as a digit
+    holds no marker-like text (derived from Unicode's data on first use)."""
+    _, dots, digits = _derived_classes()
+    return re.compile(rf"(?s)(?=.*?[.·{dots}]).*?[0-9{digits}]")
+
+
+def typed_markers(content: str, keep: tuple[tuple[int, int], ...] = ()) -> list[MarkerLike]:
     """The truncation-marker look-alikes in ``content``, but the real markers at ``keep``."""
-    if "truncated" not in content.lower():
+    if content.isascii() and _ASCII_HIDDEN.search(content) is None:
+        lowered = content.lower()
+        if _ASCII_MARKER_WORD not in lowered:
+            return []
+        return [
+            MarkerLike(*match.span(), match.start("escapes"), bool(match["escapes"]))
+            for match in _FOLDED_MARKER.finditer(lowered)
+            if match.span() not in keep
+        ]
+    if _marker_prefilter().match(content) is None:
         return []
-    return [match for match in _MARKER_LIKE.finditer(content) if match.span() not in keep]
+    readings = list(map(confusables.reading, content))
+    folded = "".join(readings)
+    if "truncated" not in folded and _FOLDED_MARKER.search(folded) is None:
+        return []
+    # starts[i]: where the reading of content[i] begins in the folded text.
+    starts = [0, *itertools.accumulate(map(len, readings))]
+    found = []
+    for match in _FOLDED_MARKER.finditer(folded):
+        start = bisect.bisect_right(starts, match.start()) - 1
+        end = bisect.bisect_right(starts, match.end() - 1)
+        escape_at = bisect.bisect_left(starts, match.start("escapes"))
+        if starts[escape_at] != match.start("escapes"):
+            continue  # the ellipsis ends inside a character (U+152F reads as "·4"): no place
+        if (start, end) not in keep:
+            found.append(MarkerLike(start, end, escape_at, content.startswith("\\", escape_at)))
+    return found
 
 
 def needs_escape(content: str) -> bool:
@@ -319,23 +394,18 @@ def escape_content(content: str, *, keep: tuple[tuple[int, int], ...] = ()) -> s
     unchanged."""
     markers = typed_markers(content, keep)
     if markers:
-        pieces: list[str] = []
-        previous = 0
-        for match in markers:
-            pieces.append(content[previous : match.start("escapes")])
-            pieces.append("\\")
-            previous = match.start("escapes")
-        pieces.append(content[previous:])
-        content = "".join(pieces)
+        content = _insert_backslashes(content, [marker.escape_at for marker in markers])
     starts = _structural_line_starts(content)
-    if not starts:
-        return content
+    return _insert_backslashes(content, starts) if starts else content
+
+
+def _insert_backslashes(content: str, offsets: list[int]) -> str:
     pieces = []
     previous = 0
-    for start in starts:
-        pieces.append(content[previous:start])
+    for offset in offsets:
+        pieces.append(content[previous:offset])
         pieces.append("\\")
-        previous = start
+        previous = offset
     pieces.append(content[previous:])
     return "".join(pieces)
 
@@ -364,13 +434,13 @@ def unescape_with_markers(content: str) -> tuple[str, tuple[tuple[int, int], ...
     previous = 0
     removed = 0
     kept: list[tuple[int, int]] = []
-    for match in markers:
-        if match.group("escapes"):
-            pieces.append(content[previous : match.start("escapes")])
-            previous = match.start("escapes") + 1
+    for marker in markers:
+        if marker.escaped:
+            pieces.append(content[previous : marker.escape_at])
+            previous = marker.escape_at + 1
             removed += 1
         else:
-            kept.append((match.start() - removed, match.end() - removed))
+            kept.append((marker.start - removed, marker.end - removed))
     pieces.append(content[previous:])
     return "".join(pieces), tuple(kept)
 

@@ -357,7 +357,7 @@ def test_only_real_cuts_read_as_truncation_markers(
         bodies = [*section.messages, *([section.summary] if section.summary else [])]
         for message in bodies:
             body = escape_content(message.content, keep=message.markers)
-            unescaped = [m for m in render.typed_markers(body) if not m.group("escapes")]
+            unescaped = [m for m in render.typed_markers(body) if not m.escaped]
             assert len(unescaped) <= len(message.markers)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -318,29 +316,3 @@ def test_verbatim_document_is_the_text_itself() -> None:
     )
     assert render_document(document) == "Hi!\nUser: x"
     assert parse_prompt("Hi!\nUser: x") == document
-
-
-def test_every_character_that_folds_to_structure_punctuation_is_prefiltered() -> None:
-    """The cheap prefilter must know every character a reader takes for `:`, `#` or `[`."""
-    missed = [
-        f"U+{code:04X}"
-        for code in range(0x110000)
-        if not 0xD800 <= code <= 0xDFFF
-        and any(mark in render.model_eye(chr(code)) for mark in ":#[")
-        and render._STRUCTURE_PUNCTUATION.fullmatch(chr(code)) is None
-    ]
-    assert missed == []
-
-
-def test_a_line_that_starts_plain_cannot_fold_into_structure() -> None:
-    """The scan skips lines whose first visible character is plain; none of those may matter."""
-    plain = re.compile(render._PLAIN_FIRST)
-    unsafe = [
-        f"U+{code:04X}"
-        for code in range(0x110000)
-        if not 0xD800 <= code <= 0xDFFF
-        and plain.fullmatch(chr(code))
-        and not chr(code).isspace()
-        and render._may_start_structure(chr(code))
-    ]
-    assert unsafe == []
