@@ -8,6 +8,12 @@ SSE stream's `Last-Event-ID`) misses nothing and gets nothing twice. Every write
 turns already holds that lock (follow-ups, cancels, reports); a claim takes it after the claim
 itself has committed (`record_claims`).
 
+A task's numbers are contiguous, 1..N: every writer reserves exactly as many numbers as it
+writes rows, in the same statement or transaction, so a client that sees n+2 after n knows
+event n+1 was lost on its way, never that it was not written. A claim reserves numbers only
+for the turns still running once it holds the task's lock: a turn interrupted, rolled back or
+cancelled between the claim's commit and its `turn.claimed` event takes none.
+
 Events are small and bounded: ids, statuses, codes, and for progress the streamed events and
 the new text cut to a few thousand characters. Whole texts go by reference (the task API).
 """
@@ -156,10 +162,10 @@ def record_claims(
     """`turn.claimed` for the turns a claim took, after the claim committed (a claim takes turn
     locks, and task locks after them would invert the writers' order): under their tasks'
     locks, and only for turns still RUNNING then (a turn cancelled in between says so with its
-    own, earlier event, and no `claimed` follows it). A task with a turn still RUNNING is
-    RUNNING now, unless it was cancelled. One statement on PostgreSQL, four queries elsewhere,
-    for any number of turns; none for summary jobs, which are no turns and leave their task's
-    status alone.
+    own, earlier event, and no `claimed` follows it, nor is a number reserved for one). A
+    task with a turn still RUNNING is RUNNING now, unless it was cancelled. One statement on
+    PostgreSQL, four queries elsewhere, for any number of turns; none for summary jobs, which
+    are no turns and leave their task's status alone.
 
     `along`: a statement (SQL, parameters) writing rows of the claim, such as the dispatch's
     prompt reports (`sql.insert_statement`), committed with the events: on PostgreSQL a
@@ -181,9 +187,6 @@ def record_claims(
         if along is not None:
             with connection.cursor() as cursor:
                 cursor.execute(along[0], list(along[1]))
-        firsts = _allocate_many(
-            counts={task_id: len(claimed) for task_id, claimed in by_task.items()}
-        )
         ids = [turn.pk for claimed in by_task.values() for turn in claimed]
         with connection.cursor() as cursor:
             cursor.execute(
@@ -192,17 +195,24 @@ def record_claims(
                 [*ids, SubtaskStatus.RUNNING.value],
             )
             running = {row[0] for row in cursor.fetchall()}
-            started = sorted(
-                {turn.task_id for turn in turns if turn.pk in running}.intersection(firsts)
-            )
-            if started:
+        still_running = {
+            task_id: [turn for turn in claimed if turn.pk in running]
+            for task_id, claimed in by_task.items()
+        }
+        # Exactly as many numbers as events: a task whose claimed turns all stopped meanwhile
+        # reserves none (a task deleted meanwhile is not in `firsts`: it has no log left).
+        firsts = _allocate_many(
+            counts={task_id: len(claimed) for task_id, claimed in still_running.items() if claimed}
+        )
+        if firsts:
+            with connection.cursor() as cursor:
                 cursor.execute(
                     f"UPDATE {Task._meta.db_table} SET status = %s, updated_at = %s "  # noqa: S608
-                    f"WHERE id IN ({sql.placeholders(started)}) AND status <> %s",
+                    f"WHERE id IN ({sql.placeholders(list(firsts))}) AND status <> %s",
                     [
                         TaskStatus.RUNNING.value,
                         sql.when(timezone.now()),
-                        *started,
+                        *sorted(firsts),
                         TaskStatus.CANCELLED.value,
                     ],
                 )
@@ -210,14 +220,13 @@ def record_claims(
             [
                 TaskEvent(
                     task_id=task_id,
-                    seq=firsts[task_id] + offset,
+                    seq=first + offset,
                     type=TURN_CLAIMED,
                     subtask_id=turn.pk,
                     data=turn_data(turn),
                 )
-                for task_id, claimed in by_task.items()
-                if task_id in firsts  # a task deleted meanwhile has no log left
-                for offset, turn in enumerate(t for t in claimed if t.pk in running)
+                for task_id, first in firsts.items()
+                for offset, turn in enumerate(still_running[task_id])
             ]
         )
         for task_id in firsts:
@@ -232,31 +241,22 @@ def _record_claims_in_one_statement(
     each reading the one before: the tasks' rows locked (as `_allocate_many`'s update does),
     the turns still RUNNING read under a share lock (a turn a cancel changed while this waited
     for its task's lock is read as the cancel left it, not as the statement's snapshot saw
-    it), the tasks' numbers reserved and, where a turn still runs, their status set, their
-    events inserted, numbered in message order, and the tasks' streams notified when it
-    commits. The status is set by the update that reserves the numbers: one statement cannot
-    change a row twice."""
-    counts = {task_id: len(claimed) for task_id, claimed in by_task.items()}
-    added, added_params = sql.case_by_id(counts)
+    it) and counted per task, exactly that many of each task's numbers reserved and, unless
+    it was cancelled, its status set, its events inserted, numbered in message order, and the
+    tasks' streams notified when it commits. A task none of whose claimed turns still runs
+    reserves no number: its sequence stays without a hole. The status is set by the update
+    that reserves the numbers: one statement cannot change a row twice."""
     turns = [turn for claimed in by_task.values() for turn in claimed]
-    values = ", ".join("(%s::bigint, %s::bigint, %s::bigint, %s::bigint, %s::jsonb)" for _ in turns)
+    values = ", ".join("(%s::bigint, %s::bigint, %s::bigint, %s::jsonb)" for _ in turns)
     claimed_params: list[Any] = []
     for turn in turns:
-        claimed_params += [
-            turn.task_id,
-            turn.pk,
-            turn.message_id,
-            counts[turn.task_id],
-            json.dumps(turn_data(turn)),
-        ]
+        claimed_params += [turn.task_id, turn.pk, turn.message_id, json.dumps(turn_data(turn))]
     tasks, subtasks = Task._meta.db_table, Subtask._meta.db_table
-    task_ids = sql.placeholders(list(counts))
+    task_ids = sql.placeholders(list(by_task))
     # A task with a claimed turn still RUNNING starts running, unless it was cancelled.
-    cancelled = sql.literal(TaskStatus.CANCELLED.value)
-    started = f"status <> {cancelled} AND id IN (SELECT task_id FROM running)"  # noqa: S608
+    started = f"{tasks}.status <> {sql.literal(TaskStatus.CANCELLED.value)}"
     now = sql.when(timezone.now())
-    # Only table names, constants, the CASE from `sql.case_by_id` and placeholders are
-    # formatted in.
+    # Only table names, constants and placeholders are formatted in.
     # A data-modifying part runs whether or not the rest reads it.
     first = f"along AS ({along[0]}), " if along is not None else ""
     statement = (
@@ -265,14 +265,16 @@ def _record_claims_in_one_statement(
         f"running AS (SELECT turn.id, turn.task_id FROM {subtasks} AS turn "
         "JOIN locked ON locked.id = turn.task_id "
         f"WHERE turn.id IN ({sql.placeholders(turns)}) AND turn.status = %s FOR SHARE OF turn), "
-        f"numbered AS (UPDATE {tasks} SET next_event_seq = next_event_seq + {added}, "
-        f"status = CASE WHEN {started} THEN %s ELSE status END, "
-        f"updated_at = CASE WHEN {started} THEN %s ELSE updated_at END "
-        f"WHERE id IN ({task_ids}) RETURNING id, next_event_seq), "
-        f"claimed (task_id, subtask_id, message_id, reserved, data) AS (VALUES {values}), "
+        "counted AS (SELECT task_id, COUNT(*) AS reserved FROM running GROUP BY task_id), "
+        f"numbered AS (UPDATE {tasks} SET next_event_seq = next_event_seq + counted.reserved, "
+        f"status = CASE WHEN {started} THEN %s ELSE {tasks}.status END, "
+        f"updated_at = CASE WHEN {started} THEN %s ELSE {tasks}.updated_at END "
+        f"FROM counted WHERE {tasks}.id = counted.task_id "
+        f"RETURNING {tasks}.id, {tasks}.next_event_seq, counted.reserved), "
+        f"claimed (task_id, subtask_id, message_id, data) AS (VALUES {values}), "
         f"written AS (INSERT INTO {TaskEvent._meta.db_table} "
         "(task_id, seq, type, subtask_id, data, created_at) "
-        "SELECT claimed.task_id, numbered.next_event_seq - claimed.reserved - 1 + ROW_NUMBER() "
+        "SELECT claimed.task_id, numbered.next_event_seq - numbered.reserved - 1 + ROW_NUMBER() "
         "OVER (PARTITION BY claimed.task_id ORDER BY claimed.message_id), %s, "
         "claimed.subtask_id, claimed.data, %s FROM claimed "
         "JOIN numbered ON numbered.id = claimed.task_id "
@@ -285,13 +287,11 @@ def _record_claims_in_one_statement(
             statement,
             [
                 *(along[1] if along is not None else ()),
-                *counts,
+                *by_task,
                 *(turn.pk for turn in turns),
                 SubtaskStatus.RUNNING.value,
-                *added_params,
                 TaskStatus.RUNNING.value,
                 now,
-                *counts,
                 *claimed_params,
                 TURN_CLAIMED,
                 now,
@@ -302,6 +302,8 @@ def _record_claims_in_one_statement(
 
 def _allocate_many(*, counts: dict[int, int]) -> dict[int, int]:
     """`_allocate` for several tasks in one statement: the first reserved number of each."""
+    if not counts:
+        return {}
     table = Task._meta.db_table
     added, params = sql.case_by_id(counts)
     with connection.cursor() as cursor:
