@@ -29,11 +29,53 @@ class BlockedAddress(Exception):  # noqa: N818 (what the attempt records as its 
     """The receiver's host is, or resolves to, an address webhooks may not reach."""
 
 
+# IPv6 prefixes whose addresses carry an IPv4 address in their last 32 bits (IPv4-mapped,
+# 6to4 and Teredo have `ipaddress` properties): NAT64's well-known prefix (RFC 6052; a
+# translator forwards the packet to that IPv4 address) and IPv4-compatible addresses (RFC 4291,
+# deprecated: the IPv4 address itself, written as IPv6).
+_NAT64_WELL_KNOWN = ipaddress.IPv6Network("64:ff9b::/96")
+_IPV4_COMPATIBLE = ipaddress.IPv6Network("::/96")
+# Neither global nor judged by an embedded address: NAT64's local-use prefix (RFC 8215: a
+# site's own translators, where the IPv4 address may sit at any of RFC 6052's positions) and
+# the deprecated site-local prefix (RFC 3879), which `ipaddress` calls global.
+_NEVER_PUBLIC_IPV6 = (
+    ipaddress.IPv6Network("64:ff9b:1::/48"),
+    ipaddress.IPv6Network("fec0::/10"),
+)
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address stands for: IPv4-mapped (::ffff:0:0/96), NAT64
+    (64:ff9b::/96), IPv4-compatible (::/96), 6to4 (2002::/16, bits 16–47) and Teredo
+    (2001::/32: the server in bits 32–63, the client in the last 32 bits, inverted)."""
+    if ip.ipv4_mapped is not None:
+        return [ip.ipv4_mapped]
+    if ip.sixtofour is not None:
+        return [ip.sixtofour]
+    if ip.teredo is not None:
+        return list(ip.teredo)
+    if ip in _NAT64_WELL_KNOWN or ip in _IPV4_COMPATIBLE:
+        return [ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)]
+    return []
+
+
 def is_public(address: str) -> bool:
-    """Whether `address` (an IP address) is one webhooks may reach: global unicast."""
+    """Whether `address` (an IP address) is one webhooks may reach: global unicast, and an
+    IPv6 address that embeds IPv4 addresses only when each of them is (a packet to it reaches
+    that IPv4 address through a translator or a tunnel). An IPv4-mapped or IPv4-compatible
+    address is judged by its IPv4 address alone: it is that address, written as IPv6."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv4Address):
+        return _is_global_unicast(ip)
+    if any(ip in network for network in _NEVER_PUBLIC_IPV6):
+        return False
+    written_as_ipv6 = ip.ipv4_mapped is not None or ip in _IPV4_COMPATIBLE
+    if not written_as_ipv6 and not _is_global_unicast(ip):
+        return False
+    return all(_is_global_unicast(ipv4) for ipv4 in embedded_ipv4(ip))
+
+
+def _is_global_unicast(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
