@@ -195,12 +195,14 @@ def _scanned_reading(char: str, table: Mapping[str, str]) -> str:
     return char
 
 
-def non_ascii_classes(*wanted: Callable[[str, str], bool]) -> tuple[str, ...]:
+def non_ascii_classes(
+    *wanted: Callable[[str, str], bool], limit: int = SCANNED_LIMIT
+) -> tuple[str, ...]:
     """For each predicate (of a code point and its reading), the body of a regex character
-    class holding every non-ASCII code point below :data:`SCANNED_LIMIT` it wants."""
+    class holding every non-ASCII code point below ``limit`` it wants."""
     table = prototypes()
     ranges: list[list[list[int]]] = [[] for _ in wanted]
-    for code in range(0x80, SCANNED_LIMIT):
+    for code in range(0x80, limit):
         if 0xD800 <= code <= 0xDFFF:
             continue
         char = chr(code)

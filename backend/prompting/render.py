@@ -115,7 +115,9 @@ _LINE = re.compile(rf"(?:\A|(?<=[{_LINE_BREAKS}]))[^{_LINE_BREAKS}]*")
 # has folded a line (lower case, look-alikes read as what they imitate, nothing invisible, no
 # leading blanks). Each letter of a structure word also accepts what its look-alikes read as
 # (`confusables.letter_forms`: a look-alike of ``m`` reads as ``rn``, one of ``I`` as ``l``).
-_SPACE = rf"[^\S{_LINE_BREAKS}]*"  # blanks within one line (the ASCII scan runs over many)
+# Blanks within one line. Possessive, like the other runs of the scan (nothing that follows
+# one starts with what it takes): lines of code open with many blanks.
+_SPACE = rf"[^\S{_LINE_BREAKS}]*+"
 _ROLE_WORDS = ("user", "assistant", "human", "system", "developer", "ai", "bot")
 _POINTER_WORDS = ("artifact", "omitted", "note", "summary")
 _SECTION_WORDS = tuple(tuple(section.value.lower().split()) for section in Section)
@@ -123,7 +125,7 @@ _SECTION_WORDS = tuple(tuple(section.value.lower().split()) for section in Secti
 # ``<current_message>``), and what can join its two words.
 _DECORATION = "#=*_\\-:<>/"
 _DECOR = rf"(?:[^\S{_LINE_BREAKS}]|[{_DECORATION}])"
-_JOIN = rf"(?:[^\S{_LINE_BREAKS}]|[_-])*"
+_JOIN = rf"(?:[^\S{_LINE_BREAKS}]|[_-])*+"
 
 
 def _word(word: str) -> str:
@@ -146,14 +148,14 @@ _NAME = (
     + ")"
 )
 _FOLDED_STRUCTURE = (
-    rf"(?:[*_]+{_SPACE})?(?:"
-    rf"#+{_SPACE}{_NAME}"
+    rf"(?:[*_]++{_SPACE})?(?:"
+    rf"#++{_SPACE}{_NAME}"
     rf"|{_alternatives(_ROLE_WORDS)}{_SPACE}"
     rf"(?:\[[^\]{_LINE_BREAKS}]*\]{_SPACE})?(?:[*_]+{_SPACE})?:"
     rf"|\[{_SPACE}{_alternatives(_POINTER_WORDS)}(?![a-z])"
     r")"
     # A header name alone on its line, in any markup (a setext heading's name line too).
-    rf"|{_DECOR}*{_NAME}{_DECOR}*(?![^{_LINE_BREAKS}])"
+    rf"|{_DECOR}*+{_NAME}{_DECOR}*+(?![^{_LINE_BREAKS}])"
 )
 _LOOKS_STRUCTURAL = re.compile(_FOLDED_STRUCTURE)
 # What a folded line opens with when it is structure: markup, a bracket, or the first letters
@@ -178,9 +180,29 @@ _ASCII_HIDDEN = re.compile(f"[{_ASCII_HIDDEN_CLASS}]")
 _LEADING = rf"(?:\\|[^\S{_LINE_BREAKS}])*+"
 # Plain ASCII needs no folding beyond case and leading blanks (its reading is itself, lower
 # case): one scan of the lower-cased text finds the structural lines.
-_ASCII_FIRST_LINE = re.compile(rf"\\*{_SPACE}(?:{_FOLDED_STRUCTURE})")
-_ASCII_LATER_LINE = re.compile(rf"[{_LINE_BREAKS}](?=\\*{_SPACE}(?:{_FOLDED_STRUCTURE}))")
+_ASCII_FIRST_LINE = re.compile(rf"\\*+{_SPACE}(?:{_FOLDED_STRUCTURE})")
+_ASCII_LATER_LINE = re.compile(rf"[{_LINE_BREAKS}](?=\\*+{_SPACE}(?:{_FOLDED_STRUCTURE}))")
 _LINE_END = re.compile(rf"[{_LINE_BREAKS}]")
+# Every structural line holds one of these once lower-cased (a label its colon, a pointer its
+# bracket, a header its name's last word, as written or as a look-alike reads): a plain ASCII
+# text with none of them is skipped without a scan.
+_ASCII_MUST_HOLD = (
+    ":",
+    "[",
+    *(
+        "".join(letters)
+        for _, second in _SECTION_WORDS
+        for letters in itertools.product(*map(confusables.letter_forms, second))
+    ),
+)
+
+
+@functools.lru_cache(maxsize=4)
+def _plain_ascii(content: str) -> bool:
+    """ASCII without hidden controls: its reading is itself, lower-cased. (Cached: escaping
+    asks it of the same text for its lines and for its markers.)"""
+    return content.isascii() and _ASCII_HIDDEN.search(content) is None
+
 
 # What a model could take for a truncation marker (Codex's ``…N chars truncated…``), on folded
 # text: an ellipsis (``…``, ``...``, ``⋯``, any character named an ellipsis, three middle
@@ -271,14 +293,22 @@ def _opens_structure(*readings: str) -> bool:
     return any(not read.lstrip() or read.lstrip()[0] in _STRUCTURE_STARTS for read in readings)
 
 
+_BMP_END = 0x10000
+
+
 @functools.cache
 def _derived_classes() -> tuple[str, ...]:
-    """From one scan of Unicode's data: the non-ASCII characters that are plain (their
-    reading is visible and opens no structure), that read as a dot, that read as a digit."""
+    """From one scan of Unicode's data: the non-ASCII characters of the BMP that are plain
+    (their reading is visible and opens no structure), that read as a dot, as a digit.
+
+    Only the BMP: a class with ranges above it is matched range by range, many times slower.
+    Above it, no character is taken for plain, and every one passes the marker prefilters.
+    """
     return confusables.non_ascii_classes(
         lambda char, read: not _opens_structure(read, confusables.blinded(char, read)),
         lambda _, read: "." in read or "·" in read,
         lambda _, read: any("0" <= digit <= "9" for digit in read),
+        limit=_BMP_END,
     )
 
 
@@ -315,8 +345,10 @@ def _candidate_line_starts(content: str) -> Iterator[int]:
 
 def _structural_line_starts(content: str) -> list[int]:
     """Offsets of the lines of ``content`` that look structural, in order."""
-    if content.isascii() and _ASCII_HIDDEN.search(content) is None:
+    if _plain_ascii(content):
         lowered = content.lower()
+        if not any(word in lowered for word in _ASCII_MUST_HOLD):
+            return []
         starts = [0] if _ASCII_FIRST_LINE.match(lowered) else []
         starts.extend(match.start() + 1 for match in _ASCII_LATER_LINE.finditer(lowered))
         return starts
@@ -343,16 +375,17 @@ class MarkerLike:
 
 
 @functools.cache
-def _marker_prefilter() -> re.Pattern[str]:
+def _marker_prefilters() -> tuple[re.Pattern[str], re.Pattern[str]]:
     """Content without both a character that reads as a dot and one that reads as a digit
     holds no marker-like text (derived from Unicode's data on first use)."""
     _, dots, digits = _derived_classes()
-    return re.compile(rf"(?s)(?=.*?[.·{dots}]).*?[0-9{digits}]")
+    astral = f"{chr(_BMP_END)}-{chr(0x10FFFF)}"
+    return re.compile(f"[.·{dots}{astral}]"), re.compile(f"[0-9{digits}{astral}]")
 
 
 def typed_markers(content: str, keep: tuple[tuple[int, int], ...] = ()) -> list[MarkerLike]:
     """The truncation-marker look-alikes in ``content``, but the real markers at ``keep``."""
-    if content.isascii() and _ASCII_HIDDEN.search(content) is None:
+    if _plain_ascii(content):
         lowered = content.lower()
         if _ASCII_MARKER_WORD not in lowered:
             return []
@@ -361,7 +394,7 @@ def typed_markers(content: str, keep: tuple[tuple[int, int], ...] = ()) -> list[
             for match in _FOLDED_MARKER.finditer(lowered)
             if match.span() not in keep
         ]
-    if _marker_prefilter().match(content) is None:
+    if any(prefilter.search(content) is None for prefilter in _marker_prefilters()):
         return []
     readings = list(map(confusables.reading, content))
     folded = "".join(readings)
