@@ -36,15 +36,19 @@ a fresh pre-tokenizer chunk and its cached token count can be reused as is (see 
 
 Escaping keeps role boundaries unforgeable, judged the way a model reads, not the way the parser
 does. A line of content "looks structural" when, after its leading backslashes, it reads as a
-section header, a speaker label, a pointer or notice line once what a reader does not see or does
-not tell apart is folded away (:func:`model_eye`): format and other invisible characters
-(U+200B, U+FEFF, U+00AD, U+202E…) and combining marks are dropped, compatibility forms
-(full-width ``Ｕｓｅｒ``) and common homoglyphs (Cyrillic ``Usеr``, Greek, small capitals)
-become the Latin letters they imitate, case is folded and leading whitespace is skipped. On that
-folded line, structure is ``#``-headers naming a section (``### current message``), a speaker
-label with an optional bracketed name and a colon (``user:``, ``Human:``, ``System [x] :``,
-``**Assistant:**``), or a line opening with ``[artifact``, ``[omitted``, ``[note`` or
-``[summary``.
+section header, a speaker label, a pointer or notice line once each character is read as
+``confusables.reading`` says (:func:`model_eye`): Unicode's UTS #39 confusables table maps
+every look-alike to its prototype (Cherokee ``Ꭺ``, Cyrillic ``г``, Armenian ``Ս``, colon-like
+``⁚``), compatibility forms decompose, format and other invisible characters and combining
+marks are dropped, case is folded and leading whitespace is skipped; a line is read a second
+time with symbols that look like letters (``×``) read as blanks. On that folded line, structure
+is ``#``-headers naming a section (``### current message``, ``## Current_Message``), a header
+name alone on its line in any markup (``**Current Message**``, ``=== Previous Result ===``,
+``<current_message>``, a setext heading's name line), a speaker label with an optional
+bracketed name and a colon (``user:``, ``Human:``, ``System [x] :``, ``**Assistant:**``), or a
+line opening with ``[artifact``, ``[omitted``, ``[note`` or ``[summary``. Each letter of those
+words also accepts what its look-alikes read as (a look-alike of ``m`` reads ``rn``, of ``I``
+``l``). Plain ASCII reads as itself, lower-cased.
 
 A prompt in which any line was escaped opens with one note line (``ESCAPE_NOTE``, then a blank
 line) telling the model that a line starting with a backslash is quoted message text.
