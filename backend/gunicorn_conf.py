@@ -16,6 +16,7 @@ serve (BATON_MAX_EVENT_STREAMS), so listeners never take the threads the rest of
 
 import os
 
+from backend.traffic_logs import traffic_loggers
 from settings.environment import BatonEnvironment
 
 worker_class = "gthread"
@@ -35,16 +36,19 @@ logconfig_dict = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"json": {"()": "backend.log_format.JsonLineFormatter"}},
+    "filters": {"withhold_traffic_text": {"()": "backend.traffic_logs.WithholdTrafficText"}},
     "handlers": {
         "stdout": {
             "class": "logging.StreamHandler",
             "formatter": "json",
             "stream": "ext://sys.stdout",
+            "filters": ["withhold_traffic_text"],
         },
         "stderr": {
             "class": "logging.StreamHandler",
             "formatter": "json",
             "stream": "ext://sys.stderr",
+            "filters": ["withhold_traffic_text"],
         },
     },
     # Configuring the access logger turns the access log on, to stdout; Django's LOGGING takes
@@ -53,5 +57,6 @@ logconfig_dict = {
     "loggers": {
         "gunicorn.error": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
         "gunicorn.access": {"handlers": ["stdout"], "level": "INFO", "propagate": False},
+        **traffic_loggers("INFO"),
     },
 }

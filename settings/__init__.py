@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import django_stubs_ext
 
+from backend.traffic_logs import traffic_loggers
 from settings.environment import REPO_ROOT, LogFormat, load_environment
 
 # Lets Django's generic classes be subscripted where they are used as bases
@@ -259,14 +260,22 @@ LOGGING = {
             "style": "{",
         },
     },
-    "filters": {"quiet_worker_polling": {"()": "backend.api.log_filters.QuietWorkerPolling"}},
+    "filters": {
+        "quiet_worker_polling": {"()": "backend.api.log_filters.QuietWorkerPolling"},
+        # No URL, header or body of Baton's traffic from httpx, urllib3, botocore and the like.
+        "withhold_traffic_text": {"()": "backend.traffic_logs.WithholdTrafficText"},
+    },
     "handlers": {
-        "console": {"class": "logging.StreamHandler", "formatter": LOG_FORMATTER},
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": LOG_FORMATTER,
+            "filters": ["withhold_traffic_text"],
+        },
         # runserver's access log, without the successful polling of a worker beside it.
         "django.server": {
             "class": "logging.StreamHandler",
             "formatter": "json" if LOG_FORMATTER == "json" else "django.server",
-            "filters": ["quiet_worker_polling"],
+            "filters": ["quiet_worker_polling", "withhold_traffic_text"],
         },
     },
     "loggers": {
@@ -274,6 +283,8 @@ LOGGING = {
         # DEBUG); replacing it here means each request warning is printed once, by the root's.
         "django": {"handlers": [], "level": "INFO", "propagate": True},
         "django.server": {"handlers": ["django.server"], "level": "INFO", "propagate": False},
+        # The HTTP libraries' request lines are never made into records (backend.traffic_logs).
+        **traffic_loggers(BATON.log_level),
     },
     "root": {"handlers": ["console"], "level": BATON.log_level},
 }
