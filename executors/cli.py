@@ -22,6 +22,7 @@ from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, ModelE
 from executors.client import BackendClient
 from executors.config import ConfigurationError, StandinMode, WorkerSettings, load_settings
 from executors.identity import WorkerIdentity, claim_workspace_root
+from executors.logs import configure_logging
 from executors.standin import ModelServer
 from executors.worker import Worker
 
@@ -91,24 +92,13 @@ def locate_adapters(kinds: Sequence[str]) -> dict[str, ExecutorAdapter]:
     return adapters
 
 
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-    # One line per HTTP request would drown the worker's own log (it polls).
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpcore").setLevel(logging.WARNING)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(argv)
     except ConfigurationError as error:
         print(f"baton-executor: {error}", file=sys.stderr)
         return 2
-    _configure_logging(settings.log_level)
+    configure_logging(settings.log_level)
     try:
         with claim_workspace_root(
             root=settings.workspace_root, explicit_worker_id=settings.worker_id
