@@ -363,7 +363,9 @@ class BackendClient:
             digest = hashlib.sha256()
             with self._http.stream("GET", target) as response:
                 _raise_for(response, read=True)
-                with partial.open("wb") as file:
+                partial.unlink(missing_ok=True)  # an earlier attempt's
+                # "x": a new file of this writer's own, never one planted at its name.
+                with partial.open("xb") as file:
                     for chunk in response.iter_bytes(1 << 20):
                         digest.update(chunk)
                         file.write(chunk)

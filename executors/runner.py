@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,12 @@ from executors.client import (
 from executors.events import ErrorCode, Outcome, OutcomeStatus
 from executors.process import ExecutorProcess
 from executors.progress import ProgressBuffer
-from executors.workspace import ArtifactRefused, materialize_artifacts, task_workspace
+from executors.workspace import (
+    ArtifactRefused,
+    materialize_artifacts,
+    open_directory,
+    task_workspace,
+)
 
 logger = logging.getLogger("baton.worker")
 
@@ -195,8 +202,10 @@ class TurnRun:
     def _execute(
         self, *, workspace: Path, prompt: str, resume_session_id: str | None
     ) -> tuple[Outcome | None, int | None]:
-        tmp_dir = self.state_root / "tmp" / f"{self.marker}-{uuid.uuid4().hex[:8]}"
-        tmp_dir.mkdir(parents=True)
+        # Made and removed link-safely: the executor may have replaced what it can reach.
+        tmp_name = f"{self.marker}-{uuid.uuid4().hex[:8]}"
+        tmp_dir = self.state_root / "tmp" / tmp_name
+        os.close(open_directory(self.state_root, f"tmp/{tmp_name}", create=True))
         try:
             return self._execute_in(
                 workspace=workspace,
@@ -206,14 +215,20 @@ class TurnRun:
             )
         finally:
             self.executor_done = True
-            shutil.rmtree(tmp_dir, ignore_errors=True)
+            with suppress(OSError):
+                tmp_root = open_directory(self.state_root, "tmp", create=False)
+                try:
+                    # rmtree with dir_fd neither follows nor removes a link in its place.
+                    shutil.rmtree(tmp_name, dir_fd=tmp_root, ignore_errors=True)
+                finally:
+                    os.close(tmp_root)
 
     def _execute_in(
         self, *, workspace: Path, tmp_dir: Path, prompt: str, resume_session_id: str | None
     ) -> tuple[Outcome | None, int | None]:
         config = self.turn.bot_config
         state_dir = self.state_root / self.adapter.kind
-        state_dir.mkdir(parents=True, exist_ok=True)
+        os.close(open_directory(self.state_root, self.adapter.kind, create=True))
         request = RunRequest(
             prompt=prompt,
             bot=BotConfig(
