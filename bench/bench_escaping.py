@@ -1,4 +1,4 @@
-"""Benchmark: escaping as a model reads (`render.escape_content`) against exact-prefix escaping.
+"""Benchmark: escaping as a model reads (`escaping.escape_content`) against exact-prefix escaping.
 
 Run from the repository root::
 
@@ -7,7 +7,7 @@ Run from the repository root::
 Baton escapes every content line a model would take for a header, a speaker label or a pointer,
 judged on the line as a reader takes it in: each character read through Unicode's confusables
 table (UTS #39 prototypes), invisible characters dropped, compatibility forms folded, case
-folded, leading blanks skipped (`backend.prompting.confusables`, `backend.prompting.render`).
+folded, leading blanks skipped (`backend.prompting.confusables`, `backend.prompting.escaping`).
 The baseline is the rule it replaced, written out here: a line is escaped only when it starts
 with the exact header or label text. Both run interleaved in one process on the same texts, so
 the ratio is what the stronger rule costs. The first call derives the fast paths' character
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backend.prompting.render import escape_content  # noqa: E402
+from backend.prompting.escaping import escape_content  # noqa: E402
 
 _LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
 _EXACT_STRUCTURE = (

@@ -15,7 +15,8 @@ each:
 * ``inputs`` — the history, its summary, current message and previous result as frozen models.
 * ``document`` — the structure of a prompt (sections, messages, omission notice).
 * ``confusables`` — how a reader takes in a character: UTS #39 skeletons from Unicode's table.
-* ``render`` — labels, escaping, pointer lines, the notice; document → text.
+* ``escaping`` — which content lines a reader would take for structure, and their escapes.
+* ``render`` — labels, pointer lines, the notice; document → text.
 * ``counting`` — exact token counts of a prompt's pieces, without encoding the prompt.
 * ``pieces`` — a rendered message piece with its size, the unit every cap budgets.
 * ``fixed`` — the Current Message and the Previous Result: cut at their caps, squeezed to fit.
@@ -40,6 +41,7 @@ from backend.prompting.document import (
     Section,
     SummaryBlock,
 )
+from backend.prompting.escaping import escape_content, unescape_content
 from backend.prompting.inputs import (
     ArtifactPointer,
     CurrentMessage,
@@ -57,12 +59,10 @@ from backend.prompting.policy import (
     PromptPolicy,
 )
 from backend.prompting.render import (
-    escape_content,
     omission_notice,
     pointer_line,
     render_document,
     role_label,
-    unescape_content,
 )
 from backend.prompting.report import BuildReport, TruncatedMessage
 from backend.prompting.truncate import (

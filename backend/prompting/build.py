@@ -40,11 +40,12 @@ from dataclasses import dataclass
 from backend.prompting.addressing import WholeText
 from backend.prompting.counting import TokenCounter
 from backend.prompting.document import PromptDocument, RenderedMessage, RenderedSection, Section
+from backend.prompting.escaping import needs_escape
 from backend.prompting.fixed import FixedSection, squeeze
 from backend.prompting.inputs import ArtifactPointer, PromptInput, Role
 from backend.prompting.pieces import SizedPiece
 from backend.prompting.policy import ContextPassing, PromptPolicy
-from backend.prompting.render import escape_note_piece, header_piece, needs_escape, notice_piece
+from backend.prompting.render import escape_note_piece, header_piece, notice_piece
 from backend.prompting.report import BuildReport
 from backend.prompting.selection import HistorySection, Selection
 from backend.prompting.summary import SummarySection, fit_summary, summary_section

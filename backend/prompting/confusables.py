@@ -8,7 +8,7 @@ distribution and read from its installed files (never downloaded, parsed once), 
 
 * :func:`skeleton` — the UTS #39 skeleton: NFD, every code point replaced by its prototype,
   NFD again. Two strings are confusable exactly when their skeletons are equal.
-* :func:`reading` — one character as a reader takes it in, the unit ``render.model_eye`` folds
+* :func:`reading` — one character as a reader takes it in, the unit ``escaping.model_eye`` folds
   a line with. ASCII reads as itself, lower-cased: it is the alphabet structure is written in,
   and its own look-alike pairs (``rn``/``m``, ``l``/``I``) are spelling, not forgery. Any other
   character is compatibility-decomposed (full-width forms, ligatures, ``…`` into ``...``); what

@@ -4,9 +4,9 @@
 ``parse_prompt(build.text) == build.document``. It is how tests prove that content cannot forge
 a role boundary, and how tools can show a stored prompt message by message.
 
-Rules it relies on (see ``render``): a prompt may open with the escape note; a prompt whose
-first line is neither that note nor a section header is a verbatim first-turn prompt (one user
-message, no label). Otherwise boundaries are lines that
+Rules it relies on (see ``render`` and ``escaping``): a prompt may open with the escape note; a
+prompt whose first line is neither that note nor a section header is a verbatim first-turn
+prompt (one user message, no label). Otherwise boundaries are lines that
 are exactly a section header or a role label line (``Assistant[bot]: [failed]`` for a failed
 turn); content lines that would look like either are escaped, so every such line is real
 structure. Every piece ends with a blank line except the last, which ends with a single
@@ -27,6 +27,7 @@ from backend.prompting.document import (
     Section,
     SummaryBlock,
 )
+from backend.prompting.escaping import unescape_with_markers
 from backend.prompting.inputs import ArtifactPointer, Role
 from backend.prompting.render import (
     PIECE_END,
@@ -36,7 +37,6 @@ from backend.prompting.render import (
     parse_pointer_line,
     parse_summary_header,
     starts_with_header_line,
-    unescape_with_markers,
 )
 
 _BOUNDARY = re.compile(

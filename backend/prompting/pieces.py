@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from backend.prompting.addressing import WholeText
 from backend.prompting.counting import TokenCounter
 from backend.prompting.document import RenderedMessage
-from backend.prompting.render import escape_content, message_prefix, message_suffix
+from backend.prompting.escaping import escape_content
+from backend.prompting.render import message_prefix, message_suffix
 from backend.prompting.report import TruncatedMessage
 from backend.prompting.truncate import Preview
 

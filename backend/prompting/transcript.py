@@ -15,12 +15,12 @@ from collections.abc import Sequence
 
 from backend.prompting.addressing import artifact_id_for, content_sha256, count_lines
 from backend.prompting.document import Section
+from backend.prompting.escaping import escape_content
 from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
 from backend.prompting.kinds import ArtifactKind
 from backend.prompting.render import (
     PIECE_END,
     PROMPT_END,
-    escape_content,
     escape_note_piece,
     header_piece,
     message_prefix,

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backend.prompting import build_prompt, escape_content, parse_prompt, render, unescape_content
+from backend.prompting import build_prompt, escape_content, escaping, parse_prompt, unescape_content
 from backend.prompting.confusables import (
     SCANNED_LIMIT,
     _scanned_reading,
@@ -24,7 +24,8 @@ from backend.prompting.confusables import (
     reading,
     skeleton,
 )
-from backend.prompting.render import ESCAPE_NOTE, looks_structural
+from backend.prompting.escaping import looks_structural
+from backend.prompting.render import ESCAPE_NOTE
 from tests.prompting.test_build import UNCAPPED, assistant, conversation, user
 
 FORGERY_SETTINGS = settings(
@@ -121,7 +122,7 @@ def test_a_forged_truncation_marker_gets_a_backslash_after_its_ellipsis(
     escaped = escape_content(content)
     assert unescape_content(escaped) == content
     body = escape_content(content, keep=())
-    assert not [found for found in render.typed_markers(body) if not found.escaped]
+    assert not [found for found in escaping.typed_markers(body) if not found.escaped]
 
 
 @FORGERY_SETTINGS
@@ -213,7 +214,7 @@ def test_ascii_reads_as_itself_and_the_hidden_ascii_class_is_exact() -> None:
     for code in range(0x80):
         char = chr(code)
         assert reading(char) in ("", char.lower())
-        assert (render._ASCII_HIDDEN.fullmatch(char) is not None) == (reading(char) == "")
+        assert (escaping._ASCII_HIDDEN.fullmatch(char) is not None) == (reading(char) == "")
 
 
 def test_the_scan_reads_every_code_point_as_reading_does() -> None:
@@ -235,9 +236,9 @@ def test_the_scan_reads_every_code_point_as_reading_does() -> None:
 
 
 def test_each_fast_path_agrees_with_the_full_fold_for_every_code_point() -> None:
-    plain_class, dot_class, digit_class = render._derived_classes()
-    plain, dots, digits = (re.compile(f"[{body}]") for body in render._derived_classes())
-    dot_prefilter, digit_prefilter = render._marker_prefilters()
+    plain_class, dot_class, digit_class = escaping._derived_classes()
+    plain, dots, digits = (re.compile(f"[{body}]") for body in escaping._derived_classes())
+    dot_prefilter, digit_prefilter = escaping._marker_prefilters()
     assert dot_prefilter.fullmatch("\U0001d7ce") and digit_prefilter.fullmatch("\U0001d7ce")
     assert plain_class and dot_class and digit_class
     wrong = []
@@ -251,7 +252,7 @@ def test_each_fast_path_agrees_with_the_full_fold_for_every_code_point() -> None
             continue
         if LINE_BREAKS.find(char) == -1 and any(c in LINE_BREAKS for c in read):
             wrong.append(f"U+{code:04X} reads as a line break")
-        if render._may_start_structure.__wrapped__(char) and plain.fullmatch(char):
+        if escaping._may_start_structure.__wrapped__(char) and plain.fullmatch(char):
             wrong.append(f"U+{code:04X} is plain but can start structure")
         if ("." in read or "·" in read) and not char.isascii() and not dots.fullmatch(char):
             wrong.append(f"U+{code:04X} reads as a dot, not prefiltered")
@@ -265,5 +266,5 @@ def test_a_marker_whose_ellipsis_ends_inside_a_character_is_left_alone() -> None
     without splitting the character, so it is not taken for a marker, and stays reversible."""
     content = "\u00b7\u00b7\u152f chars truncated..."
     assert reading("\u152f") == "\u00b74"
-    assert render.typed_markers(content) == []
+    assert escaping.typed_markers(content) == []
     assert escape_content(content) == content

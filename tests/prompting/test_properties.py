@@ -18,12 +18,13 @@ from backend.prompting import (
     Section,
     build_prompt,
     count_tokens,
+    escaping,
     parse_prompt,
-    render,
     render_document,
 )
 from backend.prompting.addressing import content_pointer
-from backend.prompting.render import escape_content, message_piece
+from backend.prompting.escaping import escape_content
+from backend.prompting.render import message_piece
 from tests.prompting.strategies import policies, prompt_inputs, token_policies
 
 BUILD_SETTINGS = settings(
@@ -227,7 +228,7 @@ def test_a_larger_budget_never_includes_fewer_messages(
     assert large >= small
 
 
-# An independent reader's eye, deliberately written apart from `render`: what a model would take
+# An independent reader's eye, deliberately written apart from `escaping`: what a model would take
 # for a header, a speaker label, a pointer, a notice or the note, once invisible characters,
 # accents, width, case and a few common homoglyphs no longer tell lines apart.
 _READER_HOMOGLYPHS = str.maketrans("аеорсухАЕОРСУХіІѕЅԁοαΟΑ", "aeopcyxAEOPCYXiIsSdoaOA")
@@ -351,13 +352,13 @@ def test_only_real_cuts_read_as_truncation_markers(
         return
     if build.report.verbatim:
         [section] = build.document.sections
-        assert not render.typed_markers(section.messages[0].content)
+        assert not escaping.typed_markers(section.messages[0].content)
         return
     for section in build.document.sections:
         bodies = [*section.messages, *([section.summary] if section.summary else [])]
         for message in bodies:
             body = escape_content(message.content, keep=message.markers)
-            unescaped = [m for m in render.typed_markers(body) if not m.escaped]
+            unescaped = [m for m in escaping.typed_markers(body) if not m.escaped]
             assert len(unescaped) <= len(message.markers)
 
 

@@ -15,10 +15,10 @@ from backend.prompting import (
     Role,
     Section,
     escape_content,
+    escaping,
     omission_notice,
     parse_prompt,
     pointer_line,
-    render,
     render_document,
     role_label,
     unescape_content,
@@ -219,7 +219,7 @@ def test_the_real_marker_of_a_cut_is_kept_and_found_again() -> None:
     assert escaped == (
         "head …\\2 chars truncated…" + "…40 chars truncated…" + "…\\1 chars truncated… tail"
     )
-    assert render.unescape_with_markers(escaped) == (content, real)
+    assert escaping.unescape_with_markers(escaped) == (content, real)
 
 
 @given(
@@ -238,12 +238,12 @@ def test_the_line_scan_finds_every_line_the_fold_reads_as_structure(content: str
     """The scan skips plain lines cheaply; it must still escape exactly the lines the fold would."""
     lines = content.splitlines(keepends=True)
     starts = [sum(map(len, lines[:i])) for i, line in enumerate(lines) if _folded(line)]
-    assert render._structural_line_starts(content) == starts
+    assert escaping._structural_line_starts(content) == starts
 
 
 def _folded(line: str) -> bool:
-    visible = render.model_eye(line.lstrip("\\"))
-    return render._LOOKS_STRUCTURAL.match(visible) is not None
+    visible = escaping.model_eye(line.lstrip("\\"))
+    return escaping._LOOKS_STRUCTURAL.match(visible) is not None
 
 
 def _document() -> PromptDocument:
