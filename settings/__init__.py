@@ -121,6 +121,7 @@ STORAGES = {
 # Baton's own limits.
 BATON_MAX_MESSAGE_BYTES = BATON.max_message_bytes
 BATON_MAX_RESULT_BYTES = BATON.max_result_bytes
+BATON_REQUEST_BODY_TIMEOUT_SECONDS = BATON.request_body_timeout_seconds
 # Each endpoint has its own request body limit, derived from the limits above and checked
 # before the body is read (backend.api.body_limits); Django's one limit for every request is
 # left to it.

@@ -82,6 +82,12 @@ class BatonEnvironment(BaseModel):
     var_dir: Path = Field(REPO_ROOT / "var", alias="BATON_VAR_DIR")
     max_message_bytes: int = Field(1024 * 1024, alias="BATON_MAX_MESSAGE_BYTES", gt=0)
     max_result_bytes: int = Field(64 * 1024 * 1024, alias="BATON_MAX_RESULT_BYTES", gt=0)
+    # How long the server waits for the next bytes of a request body (under gunicorn) before it
+    # answers 408 `body_timeout` and lets the connection go: a client that stalls mid-body
+    # (a truncated chunked body, a Content-Length it does not send) frees its thread.
+    request_body_timeout_seconds: float = Field(
+        30.0, alias="BATON_REQUEST_BODY_TIMEOUT_SECONDS", gt=0, le=3600
+    )
     spill_threshold_chars: int = Field(16_000, alias="BATON_SPILL_THRESHOLD_CHARS", gt=0)
     preview_head_chars: int = Field(2_000, alias="BATON_PREVIEW_HEAD_CHARS", ge=0)
     preview_tail_chars: int = Field(2_000, alias="BATON_PREVIEW_TAIL_CHARS", ge=0)

@@ -13,6 +13,14 @@ the view the URL resolved to before any code reads the body:
   disk; one byte over the limit is 413. Where it does not (Django's development server), Django
   would see an empty body: 411, send `Content-Length`.
 
+Under gunicorn every read of a body — chunked, or with `Content-Length`, read here or later by
+a view — is guarded (`GuardedBody`): it waits at most BATON_REQUEST_BODY_TIMEOUT_SECONDS for
+the next bytes (a socket timeout set for the read and restored after it, so answers are not
+bound by it), and a body the server cannot decode is a 4xx, not a 500: a stall is 408
+`body_timeout`, a malformed chunked encoding (a chunk size that is not hexadecimal, a chunk
+without its CRLF) 400 `malformed_body`, a body the client cut off 400 `incomplete_body`.
+gunicorn then closes the connection: where the next request would start is unknown.
+
 Authentication comes after: the check needs no account, so a body too large for its endpoint is
 413 for anyone. A body within the limit is not read before the view authenticates: DRF parses
 `request.data` only when the handler asks for it, after authentication and permissions, so an
@@ -37,8 +45,10 @@ from tempfile import SpooledTemporaryFile
 from typing import Any, BinaryIO, cast
 
 from django.conf import settings
+from django.core.handlers.wsgi import LimitedStream
 from django.http import HttpRequest, HttpResponse
 from rest_framework import status
+from rest_framework.exceptions import APIException
 
 from backend.api.errors import is_api_request, json_error
 
@@ -69,6 +79,77 @@ DEFAULT_BODY_BYTES = 1 * MIB
 # A chunked body is read in slices of this size, and kept in memory up to SPOOL_MEMORY_BYTES.
 READ_CHUNK_BYTES = 64 * KIB
 SPOOL_MEMORY_BYTES = 1 * MIB
+
+
+class RequestBodyUnreadable(APIException):
+    """The request body could not be read to its end (see the module docstring)."""
+
+    status_code = status.HTTP_400_BAD_REQUEST
+
+
+class BodyTimeout(RequestBodyUnreadable):
+    status_code = status.HTTP_408_REQUEST_TIMEOUT
+    default_code = "body_timeout"
+
+    def __init__(self) -> None:
+        timeout = settings.BATON_REQUEST_BODY_TIMEOUT_SECONDS
+        super().__init__(
+            f"The request body stalled: no bytes came for {timeout:g} seconds "
+            "(BATON_REQUEST_BODY_TIMEOUT_SECONDS)."
+        )
+
+
+class MalformedBody(RequestBodyUnreadable):
+    default_code = "malformed_body"
+    default_detail = (
+        "The request body's chunked encoding is malformed: each chunk is a hexadecimal size, "
+        "CRLF, that many bytes and CRLF, and a chunk of size 0 ends the body."
+    )
+
+
+class IncompleteBody(RequestBodyUnreadable):
+    default_code = "incomplete_body"
+    default_detail = "The request body ended before its last chunk: the connection was cut."
+
+
+class GuardedBody:
+    """The server's `wsgi.input`, each read bounded by BATON_REQUEST_BODY_TIMEOUT_SECONDS of
+    waiting (on `sock`, when the server names it) and its failures raised as
+    `RequestBodyUnreadable`s. The server decodes chunked bodies itself: what its decoder
+    raises, other than an OSError, is a body it could not decode."""
+
+    def __init__(self, stream: Any, *, sock: Any) -> None:
+        self._stream = stream
+        self._sock = sock
+
+    def read(self, size: int = -1) -> bytes:
+        return self._guarded(self._stream.read, size)
+
+    def readline(self, size: int = -1) -> bytes:
+        return self._guarded(self._stream.readline, size)
+
+    def _guarded(self, read: Callable[[int], bytes], size: int) -> bytes:
+        prior = self._sock.gettimeout() if self._sock is not None else None
+        if self._sock is not None:
+            self._sock.settimeout(settings.BATON_REQUEST_BODY_TIMEOUT_SECONDS)
+        try:
+            return read(size)
+        except TimeoutError:
+            raise BodyTimeout() from None
+        except OSError:  # the client went (gunicorn's NoMoreData is one)
+            raise IncompleteBody() from None
+        except Exception:  # noqa: BLE001 (the server's decoder refused the body)
+            raise MalformedBody() from None
+        finally:
+            if self._sock is not None:
+                self._sock.settimeout(prior)
+
+
+def guard_body(request: HttpRequest) -> GuardedBody:
+    """Read the request's body through a `GuardedBody` from here on; returns it."""
+    body = GuardedBody(request.META["wsgi.input"], sock=request.META.get("gunicorn.socket"))
+    request._stream = LimitedStream(body, declared_length(request) or 0)  # type: ignore[attr-defined]
+    return body
 
 
 @dataclass(frozen=True)
@@ -197,6 +278,7 @@ class RequestBodyLimitMiddleware:
         limit = body_limit.size()
         endpoint = f"{request.method} {request.path}"
         declared = declared_length(request)
+        body = guard_body(request)
         if declared is not None:
             if declared <= limit:
                 return None
@@ -219,8 +301,17 @@ class RequestBodyLimitMiddleware:
                 code="length_required",
                 field=None,
             )
-        body = _read_at_most(request.META["wsgi.input"], limit)
-        if body is None:
+        try:
+            spooled = _read_at_most(body, limit)
+        except RequestBodyUnreadable as error:
+            return _refusal(
+                request,
+                error.status_code,
+                detail=str(error.detail),
+                code=str(error.default_code),
+                field=None,
+            )
+        if spooled is None:
             return _refusal(
                 request,
                 status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
@@ -231,7 +322,7 @@ class RequestBodyLimitMiddleware:
             )
         # From here on the body is the spool, and its size is known: Django and DRF read it
         # as if it had come with Content-Length.
-        spool, size = body
+        spool, size = spooled
         request._stream = cast(BinaryIO, spool)
         request.META["CONTENT_LENGTH"] = str(size)
         return None

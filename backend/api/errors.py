@@ -25,7 +25,7 @@ import logging
 import sys
 from typing import Any
 
-from django.core.exceptions import DisallowedHost
+from django.core.exceptions import BadRequest, DisallowedHost
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views import defaults
 from rest_framework import exceptions, status
@@ -63,6 +63,12 @@ class RequestBodyNotAnObject(exceptions.ParseError):
 
     default_detail = "The request body must be a JSON object."
     default_code = "invalid"
+
+
+class PathHoldsNul(BadRequest):
+    """A name or id in the URL's path holds a NUL character (`backend.api.urls`): 400."""
+
+    detail = "The URL's path holds a NUL character, which no id or name can contain."
 
 
 def error_body(
@@ -190,6 +196,8 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
     if isinstance(exception, DisallowedHost):
         # Django logs the refused host on django.security.DisallowedHost.
         detail = "The request's Host header names a host this server does not serve."
+    elif isinstance(exception, PathHoldsNul):
+        detail = exception.detail
     else:
         detail = "The request is malformed."
     return json_error(status.HTTP_400_BAD_REQUEST, detail=detail, code="bad_request")

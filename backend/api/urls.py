@@ -1,10 +1,32 @@
-from django.urls import path
+"""The API's URL map (under /api/, `backend.urls`).
+
+Names and ids in a path (`<text:...>`: artifacts, bots, policies) are any text but `/`, as
+Django's `str` converter takes them, except that a NUL refuses the request with 400
+`bad_request` before any view runs: no id or name holds one, and PostgreSQL cannot compare a
+text column with a string that does (its query would fail with a 500).
+"""
+
+from django.urls import path, register_converter
+from django.urls.converters import StringConverter
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from backend.api import executor_views, policy_views, views, webhook_views
 from backend.api.artifact_views import ArtifactContentApi, ArtifactDetailApi
+from backend.api.errors import PathHoldsNul
 from backend.api.event_views import TaskEventsApi
 from backend.api.health_views import HealthApi
+
+
+class PathText(StringConverter):
+    """Django's `str` converter, refusing a NUL (`PathHoldsNul`, a 400)."""
+
+    def to_python(self, value: str) -> str:
+        if "\x00" in value:
+            raise PathHoldsNul()
+        return value
+
+
+register_converter(PathText, "text")
 
 urlpatterns = [
     path("tasks/", views.TaskListCreateApi.as_view(), name="task-list"),
@@ -18,9 +40,9 @@ urlpatterns = [
         views.QueuedMessageCancelApi.as_view(),
         name="queued-message-cancel",
     ),
-    path("artifacts/<str:artifact_id>/", ArtifactDetailApi.as_view(), name="artifact-detail"),
+    path("artifacts/<text:artifact_id>/", ArtifactDetailApi.as_view(), name="artifact-detail"),
     path(
-        "artifacts/<str:artifact_id>/content/",
+        "artifacts/<text:artifact_id>/content/",
         ArtifactContentApi.as_view(),
         name="artifact-content",
     ),
@@ -35,7 +57,7 @@ urlpatterns = [
         name="turn-cancel",
     ),
     path("bots/", views.BotListApi.as_view(), name="bot-list"),
-    path("bots/<str:name>/", views.BotDetailApi.as_view(), name="bot-detail"),
+    path("bots/<text:name>/", views.BotDetailApi.as_view(), name="bot-detail"),
     path("executor/dispatch/", executor_views.DispatchApi.as_view(), name="executor-dispatch"),
     path(
         "executor/heartbeat/",
@@ -68,7 +90,7 @@ urlpatterns = [
         name="executor-result-value",
     ),
     path("policies/", policy_views.PolicyListApi.as_view(), name="policy-list"),
-    path("policies/<str:name>/", policy_views.PolicyDetailApi.as_view(), name="policy-detail"),
+    path("policies/<text:name>/", policy_views.PolicyDetailApi.as_view(), name="policy-detail"),
     path("webhooks/", webhook_views.WebhookListCreateApi.as_view(), name="webhook-list"),
     path(
         "webhooks/<int:endpoint_id>/",
