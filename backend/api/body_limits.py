@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from io import BytesIO
 from tempfile import SpooledTemporaryFile
 from typing import Any, BinaryIO, cast
 
@@ -84,7 +85,7 @@ SPOOL_MEMORY_BYTES = 1 * MIB
 class RequestBodyUnreadable(APIException):
     """The request body could not be read to its end (see the module docstring)."""
 
-    status_code = status.HTTP_400_BAD_REQUEST
+    status_code: int = status.HTTP_400_BAD_REQUEST
 
 
 class BodyTimeout(RequestBodyUnreadable):
@@ -148,7 +149,8 @@ class GuardedBody:
 def guard_body(request: HttpRequest) -> GuardedBody:
     """Read the request's body through a `GuardedBody` from here on; returns it."""
     body = GuardedBody(request.META["wsgi.input"], sock=request.META.get("gunicorn.socket"))
-    request._stream = LimitedStream(body, declared_length(request) or 0)  # type: ignore[attr-defined]
+    stream = LimitedStream(cast(BytesIO, body), declared_length(request) or 0)
+    request._stream = cast(BinaryIO, stream)
     return body
 
 
