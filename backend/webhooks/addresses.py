@@ -9,6 +9,11 @@ address, and connects to an address it checked, so a name that resolves elsewher
 later (DNS rebinding) changes nothing. TLS still verifies the certificate for the URL's host
 name. Registration refuses a URL whose host is a literal non-public address, with a 400.
 
+An IPv6 address that embeds an IPv4 address (NAT64, 6to4, Teredo, IPv4-compatible or -mapped)
+reaches that address through a translator or a tunnel, so it is judged by it as well
+(`embedded_ipv4`); NAT64's local-use prefix and the deprecated site-local prefix are never
+public.
+
 The setting is on by default in development (receivers on the same machine are the usual test)
 and off in production.
 """
