@@ -16,6 +16,18 @@ Invariant: when `ExecutorProcess.stop()` returns an empty list, no live process 
 marker or belongs to the executor's process group. (Zombies are dead; with `enable_subreaper()`
 the worker adopts orphans and `reap_adopted_zombies()` removes their zombies too.)
 
+An executor never outlives its worker, however the worker ends (kill -9 included): a worker that
+cannot report a turn must not go on spending model calls on it. Every executor also carries
+`BATON_WORKER_GUARD=<token>`, one token per worker process, and the first executor start spawns a
+guard: a small process in its own session whose stdin is a pipe only the worker holds the write
+end of (close-on-exec, so no executor inherits it). The kernel closes that end when the worker
+dies; the guard reads EOF, SIGKILLs every process carrying the token — the executors and their
+whole trees, tool commands in their own sessions included, since the entry is inherited through
+fork and exec — and exits. `PR_SET_PDEATHSIG` alone would not do: it reaches only the direct
+child, fires when the forking *thread* ends rather than the process, and needs a `preexec_fn`,
+which is unsafe in the threaded worker. A process that clears its environment escapes the guard
+as it escapes the marker scan.
+
 Linux only: the scan reads /proc. This module never logs environments (they hold API keys),
 stdin or stdout; only pids, counts and the marker.
 """
@@ -33,6 +45,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from types import TracebackType
@@ -43,6 +56,7 @@ from executors.adapters.base import Launch
 logger = logging.getLogger(__name__)
 
 RUN_MARKER_VARIABLE = "BATON_RUN_ID"
+WORKER_GUARD_VARIABLE = "BATON_WORKER_GUARD"
 STDERR_TAIL_BYTES = 64 * 1024
 MAX_KILL_ROUNDS = 50  # SIGKILL scans before stop() gives up (a fork bomb or a process stuck in D)
 
@@ -57,6 +71,10 @@ _PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
 # A Counter, because a reaped pid can be reused by our next executor before its old entry goes.
 _owned_lock = threading.Lock()
 _owned_pids: Counter[int] = Counter()
+
+# The directory that holds the `executors` package: the guard imports this module from there.
+_EXECUTORS_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_GUARD_PROGRAM = "import sys; from executors.process import guard_worker; sys.exit(guard_worker())"
 
 
 def processes_with_marker(marker: str) -> list[int]:
@@ -121,6 +139,78 @@ def reap_adopted_zombies() -> int:
     return reaped
 
 
+class _Guard(NamedTuple):
+    """This worker process's guard: its Popen, the pipe end it watches, the token it kills by."""
+
+    owner: int  # the pid that started it (a forked copy of the worker needs its own)
+    popen: subprocess.Popen[bytes]
+    write_end: int
+    token: str
+
+
+_guard_lock = threading.Lock()
+_guard: _Guard | None = None
+
+
+def worker_guard_token() -> str:
+    """The token of this process's guard, started first if none runs (see the module doc)."""
+    global _guard
+    with _guard_lock:
+        guard = _guard
+        if guard is not None and guard.owner == os.getpid() and guard.popen.poll() is None:
+            return guard.token
+        if guard is not None and guard.owner == os.getpid():
+            # It died (killed?), and poll() reaped it: a new one watches a new pipe.
+            os.close(guard.write_end)
+            with _owned_lock:
+                _owned_pids[guard.popen.pid] -= 1
+                if _owned_pids[guard.popen.pid] <= 0:
+                    del _owned_pids[guard.popen.pid]
+        token = uuid.uuid4().hex
+        read_end, write_end = os.pipe()  # both close-on-exec: no executor inherits them
+        try:
+            with _owned_lock:
+                popen = subprocess.Popen(  # noqa: S603 - a fixed command line, no shell
+                    [sys.executable, "-P", "-c", _GUARD_PROGRAM, token],
+                    stdin=read_end,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    cwd="/",
+                    env={"PYTHONPATH": _EXECUTORS_ROOT},  # no keys: it needs none
+                    start_new_session=True,  # a signal to the worker's group spares it
+                )
+                _owned_pids[popen.pid] += 1  # never reaped as an adopted orphan
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        _guard = _Guard(owner=os.getpid(), popen=popen, write_end=write_end, token=token)
+        logger.debug("started the executor guard, pid %d", popen.pid)
+        return token
+
+
+def guard_worker() -> int:
+    """The guard's program: wait for the worker to end, then kill every process of its runs.
+
+    Runs in the guard process (`worker_guard_token` starts it with the token as argv[1] and the
+    pipe as stdin). Returns 0 once none is left, 1 if some survived MAX_KILL_ROUNDS.
+    """
+    entry = _entry(WORKER_GUARD_VARIABLE, sys.argv[1])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError):
+        while os.read(0, 4096):  # the worker never writes: this waits for EOF, its end
+            pass
+    for kill_round in range(MAX_KILL_ROUNDS):
+        alive = _scan(entry, group=None)
+        if not alive:
+            return 0
+        for pid in alive:
+            _signal_if_still(pid, signal.SIGKILL, lambda pid: _carries_marker(pid, entry))
+        time.sleep(min(0.005 * (kill_round + 1), 0.05))
+    return 1 if _scan(entry, group=None) else 0
+
+
 class ExecutorProcess:
     """One executor run: its process started with a marker, its output read, its tree stopped.
 
@@ -161,7 +251,12 @@ class ExecutorProcess:
         that carries it.
         """
         _marker_entry(marker)  # validate before starting anything
-        env = {**launch.env, RUN_MARKER_VARIABLE: marker}
+        # The guard runs before the executor starts, so no moment leaves it unwatched.
+        env = {
+            **launch.env,
+            RUN_MARKER_VARIABLE: marker,
+            WORKER_GUARD_VARIABLE: worker_guard_token(),
+        }
         # Registered under the lock: a child that exits at once must not be reaped as an orphan
         # between its fork and its registration.
         with _owned_lock:
@@ -383,9 +478,13 @@ class _Stat(NamedTuple):
 
 
 def _marker_entry(marker: str) -> bytes:
-    if not marker or "\0" in marker:
+    return _entry(RUN_MARKER_VARIABLE, marker)
+
+
+def _entry(variable: str, value: str) -> bytes:
+    if not value or "\0" in value:
         raise ValueError("a run marker must be a non-empty string without NUL characters")
-    return f"{RUN_MARKER_VARIABLE}={marker}".encode()
+    return f"{variable}={value}".encode()
 
 
 def _proc_pids() -> list[int]:
