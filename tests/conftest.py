@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.db import connection
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
@@ -58,11 +59,27 @@ def other_user(db):
     return get_user_model().objects.create_user(username="mallory", password="mallory-password")
 
 
+# What the operator of the tests may do, as the admin grants it: read every task and artifact,
+# read and edit history policies (the API asks the same model permissions).
+OPERATOR_PERMISSIONS = [
+    ("tasks", "view_task"),
+    ("artifacts", "view_artifact"),
+    ("dispatch", "view_historypolicy"),
+    ("dispatch", "change_historypolicy"),
+    ("dispatch", "add_historypolicy"),
+]
+
+
 @pytest.fixture
 def staff_user(db):
-    return get_user_model().objects.create_user(
+    operator = get_user_model().objects.create_user(
         username="operator", password="operator-password", is_staff=True
     )
+    for app_label, codename in OPERATOR_PERMISSIONS:
+        operator.user_permissions.add(
+            Permission.objects.get(content_type__app_label=app_label, codename=codename)
+        )
+    return operator
 
 
 def token_client(user) -> APIClient:

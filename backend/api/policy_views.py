@@ -1,4 +1,6 @@
-"""The history policy API for operators (staff): read and change per-task-type caps.
+"""The history policy API for operators (staff): read and change per-task-type caps, with the
+model permissions the admin asks for the same (`permissions.ModelPermissions`): view (or
+change) to read, change to change, add as well to create a task type's row.
 
 The same validation as the admin: values are checked by the prompt builder's own policy and
 an invalid combination is refused with the reason, naming the field. Every change bumps the
@@ -12,12 +14,11 @@ from typing import Any
 
 from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status
-from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from backend.api.permissions import authenticated_user
+from backend.api.permissions import ModelPermissions, authenticated_user
 from backend.api.serializers import StrictInput
 from backend.dispatch.models import DEFAULT_TASK_TYPE, HistoryPolicy
 from backend.dispatch.policies import (
@@ -139,7 +140,8 @@ class PolicyInput(StrictInput):
 
 
 class PolicyListApi(APIView):
-    permission_classes = [IsAdminUser]
+    permission_classes = [ModelPermissions]
+    permission_model = HistoryPolicy
 
     @extend_schema(operation_id="policies_list", responses=PolicyOutput(many=True))
     def get(self, request: Request) -> Response:
@@ -148,7 +150,8 @@ class PolicyListApi(APIView):
 
 
 class PolicyDetailApi(APIView):
-    permission_classes = [IsAdminUser]
+    permission_classes = [ModelPermissions]
+    permission_model = HistoryPolicy
 
     @extend_schema(operation_id="policies_retrieve", responses=PolicyOutput)
     def get(self, request: Request, name: str) -> Response:
@@ -171,10 +174,12 @@ class PolicyDetailApi(APIView):
         payload.is_valid(raise_exception=True)
         row = HistoryPolicy.objects.filter(task_type=task_type).first()
         created = row is None
+        row = row or HistoryPolicy(task_type=task_type)
+        self.check_object_permissions(request, row)  # a new row needs the add permission
         values: dict[str, Any] = dict(payload.validated_data)
         inherit = values.pop("inherit", [])
         row = save_policy(
-            row=row or HistoryPolicy(task_type=task_type),
+            row=row,
             changed_by=authenticated_user(request),
             values=values,
             inherit=inherit,

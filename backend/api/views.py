@@ -18,7 +18,7 @@ from backend.api.artifact_serializers import ArtifactContentQuery, ErrorOutput
 from backend.api.artifact_views import JSONErrorsNegotiation, serve_artifact_content
 from backend.api.client_connection import client_still_connected
 from backend.api.pagination import TaskPagination, TurnPagination
-from backend.api.permissions import IsProductClient, authenticated_user
+from backend.api.permissions import IsProductClient, OwnerOrModelPermissions, authenticated_user
 from backend.api.renderers import BatonJSONRenderer
 from backend.api.serializers import (
     BotOutput,
@@ -102,17 +102,29 @@ class TaskListCreateApi(APIView):
         return Response(_with_turns(request, task), status=status.HTTP_201_CREATED)
 
 
-class TaskDetailApi(APIView):
-    permission_classes = [IsProductClient]
+class TaskApi(APIView):
+    """A view of one task. The task is found through the caller's scoped queryset
+    (`selectors.visible_tasks`: 404 when they may not see it), then its permissions are
+    checked: a read is for whoever sees it; a write (a follow-up, a cancel, an interrupt, a
+    withdrawal) is for its owner, or an operator with the tasks' change permission (403)."""
 
+    permission_classes = [IsProductClient, OwnerOrModelPermissions]
+    permission_model = Task
+
+    def task(self, request: Request, task_id: int) -> Task:
+        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
+        self.check_object_permissions(request, task)
+        return task
+
+
+class TaskDetailApi(TaskApi):
     @extend_schema(operation_id="tasks_retrieve", responses=TaskWithTurnsOutput)
     def get(self, request: Request, task_id: int) -> Response:
-        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
+        task = self.task(request, task_id)
         return Response(_with_turns(request, task))
 
 
-class TaskMessagesApi(APIView):
-    permission_classes = [IsProductClient]
+class TaskMessagesApi(TaskApi):
     body_limit = body_limits.FOLLOW_UP
 
     @extend_schema(
@@ -128,15 +140,22 @@ class TaskMessagesApi(APIView):
             ),
         },
         summary="Send a follow-up message; returns the new turns, or the queued message",
+        description="In another account's task (an operator with the tasks' change "
+        "permission), the message is recorded as the operator's: its `sender` is the "
+        "operator's username, whatever the task is, and naming another sender is a 400.",
     )
     def post(self, request: Request, task_id: int) -> Response:
-        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
+        task = self.task(request, task_id)
         payload = MessageInput(data=request.data)
         payload.is_valid(raise_exception=True)
         follow_up = services.send_message(
             task=task,
             message=payload.validated_data["message"],
-            sender=payload.validated_data["sender"],
+            sender=services.recorded_sender(
+                task=task,
+                author=authenticated_user(request),
+                sender=payload.validated_data["sender"],
+            ),
             strategy=payload.validated_data.get("strategy"),
         )
         if follow_up.queued is not None:
@@ -146,9 +165,7 @@ class TaskMessagesApi(APIView):
         return Response(_turns(request, task, follow_up.turns), status=status.HTTP_201_CREATED)
 
 
-class QueuedMessageCancelApi(APIView):
-    permission_classes = [IsProductClient]
-
+class QueuedMessageCancelApi(TaskApi):
     @extend_schema(
         operation_id="tasks_queued_messages_cancel",
         request=None,
@@ -156,14 +173,12 @@ class QueuedMessageCancelApi(APIView):
         summary="Withdraw a queued follow-up before it is sent",
     )
     def post(self, request: Request, task_id: int, queued_id: int) -> Response:
-        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
+        task = self.task(request, task_id)
         queued = services.withdraw_queued_message(task=task, queued_id=queued_id)
         return Response(QueuedMessageOutput(queued).data)
 
 
-class TaskSubtasksApi(APIView):
-    permission_classes = [IsProductClient]
-
+class TaskSubtasksApi(TaskApi):
     @extend_schema(
         operation_id="tasks_subtasks_list",
         parameters=[TurnListQuery],
@@ -173,7 +188,7 @@ class TaskSubtasksApi(APIView):
     def get(self, request: Request, task_id: int) -> Response:
         query = TurnListQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
+        task = self.task(request, task_id)
         context = {"request": request}
         page = TurnPagination().paginate(
             selectors.task_turns(task=task),
@@ -184,12 +199,11 @@ class TaskSubtasksApi(APIView):
         return Response(page)
 
 
-class TurnTextApi(APIView):
+class TurnTextApi(TaskApi):
     """A turn's spilled text, whole: its artifact's content, served as the artifact API serves
     it (sha256-checked before the first byte, Range, ?lines=, ETag), to whoever may see the
     task."""
 
-    permission_classes = [IsProductClient]
     renderer_classes = [BatonJSONRenderer]
     content_negotiation_class = JSONErrorsNegotiation
 
@@ -213,7 +227,7 @@ class TurnTextApi(APIView):
     def get(self, request: Request, task_id: int, subtask_id: int) -> HttpResponseBase:
         query = ArtifactContentQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
+        task = self.task(request, task_id)
         artifact = selectors.spilled_text_artifact(task=task, subtask_id=subtask_id)
         return serve_artifact_content(
             request, artifact=artifact, line_range=query.validated_data.get("lines")
@@ -243,9 +257,7 @@ CANCEL_RESPONSES_NOTE = (
 )
 
 
-class TaskCancelApi(APIView):
-    permission_classes = [IsProductClient]
-
+class TaskCancelApi(TaskApi):
     @extend_schema(
         operation_id="tasks_cancel",
         request=None,
@@ -256,15 +268,13 @@ class TaskCancelApi(APIView):
     def post(self, request: Request, task_id: int) -> Response:
         query = CancelQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
+        task = self.task(request, task_id)
         task = services.cancel_task(task=task)
         code = _answer_after_stops(request, task=task, subtask_ids=None, query=query)
         return Response(TaskOutput(task).data, status=code)
 
 
-class TurnCancelApi(APIView):
-    permission_classes = [IsProductClient]
-
+class TurnCancelApi(TaskApi):
     @extend_schema(
         operation_id="tasks_subtasks_cancel",
         request=None,
@@ -276,7 +286,7 @@ class TurnCancelApi(APIView):
     def post(self, request: Request, task_id: int, subtask_id: int) -> Response:
         query = CancelQuery(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
-        task = selectors.get_task(user=authenticated_user(request), task_id=task_id)
+        task = self.task(request, task_id)
         turns = services.cancel_turn(task=task, subtask_id=subtask_id)
         code = _answer_after_stops(
             request, task=task, subtask_ids=[turn.pk for turn in turns], query=query

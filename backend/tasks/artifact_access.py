@@ -3,8 +3,9 @@
 A caller may read an artifact when they may see (`selectors.visible_tasks`) the task that first
 produced it or a task with a turn that references it; an executor worker, while it holds a
 claim on a task's turn, reads the artifacts that task's turns reference (a spilled or cut text,
-a turn file) and the task's transcript and turn index, and no longer once the claim ends;
-staff read them all.
+a turn file) and the task's transcript and turn index, and no longer once the claim ends; an
+operator with the artifacts' view permission reads them all, as the admin shows them
+(`backend.model_permissions`), and one with the tasks' view permission those of every task.
 
 A task's transcript and turn index may be composite artifacts (`artifacts.models.ArtifactPart`):
 an executor fetches their parts one by one and assembles the file. So whoever may read a task's
@@ -26,6 +27,7 @@ from django.db.models import Exists, OuterRef, Q
 
 from backend.artifacts.models import Artifact, ArtifactPart
 from backend.errors import NotFound
+from backend.model_permissions import VIEW, operator_may
 from backend.tasks.models import Subtask, SubtaskStatus, Task, TranscriptPart
 from backend.tasks.selectors import visible_tasks
 
@@ -33,12 +35,12 @@ from backend.tasks.selectors import visible_tasks
 def visible_artifact(*, user: User, artifact_id: str) -> Artifact:
     """The artifact, or NotFound when it does not exist or the user may not see it (one query).
 
-    Staff see every artifact, including orphans whose turns are gone and that wait for
-    `prune_artifacts`; anyone else needs a visible task that produced or references it (see the
-    module docstring for what a task references).
+    An operator with the artifacts' view permission sees every artifact, including orphans
+    whose turns are gone and that wait for `prune_artifacts`; anyone else needs a visible task
+    that produced or references it (see the module docstring for what a task references).
     """
     artifacts = Artifact.objects.filter(pk=artifact_id)
-    if not user.is_staff:
+    if not operator_may(user, VIEW, Artifact):
         tasks = visible_tasks(user=user)
         # An executor worker reads the artifacts of the tasks whose turns it holds right now.
         claimed = Task.objects.filter(
@@ -79,12 +81,12 @@ def artifact_as_seen_by(*, user: User, artifact: Artifact) -> Artifact:
     """The artifact's metadata as `user`'s own tasks justify it (an unsaved copy of the row).
 
     Identical texts share one artifact, so its row says who produced it first and when it was
-    last read by anyone. A caller who may see the producing task (or staff) gets the row as it
-    is; anyone else learns nothing about other owners: the task is the caller's own earliest
-    task that references the text, created_at is when that task's turn recorded it, and
+    last read by anyone. A caller who may see the producing task (or every artifact) gets the
+    row as it is; anyone else learns nothing about other owners: the task is the caller's own
+    earliest task that references the text, created_at is when that task's turn recorded it, and
     last_read_at is not shown (one query).
     """
-    if user.is_staff or (
+    if operator_may(user, VIEW, Artifact) or (
         artifact.task_id is not None
         and visible_tasks(user=user).filter(pk=artifact.task_id).exists()
     ):

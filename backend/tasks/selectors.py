@@ -13,6 +13,7 @@ from backend.artifacts.models import Artifact
 from backend.artifacts.storage import verified_chunks
 from backend.configuration_cache import CONFIGURATION
 from backend.errors import NotFound
+from backend.model_permissions import VIEW, operator_may
 from backend.prompting import Role
 from backend.prompting.addressing import content_sha256
 from backend.tasks.fields import LosslessJSONField
@@ -28,9 +29,11 @@ from backend.tasks.models import (
 
 
 def visible_tasks(*, user: User) -> QuerySet[Task]:
-    """Tasks the user may read: their own, or every task for staff."""
+    """Tasks the user may read: their own, and every account's for an operator with the view
+    (or change) permission on tasks, as the admin shows them (`backend.model_permissions`).
+    Whether the user may change a task they see is the API's permission classes' question."""
     tasks = Task.objects.all()
-    if not user.is_staff:
+    if not operator_may(user, VIEW, Task):
         tasks = tasks.filter(owner=user)
     return tasks
 

@@ -377,6 +377,26 @@ def append_message(*, task: Task, message: str, sender: str = "") -> list[Subtas
     ).turns
 
 
+def recorded_sender(*, task: Task, author: User, sender: str) -> str:
+    """The sender a follow-up by `author` is stored with (its turn's and its queued message's).
+
+    The task's owner, the product, names its own senders. An operator writing into another
+    account's task is recorded as themself, by username, so that nothing an operator writes
+    can pass for the owner's words (the owner's own carry the sender the product gave, often
+    none); naming any other sender is refused.
+    """
+    if task.owner_id == author.pk:
+        return sender
+    operator = author.get_username()
+    if sender not in ("", operator):
+        raise InvalidInput(
+            "A message written into another account's task is recorded as its author's: "
+            f"sender must be empty or {operator!r}.",
+            field="sender",
+        )
+    return operator
+
+
 def send_message(
     *, task: Task, message: str, sender: str = "", strategy: str | None = None
 ) -> FollowUp:
