@@ -608,6 +608,7 @@ def test_preview_is_staff_only(client, user, staff_user):
     assert response.status_code == 302
     assert response["Location"].startswith(login)
     # Staff need the right to view tasks and policies: the page shows task content.
+    staff_user.user_permissions.clear()  # the fixture's operator holds them
     client.force_login(staff_user)
     assert client.get(PREVIEW_URL).status_code == 403
     staff_user.user_permissions.add(
