@@ -204,8 +204,9 @@ def materialize_artifacts(
             f"this worker lays out manifest version {MANIFEST_VERSION} at most; the backend "
             f"sent {manifest_version}: upgrade the worker"
         )
+    workspace.parent.mkdir(parents=True, exist_ok=True)  # the trusted root, as configured
     try:
-        workspace_fd = open_directory(workspace.parent, workspace.name, create=False)
+        workspace_fd = open_directory(workspace.parent, workspace.name, create=True)
     except NotADirectoryError:
         raise ArtifactRefused("the workspace is a link or a file, not a directory") from None
     materializing = _Materializing(client=client, workspace=workspace_fd)
