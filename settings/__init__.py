@@ -210,7 +210,8 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
     "DEFAULT_PAGINATION_CLASS": "backend.api.pagination.TaskPagination",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Adds the errors every operation of a kind answers (backend/api/schema.py).
+    "DEFAULT_SCHEMA_CLASS": "backend.api.schema.BatonAutoSchema",
     "EXCEPTION_HANDLER": "backend.api.errors.api_exception_handler",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
@@ -228,6 +229,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Ids in a path (`<id:...>`, backend/api/urls.py) are integers.
+    "PATH_CONVERTER_OVERRIDES": {"id": int},
     "ENUM_NAME_OVERRIDES": {
         "ExecutorKindEnum": "backend.tasks.models.ExecutorKind",
         # Tasks and turns share one set of statuses.

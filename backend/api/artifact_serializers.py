@@ -8,7 +8,6 @@ from the request the serializer is given in its context (`{"request": request}`)
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from rest_framework import serializers
 
@@ -72,15 +71,3 @@ class ArtifactContentQuery(StrictQuery):
         if end is not None and end < start:
             raise serializers.ValidationError(f"END ({end}) is before START ({start}).")
         return LineRange(start=start, end=end)
-
-
-class ErrorOutput(serializers.Serializer[dict[str, Any]]):
-    """Baton's error body (see `backend.api.errors`)."""
-
-    detail = serializers.CharField()
-    code = serializers.CharField()
-    # The stubs see Serializer.fields here; the serializer's metaclass takes declared fields off
-    # the class, so the property stays intact and the body gets a "fields" key.
-    fields = serializers.DictField(  # type: ignore[assignment]
-        child=serializers.ListField(child=serializers.CharField()), required=False
-    )

@@ -39,7 +39,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from backend.api.artifact_serializers import ArtifactContentQuery, ArtifactOutput, ErrorOutput
+from backend.api.artifact_serializers import ArtifactContentQuery, ArtifactOutput
+from backend.api.errors import ErrorOutput
 from backend.api.permissions import authenticated_user
 from backend.api.renderers import BatonJSONRenderer
 from backend.artifacts import selectors

@@ -28,7 +28,7 @@ from typing import Any
 from django.core.exceptions import BadRequest, DisallowedHost
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views import defaults
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
@@ -69,6 +69,18 @@ class PathHoldsNul(BadRequest):
     """A name or id in the URL's path holds a NUL character (`backend.api.urls`): 400."""
 
     detail = "The URL's path holds a NUL character, which no id or name can contain."
+
+
+class ErrorOutput(serializers.Serializer[dict[str, Any]]):
+    """Baton's error body, as the OpenAPI schema names it (every operation's error answers)."""
+
+    detail = serializers.CharField()
+    code = serializers.CharField()
+    # The stubs see Serializer.fields here; the serializer's metaclass takes declared fields off
+    # the class, so the property stays intact and the body gets a "fields" key.
+    fields = serializers.DictField(  # type: ignore[assignment]
+        child=serializers.ListField(child=serializers.CharField()), required=False
+    )
 
 
 def error_body(

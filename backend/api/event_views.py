@@ -30,9 +30,9 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from backend.api.artifact_serializers import ErrorOutput
 from backend.api.artifact_views import JSONErrorsNegotiation
 from backend.api.client_connection import client_still_connected
+from backend.api.errors import ErrorOutput
 from backend.api.event_feeds import FEEDS, Feed, read_after, sse_frame
 from backend.api.permissions import IsProductClient, authenticated_user
 from backend.api.renderers import BatonJSONRenderer
@@ -165,6 +165,18 @@ def _release_connection() -> None:
         connection.close()
 
 
+# One event of the stream, as an EventSource reader parses it (the schema of each event).
+SSE_EVENT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$"},
+        "event": {"type": "string"},
+        "data": {"type": "string", "description": "One JSON object."},
+    },
+    "required": ["id", "event", "data"],
+}
+
+
 class TaskEventsApi(APIView):
     permission_classes = [IsProductClient]
     renderer_classes = [BatonJSONRenderer]
@@ -187,7 +199,7 @@ class TaskEventsApi(APIView):
         ],
         responses={
             (200, "text/event-stream"): OpenApiResponse(
-                OpenApiTypes.STR,
+                SSE_EVENT_SCHEMA,
                 description="Server-Sent Events: `id` (the event's number in the task's "
                 "sequence), `event` (turn.created, turn.claimed, turn.progress, "
                 "turn.requeued, turn.completed, turn.failed, turn.cancelled, "

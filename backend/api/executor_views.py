@@ -31,6 +31,7 @@ from backend.api.executor_serializers import (
 )
 from backend.api.links import artifact_download_urls
 from backend.api.permissions import IsExecutorWorker, authenticated_user
+from backend.api.schema import STORE_FAILED, error_response
 from backend.artifacts.selectors import ManifestPart
 from backend.dispatch import claims, leases, reports, waiting
 from backend.dispatch.payload import ClaimedTurn
@@ -146,6 +147,13 @@ def _lease(subtask: Subtask) -> dict[str, Any]:
     }
 
 
+# What a report about a turn answers when its claim is not the one running the turn.
+CLAIM_REFUSED = error_response(
+    "The claim lost its lease (code `lease_lost`), or the turn is not in a state that takes "
+    "this report (it was cancelled, or already has another result)."
+)
+
+
 class ExecutorApi(APIView):
     permission_classes = [IsExecutorWorker]
 
@@ -215,7 +223,11 @@ class HeartbeatBatchApi(ExecutorApi):
 
 
 class HeartbeatApi(ExecutorApi):
-    @extend_schema(operation_id="executor_heartbeat", request=ClaimInput, responses=LeaseOutput)
+    @extend_schema(
+        operation_id="executor_heartbeat",
+        request=ClaimInput,
+        responses={200: LeaseOutput, 409: CLAIM_REFUSED},
+    )
     def post(self, request: Request, subtask_id: int) -> Response:
         payload = ClaimInput(data=request.data)
         payload.is_valid(raise_exception=True)
@@ -229,7 +241,7 @@ class StoppedApi(ExecutorApi):
     @extend_schema(
         operation_id="executor_stopped",
         request=ClaimInput,
-        responses=LeaseOutput,
+        responses={200: LeaseOutput, 409: CLAIM_REFUSED},
         summary="Confirm that a stopped turn's executor and its processes are gone",
     )
     def post(self, request: Request, subtask_id: int) -> Response:
@@ -244,7 +256,11 @@ class StoppedApi(ExecutorApi):
 class ProgressApi(ExecutorApi):
     body_limit = body_limits.PROGRESS
 
-    @extend_schema(operation_id="executor_progress", request=ProgressInput, responses=LeaseOutput)
+    @extend_schema(
+        operation_id="executor_progress",
+        request=ProgressInput,
+        responses={200: LeaseOutput, 409: CLAIM_REFUSED},
+    )
     def post(self, request: Request, subtask_id: int) -> Response:
         payload = ProgressInput(data=request.data)
         payload.is_valid(raise_exception=True)
@@ -263,7 +279,11 @@ class ProgressApi(ExecutorApi):
 class ResultApi(ExecutorApi):
     body_limit = body_limits.RESULT
 
-    @extend_schema(operation_id="executor_result", request=ResultInput, responses=ResultOutput)
+    @extend_schema(
+        operation_id="executor_result",
+        request=ResultInput,
+        responses={200: ResultOutput, 409: CLAIM_REFUSED, 503: STORE_FAILED},
+    )
     def post(self, request: Request, subtask_id: int) -> Response:
         payload = ResultInput(data=request.data)
         payload.is_valid(raise_exception=True)
@@ -299,7 +319,7 @@ class ResultValueApi(ExecutorApi):
             OpenApiParameter("attempt", int, required=True),
         ],
         request={"text/plain": OpenApiTypes.STR},
-        responses=ValueUploadOutput,
+        responses={200: ValueUploadOutput, 409: CLAIM_REFUSED, 503: STORE_FAILED},
         summary="Upload a result's value as a stream, to name it in the result report",
         description=(
             "The body is the value as raw UTF-8 (text/plain; charset=utf-8), at most "

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import OpenApiParameter, extend_schema_field, inline_serializer
 from rest_framework import serializers
 from rest_framework.fields import empty
 from rest_framework.settings import api_settings
@@ -450,6 +450,8 @@ class SubtaskOutput(serializers.ModelSerializer[Subtask]):
     history = serializers.SerializerMethodField()
     progress_events = serializers.JSONField(allow_null=True)
     usage = serializers.SerializerMethodField()
+    # A USER turn runs no executor: "" (as every answer has always shown it).
+    executor = serializers.ChoiceField(choices=ExecutorKind.choices, allow_blank=True)
 
     @extend_schema_field(UsageFields(allow_null=True))
     def get_usage(self, subtask: Subtask) -> dict[str, Any] | None:
@@ -551,6 +553,33 @@ class SubtaskOutput(serializers.ModelSerializer[Subtask]):
             "stop_confirmed_at",
         ]
         read_only_fields = fields
+
+
+# The query parameters of a list paged by `TaskPagination` whose view reads no other.
+PAGE_PARAMETERS = [
+    OpenApiParameter(
+        "page", OpenApiTypes.INT, description="The page, from 1; one past the last is a 404."
+    ),
+    OpenApiParameter(
+        "page_size",
+        OpenApiTypes.INT,
+        description=f"Rows per page (default {TaskPagination.page_size}, at most "
+        f"{TaskPagination.max_page_size}).",
+    ),
+]
+
+
+def page_of(output: type[serializers.Serializer[Any]]) -> serializers.Serializer[Any]:
+    """The schema of a page of `output` rows, as `TaskPagination` answers a list."""
+    return inline_serializer(
+        name=f"Paginated{output.__name__}List",
+        fields={
+            "count": serializers.IntegerField(help_text="The rows of all pages together."),
+            "next": serializers.URLField(allow_null=True, help_text="The next page, if any."),
+            "previous": serializers.URLField(allow_null=True, help_text="The page before, if any."),
+            "results": output(many=True),
+        },
+    )
 
 
 class TurnPageOutput(serializers.Serializer[dict[str, Any]]):

@@ -3,11 +3,13 @@
 Names and ids in a path (`<text:...>`: artifacts, bots, policies) are any text but `/`, as
 Django's `str` converter takes them, except that a NUL refuses the request with 400
 `bad_request` before any view runs: no id or name holds one, and PostgreSQL cannot compare a
-text column with a string that does (its query would fail with a 500).
+text column with a string that does (its query would fail with a 500). Row ids (`<id:...>`)
+are Django's `int` up to the largest id a row can have: a larger one names no row (404), where
+the database could not even compare it (a 500).
 """
 
 from django.urls import path, register_converter
-from django.urls.converters import StringConverter
+from django.urls.converters import IntConverter, StringConverter
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from backend.api import executor_views, policy_views, views, webhook_views
@@ -28,15 +30,31 @@ class PathText(StringConverter):
 
 register_converter(PathText, "text")
 
+# The largest id a row can have (BigAutoField, a signed 64-bit integer).
+MAX_ROW_ID = 2**63 - 1
+
+
+class RowId(IntConverter):
+    """Django's `int` converter, up to MAX_ROW_ID (a larger number matches no URL: 404)."""
+
+    def to_python(self, value: str) -> int:
+        number = int(value)
+        if number > MAX_ROW_ID:
+            raise ValueError("no row has an id this large")
+        return number
+
+
+register_converter(RowId, "id")
+
 urlpatterns = [
     path("tasks/", views.TaskListCreateApi.as_view(), name="task-list"),
-    path("tasks/<int:task_id>/", views.TaskDetailApi.as_view(), name="task-detail"),
-    path("tasks/<int:task_id>/messages/", views.TaskMessagesApi.as_view(), name="task-messages"),
-    path("tasks/<int:task_id>/subtasks/", views.TaskSubtasksApi.as_view(), name="task-subtasks"),
-    path("tasks/<int:task_id>/cancel/", views.TaskCancelApi.as_view(), name="task-cancel"),
-    path("tasks/<int:task_id>/events/", TaskEventsApi.as_view(), name="task-events"),
+    path("tasks/<id:task_id>/", views.TaskDetailApi.as_view(), name="task-detail"),
+    path("tasks/<id:task_id>/messages/", views.TaskMessagesApi.as_view(), name="task-messages"),
+    path("tasks/<id:task_id>/subtasks/", views.TaskSubtasksApi.as_view(), name="task-subtasks"),
+    path("tasks/<id:task_id>/cancel/", views.TaskCancelApi.as_view(), name="task-cancel"),
+    path("tasks/<id:task_id>/events/", TaskEventsApi.as_view(), name="task-events"),
     path(
-        "tasks/<int:task_id>/queued-messages/<int:queued_id>/cancel/",
+        "tasks/<id:task_id>/queued-messages/<id:queued_id>/cancel/",
         views.QueuedMessageCancelApi.as_view(),
         name="queued-message-cancel",
     ),
@@ -47,12 +65,12 @@ urlpatterns = [
         name="artifact-content",
     ),
     path(
-        "tasks/<int:task_id>/subtasks/<int:subtask_id>/text/",
+        "tasks/<id:task_id>/subtasks/<id:subtask_id>/text/",
         views.TurnTextApi.as_view(),
         name="turn-text",
     ),
     path(
-        "tasks/<int:task_id>/subtasks/<int:subtask_id>/cancel/",
+        "tasks/<id:task_id>/subtasks/<id:subtask_id>/cancel/",
         views.TurnCancelApi.as_view(),
         name="turn-cancel",
     ),
@@ -65,27 +83,27 @@ urlpatterns = [
         name="executor-heartbeat-batch",
     ),
     path(
-        "executor/subtasks/<int:subtask_id>/heartbeat/",
+        "executor/subtasks/<id:subtask_id>/heartbeat/",
         executor_views.HeartbeatApi.as_view(),
         name="executor-heartbeat",
     ),
     path(
-        "executor/subtasks/<int:subtask_id>/stopped/",
+        "executor/subtasks/<id:subtask_id>/stopped/",
         executor_views.StoppedApi.as_view(),
         name="executor-stopped",
     ),
     path(
-        "executor/subtasks/<int:subtask_id>/progress/",
+        "executor/subtasks/<id:subtask_id>/progress/",
         executor_views.ProgressApi.as_view(),
         name="executor-progress",
     ),
     path(
-        "executor/subtasks/<int:subtask_id>/result/",
+        "executor/subtasks/<id:subtask_id>/result/",
         executor_views.ResultApi.as_view(),
         name="executor-result",
     ),
     path(
-        "executor/subtasks/<int:subtask_id>/result/value/",
+        "executor/subtasks/<id:subtask_id>/result/value/",
         executor_views.ResultValueApi.as_view(),
         name="executor-result-value",
     ),
@@ -93,12 +111,12 @@ urlpatterns = [
     path("policies/<text:name>/", policy_views.PolicyDetailApi.as_view(), name="policy-detail"),
     path("webhooks/", webhook_views.WebhookListCreateApi.as_view(), name="webhook-list"),
     path(
-        "webhooks/<int:endpoint_id>/",
+        "webhooks/<id:endpoint_id>/",
         webhook_views.WebhookDetailApi.as_view(),
         name="webhook-detail",
     ),
     path(
-        "webhooks/<int:endpoint_id>/deliveries/",
+        "webhooks/<id:endpoint_id>/deliveries/",
         webhook_views.WebhookDeliveriesApi.as_view(),
         name="webhook-deliveries",
     ),

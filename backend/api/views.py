@@ -14,13 +14,16 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from backend.api import body_limits
-from backend.api.artifact_serializers import ArtifactContentQuery, ErrorOutput
+from backend.api.artifact_serializers import ArtifactContentQuery
 from backend.api.artifact_views import JSONErrorsNegotiation, serve_artifact_content
 from backend.api.client_connection import client_still_connected
+from backend.api.errors import ErrorOutput
 from backend.api.pagination import TaskPagination, TurnPagination
 from backend.api.permissions import IsProductClient, OwnerOrModelPermissions, authenticated_user
 from backend.api.renderers import BatonJSONRenderer
+from backend.api.schema import STORE_FAILED, error_response
 from backend.api.serializers import (
+    PAGE_PARAMETERS,
     BotOutput,
     CancelQuery,
     MessageInput,
@@ -32,6 +35,7 @@ from backend.api.serializers import (
     TaskWithTurnsOutput,
     TurnListQuery,
     TurnPageOutput,
+    page_of,
 )
 from backend.dispatch import stops
 from backend.tasks import selectors, services
@@ -58,7 +62,7 @@ class TaskListCreateApi(APIView):
     @extend_schema(
         operation_id="tasks_list",
         parameters=[TaskListFilters],
-        responses=TaskOutput(many=True),
+        responses=page_of(TaskOutput),
         summary="List the tasks you can see, newest first",
     )
     def get(self, request: Request) -> Response:
@@ -76,7 +80,7 @@ class TaskListCreateApi(APIView):
     @extend_schema(
         operation_id="tasks_create",
         request=TaskCreateInput,
-        responses={201: TaskWithTurnsOutput},
+        responses={201: TaskWithTurnsOutput, 503: STORE_FAILED},
         summary="Create a task with its first message",
     )
     def post(self, request: Request) -> Response:
@@ -138,6 +142,10 @@ class TaskMessagesApi(TaskApi):
                 QueuedMessageOutput,
                 description="Queued (strategy enqueue): sent when the turns before it finish.",
             ),
+            409: error_response(
+                "The task takes no more messages (it is cancelled), or no more queued ones."
+            ),
+            503: STORE_FAILED,
         },
         summary="Send a follow-up message; returns the new turns, or the queued message",
         description="In another account's task (an operator with the tasks' change "
@@ -169,7 +177,10 @@ class QueuedMessageCancelApi(TaskApi):
     @extend_schema(
         operation_id="tasks_queued_messages_cancel",
         request=None,
-        responses=QueuedMessageOutput,
+        responses={
+            200: QueuedMessageOutput,
+            409: error_response("The message was already sent or withdrawn."),
+        },
         summary="Withdraw a queued follow-up before it is sent",
     )
     def post(self, request: Request, task_id: int, queued_id: int) -> Response:
@@ -279,7 +290,11 @@ class TurnCancelApi(TaskApi):
         operation_id="tasks_subtasks_cancel",
         request=None,
         parameters=[CancelQuery],
-        responses={200: SubtaskOutput(many=True), 202: SubtaskOutput(many=True)},
+        responses={
+            200: SubtaskOutput(many=True),
+            202: SubtaskOutput(many=True),
+            409: error_response("The turn has finished: there is nothing to stop."),
+        },
         summary="Stop one pending or running turn; the task stays open for a follow-up",
         description=CANCEL_RESPONSES_NOTE,
     )
@@ -295,7 +310,9 @@ class TurnCancelApi(TaskApi):
 
 
 class BotListApi(APIView):
-    @extend_schema(operation_id="bots_list", responses=BotOutput(many=True))
+    @extend_schema(
+        operation_id="bots_list", parameters=PAGE_PARAMETERS, responses=page_of(BotOutput)
+    )
     def get(self, request: Request) -> Response:
         paginator = TaskPagination()
         page = paginator.paginate_queryset(selectors.bot_list(), request, view=self)

@@ -19,6 +19,7 @@ from backend.api.permissions import (
     OwnerOrModelPermissions,
     authenticated_user,
 )
+from backend.api.serializers import PAGE_PARAMETERS, page_of
 from backend.api.webhook_serializers import (
     WebhookCreatedOutput,
     WebhookCreateInput,
@@ -35,7 +36,8 @@ class WebhookListCreateApi(APIView):
 
     @extend_schema(
         operation_id="webhooks_list",
-        responses=WebhookOutput(many=True),
+        parameters=PAGE_PARAMETERS,
+        responses=page_of(WebhookOutput),
         summary="Your webhook endpoints, newest first (never their secrets)",
     )
     def get(self, request: Request) -> Response:
@@ -92,7 +94,8 @@ class WebhookDeliveriesApi(EndpointApi):
 
     @extend_schema(
         operation_id="webhooks_deliveries_list",
-        responses=WebhookDeliveryOutput(many=True),
+        parameters=PAGE_PARAMETERS,
+        responses=page_of(WebhookDeliveryOutput),
         summary="The endpoint's deliveries, newest first: status, attempts, last status code",
     )
     def get(self, request: Request, endpoint_id: int) -> Response:
