@@ -39,6 +39,7 @@ from backend.prompting.policy import PromptPolicy
 from backend.prompting.summary import summary_request
 from backend.prompting.truncate import layout_fields
 from backend.prompting.units import DEFAULT_TOKEN_ENCODING, O200K_ENCODING
+from backend.tasks import transcript_spans
 from backend.tasks.models import TURNS, Subtask, SubtaskKind, SubtaskStatus, Task, TranscriptPart
 
 # The turns the conversation shows: finished ones, and those a newer message interrupted (with
@@ -686,8 +687,6 @@ def _capped_window_parts(batch: list[_Request]) -> tuple[list[str], list[Any]]:
         )
         params += [request.task.pk, request.current_id, SubtaskKind.TURN, *HISTORY_STATUSES]
         params.append(request.policy.max_messages)
-    from backend.tasks import transcripts  # noqa: PLC0415 - transcripts imports history
-
     parts_table = TranscriptPart._meta.db_table
     for number, request in enumerate(batch):
         # The sealed parts of the transcript before the message hold their turns' counts:
@@ -707,7 +706,7 @@ def _capped_window_parts(batch: list[_Request]) -> tuple[list[str], list[Any]]:
             f"COALESCE((SELECT MAX(last_message_id) {sealed}), 0)) AS counted_{number}"
             f") AS totals_{number}"
         )
-        long_span = transcripts.TRANSCRIPT_PART_TURNS
+        long_span = transcript_spans.TRANSCRIPT_PART_TURNS
         in_parts = [request.task.pk, request.current_id, long_span, request.task.pk, long_span]
         params += [request.task.pk, *in_parts, Role.USER, Role.ASSISTANT]
         params += [request.task.pk, request.current_id, SubtaskKind.TURN, *HISTORY_STATUSES]

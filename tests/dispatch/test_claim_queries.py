@@ -18,7 +18,7 @@ from backend.configuration_cache import CONFIGURATION
 from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import HistoryPolicy
 from backend.prompting import PromptPolicy, Role
-from backend.tasks import transcripts
+from backend.tasks import transcript_spans
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task
 from backend.tasks.services import (
     PipelineStep,
@@ -36,7 +36,7 @@ def no_short_parts(monkeypatch):
     """The histories here (50 turns) stay shorter than a sealed part: what sealing one costs is
     counted in `test_transcript_parts`."""
     monkeypatch.setattr(
-        transcripts, "TRANSCRIPT_SHORT_PART_TURNS", transcripts.TRANSCRIPT_PART_TURNS
+        transcript_spans, "TRANSCRIPT_SHORT_PART_TURNS", transcript_spans.TRANSCRIPT_PART_TURNS
     )
 
 

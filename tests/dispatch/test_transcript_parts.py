@@ -18,10 +18,10 @@ from backend.dispatch.replay import replay_prompt
 from backend.prompting import ArtifactPointer, parse_prompt
 from backend.prompting.addressing import count_lines
 from backend.prompting.render import ESCAPE_NOTE, PIECE_END, pointer_line
-from backend.tasks import services, transcripts
+from backend.tasks import services, transcript_spans, transcripts
 from backend.tasks.history import HISTORY_STATUSES
 from backend.tasks.models import Subtask, SubtaskStatus, Task, TranscriptPart
-from backend.tasks.transcripts import TranscriptRequest, store_transcripts, transcripts_for
+from backend.tasks.transcripts import TranscriptRequest, sealing, store_transcripts, transcripts_for
 from tests.dispatch.test_dispatch_api import create, dispatch, report
 from tests.dispatch.test_history_files import INDEX
 from tests.dispatch.test_whole_texts import set_code_policy
@@ -34,7 +34,7 @@ TURNS = ".baton/history/turns/"
 
 @pytest.fixture(autouse=True)
 def small_parts(monkeypatch):
-    monkeypatch.setattr(transcripts, "TRANSCRIPT_PART_TURNS", PART_TURNS)
+    monkeypatch.setattr(transcript_spans, "TRANSCRIPT_PART_TURNS", PART_TURNS)
     set_code_policy(max_messages=2)
 
 
@@ -208,13 +208,13 @@ def test_a_sealed_part_read_before_is_not_built_again_and_a_changed_row_is(api, 
     for number in range(7):
         turn = next_round(api, worker_api, task, turn, number)
     request = TranscriptRequest(task["id"], False, False, before_message_id=turn["message_id"])
-    transcripts._sealed_part.cache_clear()
+    sealing._sealed_part.cache_clear()
     first = transcripts_for([request])[task["id"]]
     assert len(first.parts) >= 3
     again = transcripts_for([request])[task["id"]]
     # The same rows: the same parts, not built again.
     assert all(a is b for a, b in zip(first.parts, again.parts, strict=True))
-    assert transcripts._sealed_part.cache_info().hits == len(first.parts)
+    assert sealing._sealed_part.cache_info().hits == len(first.parts)
     # A row is what it holds, not its id: one whose pieces differ is read as they are now.
     row = TranscriptPart.objects.get(task_id=task["id"], number=1)
     pieces = {**row.pieces, "transcript": ["0" * 16, "1" * 64, 5, 5, 1]}
@@ -311,8 +311,8 @@ LONG, SHORT = 6, 2
 @pytest.fixture
 def two_lengths(monkeypatch):
     """Long parts of 6 turns, short parts of 2 (at most 2 of them before a long one)."""
-    monkeypatch.setattr(transcripts, "TRANSCRIPT_PART_TURNS", LONG)
-    monkeypatch.setattr(transcripts, "TRANSCRIPT_SHORT_PART_TURNS", SHORT)
+    monkeypatch.setattr(transcript_spans, "TRANSCRIPT_PART_TURNS", LONG)
+    monkeypatch.setattr(transcript_spans, "TRANSCRIPT_SHORT_PART_TURNS", SHORT)
 
 
 def expected_parts(earlier: int) -> list[tuple[int, int, int, int]]:

@@ -26,7 +26,7 @@ from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import set_policy
 from backend.prompting.render import ESCAPE_NOTE
 from backend.prompting.units import count_tokens
-from backend.tasks import transcripts
+from backend.tasks import transcript_spans, transcripts
 from backend.tasks.models import LanguageModel, Task, TranscriptPart
 from executors.standin import extract_prompt
 from tests.conftest import register_bot
@@ -488,7 +488,7 @@ def test_the_agent_reads_a_long_conversation_assembled_from_sealed_parts(
     """The real worker lays out a transcript in parts (manifest version 2): the composite
     transcript and index are assembled byte for byte, and a turn file listed only in a sealed
     part's list is in the workspace for the agent's tools."""
-    monkeypatch.setattr(transcripts, "TRANSCRIPT_PART_TURNS", 2)
+    monkeypatch.setattr(transcript_spans, "TRANSCRIPT_PART_TURNS", 2)
     set_policy(task_type="code", values={"resume_native_sessions": False, "max_messages": 2})
     answers = [f"Answer {number}: noted." for number in range(4)]
     model_server.set_turns([{"text": text} for text in answers])
