@@ -60,3 +60,11 @@ logconfig_dict = {
         **traffic_loggers("INFO"),
     },
 }
+
+
+def post_worker_init(worker: object) -> None:
+    """Each server process derives escaping's tables from Unicode's data before its first
+    request (`backend.prompting.escaping.warm_up`), not inside a dispatch."""
+    from backend.prompting.escaping import warm_up
+
+    warm_up()

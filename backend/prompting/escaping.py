@@ -224,6 +224,14 @@ def _opens_structure(*readings: str) -> bool:
 _BMP_END = 0x10000
 
 
+def warm_up() -> None:
+    """Derive now what the first non-ASCII line would derive (a scan of Unicode's data, a few
+    tenths of a second): a server process calls it before it takes requests, so no dispatch
+    pays for it."""
+    _candidates()
+    _marker_prefilters()
+
+
 @functools.cache
 def _derived_classes() -> tuple[str, ...]:
     """From one scan of Unicode's data: the non-ASCII characters of the BMP that are plain
