@@ -105,6 +105,7 @@ def test_only_the_turns_still_running_take_numbers_across_tasks(user):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("shipped_bots")  # a transactional test before it flushed them
 def test_a_turn_cancelled_while_the_claim_waits_for_its_task_takes_no_number(user):
     """The race itself, with real connections: the cancel holds the task's lock and commits
     while `record_claims` waits for it (on PostgreSQL its statement reads the turn again
