@@ -445,7 +445,7 @@ def database_from_url(url: str, *, prepare_threshold: int | None = None) -> dict
             "CONN_HEALTH_CHECKS": True,
             # Parameters bound on the server, so that a statement run often is prepared once
             # per connection: most of PostgreSQL's work for Baton's short statements is
-            # parsing and planning them (bench/README.md, "Prepared statements").
+            # parsing and planning them (docs/performance-history.md, "Prepared statements and a claim compiled once").
             "OPTIONS": (
                 {}
                 if prepare_threshold is None

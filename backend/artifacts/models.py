@@ -41,7 +41,7 @@ class Artifact(models.Model):
     # A composite artifact stores no file of its own: its content is its parts' contents in
     # order (`ArtifactPart`), its sha256 the digest of their sha256s (`composite_sha256`), and
     # its sizes their sums. A long task's transcript is one: the parts sealed once never
-    # change, so a dispatch stores only the newest part (backend.tasks.transcript_parts).
+    # change, so a dispatch stores only the newest part (backend.tasks.transcripts.storing).
     composite = models.BooleanField(default=False)
 
     class Meta:

@@ -658,7 +658,7 @@ class NativeSession(models.Model):
 
 class TranscriptPart(models.Model):
     """A sealed part of a task's transcript: a fixed number of consecutive earlier turns,
-    rendered once (backend.tasks.transcript_parts).
+    rendered once (backend.tasks.transcripts.sealing).
 
     A part holds `span` consecutive turns in history: part `number` of a span holds the turns
     `number * span` to `(number + 1) * span - 1` of the history, counted from its first. Long
