@@ -445,7 +445,8 @@ def database_from_url(url: str, *, prepare_threshold: int | None = None) -> dict
             "CONN_HEALTH_CHECKS": True,
             # Parameters bound on the server, so that a statement run often is prepared once
             # per connection: most of PostgreSQL's work for Baton's short statements is
-            # parsing and planning them (docs/performance-history.md, "Prepared statements and a claim compiled once").
+            # parsing and planning them (docs/performance-history.md, "Prepared statements and a
+            # claim compiled once").
             "OPTIONS": (
                 {}
                 if prepare_threshold is None

@@ -1,7 +1,7 @@
 """Baton's tables carry no index another one already covers, and the links most rows leave
 empty are indexed only where set: every claim and result report changes a turn's and a task's
-status, which writes an entry to each index of those tables (docs/performance-history.md, "Fewer index
-writes, plans kept, the claimed rows returned")."""
+status, which writes an entry to each index of those tables (docs/performance-history.md,
+"Fewer index writes, plans kept, the claimed rows returned")."""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 With `CONN_HEALTH_CHECKS`, Django runs `SELECT 1` before the first query of every request that
 reuses a connection, so that a connection the server dropped (a restart, a terminated backend,
 a pooler's recycling) is replaced instead of failing the request. That is a round trip per
-request: on the dispatch cycle, about a tenth of the server's CPU (docs/performance-history.md, "Fewer round trips").
+request: on the dispatch cycle, about a tenth of the server's CPU
+(docs/performance-history.md, "Fewer round trips").
 
 Between requests a connection has no query in flight, so a server that is still there has
 nothing to say: Baton's request connections never `LISTEN` (the listener has a connection of
