@@ -5,9 +5,10 @@ At start the worker takes hold of its workspace root and the worker id kept ther
 resumes its native sessions; a second worker on the same root is refused). It then finds every
 executor it was asked to serve, once (a missing one stops it with a message saying how to
 install it), works out each executor's model endpoint — the provider named by the ecosystem's
-own variables, or Baton's stand-in model when asked to — and then claims turns until it is
-stopped. Exit codes: 0 stopped or idle (--once), 2 configuration or setup problem (a workspace
-root another worker holds included).
+own variables, or Baton's stand-in model when asked to — waits for the backend to answer its
+health check (quietly at first: the server may be starting beside it), and then claims turns
+until it is stopped. Exit codes: 0 stopped or idle (--once), 2 configuration or setup problem
+(a workspace root another worker holds included).
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ def _serve(settings: WorkerSettings, identity: WorkerIdentity) -> int:
         )
         worker = Worker(settings=settings, client=client, adapters=adapters, endpoints=endpoints)
         worker.install_signal_handlers()
+        if not worker.wait_for_backend():
+            return 0  # stopped before the backend answered
         return worker.run()
     finally:
         if standin is not None:

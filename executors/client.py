@@ -8,6 +8,10 @@ Two answers are told apart because the worker acts differently on them: 409 `can
 the executor) and 409 `lease_lost` (stop and forget the turn). Nothing here logs a request or
 response body, and the token is never logged.
 
+At start the worker waits for the backend to answer `GET /api/health/` (`wait_until_up`): a
+worker started beside the server (`make run`), or before the web tier in a deploy, is not an
+error. The wait is quiet for its first HEALTH_QUIET_SECONDS, then says once that it waits.
+
 Dispatches go over a connection of their own, which a worker that stops hangs up on
 (`stop_dispatching`): a dispatch waiting at the backend for a turn (long polling) then ends at
 once instead of when its wait does, and the backend, seeing its client gone, claims nothing
@@ -49,6 +53,11 @@ _ENCODE_CHUNK_CHARS = 1 << 18
 # What an uploaded value cannot hold: NUL (Baton refuses it there) and lone surrogates (not UTF-8).
 _NOT_UPLOADABLE = re.compile("[\x00\ud800-\udfff]")
 _T = TypeVar("_T")
+# Waiting for the backend at start: silent this long (a server beside the worker is starting),
+# then one line; the pause between tries grows to HEALTH_MAX_PAUSE_SECONDS.
+HEALTH_QUIET_SECONDS = 10.0
+HEALTH_MAX_PAUSE_SECONDS = 2.0
+HEALTH_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 
 
 class BackendError(RuntimeError):
@@ -239,6 +248,52 @@ class BackendClient:
         signal handlers. A dispatch without a wait in flight is let finish: its answer comes
         at once, and the turns it carries must be run or given back."""
         self._dispatch_line.hang_up()
+
+    def wait_until_up(
+        self, *, stop: threading.Event, quiet_seconds: float = HEALTH_QUIET_SECONDS
+    ) -> bool:
+        """Wait until the backend answers `GET /api/health/`; False if `stop` was set first.
+
+        Any answer but a transient one (RETRY_STATUSES: a proxy with no server behind it, a
+        server whose database is down) means the backend is there: a wrong URL or token is
+        then told by the first dispatch, which says what to check. Nothing is logged for
+        `quiet_seconds`, then one line, without the URL (it may carry a secret) or a trace.
+        """
+        started = time.monotonic()
+        delay = 0.1
+        said = False
+        while not stop.is_set():
+            failure = self._health_failure()
+            if failure is None:
+                if said:
+                    logger.info(
+                        "the backend answers its health check after %.0f s",
+                        time.monotonic() - started,
+                    )
+                return True
+            if not said and time.monotonic() - started >= quiet_seconds:
+                logger.warning(
+                    "waiting for the backend (BATON_URL) to answer GET /api/health/: no answer "
+                    "for %.0f s (%s); the worker starts once it answers",
+                    time.monotonic() - started,
+                    failure,
+                )
+                said = True
+            # Jitter so workers do not stampede a backend coming up; not a secret.
+            stop.wait(delay * (0.5 + random.random()))  # noqa: S311
+            delay = min(delay * 2, HEALTH_MAX_PAUSE_SECONDS)
+        return False
+
+    def _health_failure(self) -> str | None:
+        """Why the backend does not answer its health check yet (an error's type or an HTTP
+        status, never its text), or None when it answers."""
+        try:
+            response = self._http.get("/api/health/", timeout=HEALTH_TIMEOUT)
+        except httpx.TransportError as error:
+            return type(error).__name__
+        if response.status_code in RETRY_STATUSES:
+            return f"HTTP {response.status_code}"
+        return None
 
     # -- the executor API -------------------------------------------------------------------
 

@@ -6,6 +6,10 @@ progress (at most twice a second per run), checks every claim about twice a seco
 batched heartbeat — which renews leases when due and is how a cancel reaches a run, within the
 2 s the product expects — and stops runs that outlive their bot's timeout.
 
+Before its first dispatch the worker waits, quietly, for the backend to answer its health check
+(`wait_for_backend`): a worker may start before the server beside it answers. A signal during
+that wait ends it with nothing claimed.
+
 Shutdown (SIGTERM or SIGINT): the worker stops claiming — a dispatch waiting at the backend is
 hung up on at once, so a stop never waits for a long poll to end — lets running turns finish
 for the grace period, then stops the rest and releases them to the backend (RELEASE: they go
@@ -79,6 +83,14 @@ class Worker:
         self._stopping.set()
         self.client.stop_dispatching()
         self._wake.set()
+
+    def wait_for_backend(self) -> bool:
+        """Wait until the backend answers; False when the worker was stopped first (the
+        client is then closed: `run` is not to follow)."""
+        if self.client.wait_until_up(stop=self._stopping):
+            return True
+        self.client.close()
+        return False
 
     def run(self) -> int:
         """Serve until stopped (or, with --once, until idle). Returns the process exit code."""
