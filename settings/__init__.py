@@ -257,7 +257,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {
         "json": {"()": "backend.log_format.JsonLineFormatter"},
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        # A Baton event as one short line (backend.log_format.PlainLineFormatter).
+        "plain": {"()": "backend.log_format.PlainLineFormatter"},
         "django.server": {
             "()": "django.utils.log.ServerFormatter",
             "format": "[{server_time}] {message}",
@@ -268,12 +269,17 @@ LOGGING = {
         "quiet_worker_polling": {"()": "backend.api.log_filters.QuietWorkerPolling"},
         # No URL, header or body of Baton's traffic from httpx, urllib3, botocore and the like.
         "withhold_traffic_text": {"()": "backend.traffic_logs.WithholdTrafficText"},
+        # The plain console leaves the dispatch's long-polling plumbing out at INFO.
+        "quiet_plumbing_events": {"()": "backend.log_format.QuietPlumbingEvents"},
     },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": LOG_FORMATTER,
-            "filters": ["withhold_traffic_text"],
+            "filters": [
+                "withhold_traffic_text",
+                *(["quiet_plumbing_events"] if LOG_FORMATTER == "plain" else []),
+            ],
         },
         # runserver's access log, without the successful polling of a worker beside it.
         "django.server": {

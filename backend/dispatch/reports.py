@@ -381,6 +381,7 @@ def report_result(
         "result",
         task=subtask.task_id,
         subtask=subtask.pk,
+        message_id=subtask.message_id,
         reported=status,
         status=subtask.status,
         error_code=subtask.error_code,
