@@ -32,15 +32,21 @@ install-test: $(VENV)/.installed-test
 
 # The API on $(HOST):$(PORT) and, beside it, a worker running Codex, Claude Code and Agno and
 # the webhook sender. An executor whose provider key is not set (OPENAI_API_KEY,
-# ANTHROPIC_API_KEY) answers with Baton's stand-in model. Ctrl-C stops all three.
+# ANTHROPIC_API_KEY) answers with Baton's stand-in model. The worker waits for the server to
+# answer, and says only what goes wrong (WORKER_LOG_LEVEL): the server's own lines show each
+# turn. Once the server answers, the demo login is printed again, last (kept in
+# var/demo-login). Ctrl-C stops them all.
+WORKER_LOG_LEVEL ?= WARNING
 run: install
 	$(PY) manage.py migrate --noinput
 	$(PY) manage.py seed_demo --base-url http://$(HOST):$(PORT)
 	@BATON_URL=http://$(HOST):$(PORT) BATON_WORKER_TOKEN_FILE=var/demo-worker-token \
 	  BATON_WORKSPACE_ROOT=var/workspaces BATON_WORKER_ID=demo-worker \
-	  $(PY) -m executors --standin-model auto & worker=$$!; \
+	  $(PY) -m executors --standin-model auto --log-level $(WORKER_LOG_LEVEL) & worker=$$!; \
 	  $(PY) manage.py deliver_webhooks & sender=$$!; \
-	  trap 'kill -TERM $$worker $$sender 2>/dev/null; wait $$worker $$sender' EXIT INT TERM; \
+	  $(PY) manage.py seed_demo --base-url http://$(HOST):$(PORT) --login-when-up & login=$$!; \
+	  trap 'kill -TERM $$worker $$sender $$login 2>/dev/null; wait $$worker $$sender $$login' \
+	    EXIT INT TERM; \
 	  $(PY) manage.py runserver $(HOST):$(PORT)
 
 # Production: BATON_ENV=production (unless set otherwise), gunicorn with gthread workers

@@ -56,7 +56,7 @@ _T = TypeVar("_T")
 # Waiting for the backend at start: silent this long (a server beside the worker is starting),
 # then one line; the pause between tries grows to HEALTH_MAX_PAUSE_SECONDS.
 HEALTH_QUIET_SECONDS = 10.0
-HEALTH_MAX_PAUSE_SECONDS = 2.0
+HEALTH_MAX_PAUSE_SECONDS = 1.0
 HEALTH_TIMEOUT = httpx.Timeout(5.0, connect=2.0)
 
 

@@ -1,17 +1,27 @@
 """Load Baton's demo data and print an admin login and an API token.
 
 Idempotent: the admin user, its password (kept in var/demo-admin-password) and the demo tasks are
-created once and reused on later runs.
+created once and reused on later runs. The worker's token is kept in var/demo-worker-token, and
+the whole login — the admin's password, their API token, the worker's token — in var/demo-login
+(each readable by its owner only).
+
+`--login-when-up` loads nothing: it waits until the server at `--base-url` answers its health
+check, then prints the login kept in var/demo-login. `make run` runs it beside the server, so
+the login is the last thing on the console once the server is up, not scrolled away by the
+lines the worker's first turns write.
 """
 
 from __future__ import annotations
 
 import secrets
+import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
 from backend.dispatch.workers import ensure_worker_account
@@ -47,6 +57,11 @@ DEMO_BOTS = [
 ]
 
 
+# --login-when-up: how long to wait for the server, and between tries.
+LOGIN_WAIT_SECONDS = 300.0
+LOGIN_POLL_SECONDS = 0.25
+
+
 class Command(BaseCommand):
     help = "Create the demo admin user, an API token and two demo tasks; print the login."
 
@@ -56,16 +71,25 @@ class Command(BaseCommand):
             default="http://127.0.0.1:8000",
             help="where the server will listen, for the URLs printed (make run passes its own)",
         )
+        parser.add_argument(
+            "--login-when-up",
+            action="store_true",
+            help="load nothing: wait until the server at --base-url answers, then print the "
+            "login kept in var/demo-login (make run does, beside the server)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         base_url = options["base_url"].rstrip("/")
+        login_file = settings.VAR_DIR / "demo-login"
+        if options["login_when_up"]:
+            self._print_when_up(base_url=base_url, login_file=login_file)
+            return
         password_file = settings.VAR_DIR / "demo-admin-password"
         if password_file.exists():
             password = password_file.read_text().strip()
         else:
             password = secrets.token_urlsafe(12)
-            password_file.write_text(password + "\n")
-            password_file.chmod(0o600)
+            _write_private(password_file, password + "\n")
         user_model = get_user_model()
         admin, _ = user_model.objects.get_or_create(
             username=ADMIN_USERNAME, defaults={"is_staff": True, "is_superuser": True}
@@ -77,8 +101,7 @@ class Command(BaseCommand):
         _, worker_token = ensure_worker_account(username=DEMO_WORKER_USERNAME)
         # `make run` starts a worker beside the server with this token.
         token_file = settings.VAR_DIR / "demo-worker-token"
-        token_file.write_text(worker_token + "\n")
-        token_file.chmod(0o600)
+        _write_private(token_file, worker_token + "\n")
         for bot in DEMO_BOTS:
             Bot.objects.get_or_create(name=bot["name"], defaults=bot)
 
@@ -87,7 +110,7 @@ class Command(BaseCommand):
         if not Task.objects.filter(title=PIPELINE_TITLE).exists():
             self._pipeline(admin)
 
-        self.stdout.write(
+        login = (
             "\nBaton demo is ready.\n"
             f"  Admin:     {base_url}/admin/\n"
             f"             user {ADMIN_USERNAME}  password {password}\n"
@@ -98,6 +121,31 @@ class Command(BaseCommand):
             f"  API docs:  {base_url}/api/docs/\n"
             "  A worker runs beside the server (make run); with no model keys it answers with\n"
             "  Baton's stand-in model.\n"
+            f"  Kept in:   {_shown(login_file)} (the password also in {_shown(password_file)},\n"
+            f"             the worker token in {_shown(token_file)})\n"
+        )
+        _write_private(login_file, login)
+        self.stdout.write(login)
+
+    def _print_when_up(self, *, base_url: str, login_file: Path) -> None:
+        """Print the kept login once the server answers GET /api/health/ (any answer but a
+        transient one: a server that answers is up, whatever its health says)."""
+        if not login_file.exists():
+            raise CommandError(f"{login_file} is missing: run manage.py seed_demo first")
+        deadline = time.monotonic() + LOGIN_WAIT_SECONDS
+        with httpx.Client(timeout=httpx.Timeout(5.0, connect=1.0)) as client:
+            while time.monotonic() < deadline:
+                try:
+                    answer = client.get(f"{base_url}/api/health/")
+                except httpx.TransportError:
+                    time.sleep(LOGIN_POLL_SECONDS)
+                    continue
+                if answer.status_code not in (502, 503, 504):
+                    self.stdout.write(login_file.read_text(encoding="utf-8"))
+                    return
+                time.sleep(LOGIN_POLL_SECONDS)
+        self.stderr.write(
+            f"The server at {base_url} did not answer; the demo login is in {_shown(login_file)}."
         )
 
     def _group_chat(self, owner: Any) -> None:
@@ -136,3 +184,16 @@ class Command(BaseCommand):
             sender="carol",
         )
         append_message(task=task, message="Good. Please also remove RETRY_DELAY.", sender="carol")
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write `text` to `path`, readable by its owner only (it holds a password or a token)."""
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(text, encoding="utf-8")
+
+
+def _shown(path: Path) -> Path:
+    """`path` as printed: relative to the checkout when it is inside it (var/…)."""
+    base = Path(settings.BASE_DIR)
+    return path.relative_to(base) if path.is_relative_to(base) else path
