@@ -204,15 +204,21 @@ class _Known:
         raise AssertionError("a cut never keeps what lies between the known parts")
 
     def evidence(self, start: int, end: int, kind: str) -> list[EvidenceLine]:
-        """The evidence lines within ``[start, end)``, each within one known slice, in the
-        order a cut takes them."""
-        found: list[EvidenceLine] = []
+        """The evidence lines of the known slices, each clipped to ``[start, end)`` (those
+        wholly outside it left out), in the order a cut takes them.
+
+        Lines are found in each whole slice, never in the region alone: a line (a traceback
+        with its frames) the head grew into is the same line, only less of it is left to take,
+        so a larger budget, which leaves a smaller region, never costs a line more."""
+        found: list[tuple[int, int, EvidenceLine]] = []
         for offset, text in self.slices:
-            low, high = max(start, offset), min(end, offset + len(text))
-            if low < high:
-                for line in evidence_lines(text, low - offset, high - offset, kind):
-                    found.append(EvidenceLine(line.start + offset, line.end + offset, line.tier))
-        return sorted(found, key=lambda line: (line.tier, line.start))
+            for line in evidence_lines(text, 0, len(text), kind):
+                clipped_start = max(line.start + offset, start)
+                clipped_end = min(line.end + offset, end)
+                if clipped_start < clipped_end:
+                    clipped = EvidenceLine(clipped_start, clipped_end, line.tier)
+                    found.append((line.tier, line.start + offset, clipped))
+        return [line for _, _, line in sorted(found, key=lambda item: item[:2])]
 
 
 # --- line-bounded head and tail -------------------------------------------------------------
