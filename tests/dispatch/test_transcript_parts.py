@@ -18,9 +18,10 @@ from backend.dispatch.replay import replay_prompt
 from backend.prompting import ArtifactPointer, parse_prompt
 from backend.prompting.addressing import count_lines
 from backend.prompting.render import ESCAPE_NOTE, PIECE_END, pointer_line
-from backend.tasks import services, transcript_spans, transcripts
+from backend.tasks import transcript_spans, transcripts
 from backend.tasks.history import HISTORY_STATUSES
 from backend.tasks.models import Subtask, SubtaskStatus, Task, TranscriptPart
+from backend.tasks.services import results as result_services
 from backend.tasks.transcripts import TranscriptRequest, sealing, store_transcripts, transcripts_for
 from tests.dispatch.test_dispatch_api import create, dispatch, report
 from tests.dispatch.test_history_files import INDEX
@@ -486,7 +487,7 @@ def test_a_report_whose_transcript_cannot_be_stored_is_recorded_all_the_same(
         monkeypatch.context() as failing,
         django_capture_on_commit_callbacks(execute=True),
     ):
-        failing.setattr(services, "store_transcripts", unavailable)
+        failing.setattr(result_services, "store_transcripts", unavailable)
         response = report(worker_api, turn, result={"value": "Recorded anyway."})
     assert response.status_code == 200
     answered = Subtask.objects.get(pk=turn["subtask_id"])

@@ -1,0 +1,147 @@
+"""The ground every tasks service stands on: the task's lock, its message ids, and storing a round.
+
+`lock_task` and `allocate_message_ids` serialize the writers of one task; `_create_round` stores
+a USER turn with the PENDING turns that answer it (a new task's first message, a follow-up, a
+queued message whose turn has come), filling in each turn's ingestion columns as
+`_apply_ingestion` does for every text a turn records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.utils import timezone
+
+from backend import sql
+from backend.errors import NotFound
+from backend.prompting import Role
+from backend.tasks import task_events
+from backend.tasks.ingestion import (
+    IngestedText,
+    ingest_text,
+)
+from backend.tasks.models import (
+    NativeSession,
+    Subtask,
+    SubtaskStatus,
+    Task,
+    TaskStatus,
+)
+from backend.tasks.wakeups import announce_pending
+
+
+def allocate_message_ids(*, task_id: int, count: int) -> int:
+    """Reserve `count` consecutive message_ids on the task and return the first.
+
+    Must run inside a transaction. The UPDATE takes the task row's write lock (PostgreSQL) or
+    the database write lock (SQLite), so concurrent callers serialize here and each gets its own
+    range; the lock is held until the caller's transaction ends, which also makes the caller's
+    later checks of the task's turns consistent.
+    """
+    with connection.cursor() as cursor:
+        # Every message and every task runs it: one statement, written out (see `backend.sql`).
+        cursor.execute(
+            f"UPDATE {Task._meta.db_table} SET next_message_id = next_message_id + %s, "  # noqa: S608
+            "updated_at = %s WHERE id = %s RETURNING next_message_id",
+            [count, sql.when(timezone.now()), task_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise NotFound(f"Task {task_id} does not exist.")
+    return int(row[0]) - count
+
+
+def lock_task(*, task_id: int) -> Task:
+    """Fetch the task with its row locked until the surrounding transaction ends.
+
+    PostgreSQL takes a row lock (SELECT ... FOR UPDATE). SQLite has no row locks, but Baton's
+    SQLite connections begin every transaction IMMEDIATE, which already holds the database
+    write lock, so writers are serialized there too.
+    """
+    task = Task.objects.select_for_update().filter(pk=task_id).first()
+    if task is None:
+        raise NotFound(f"Task {task_id} does not exist.")
+    return task
+
+
+def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
+    """Store a USER turn and one PENDING ASSISTANT turn per pipeline step."""
+    steps = task.pipeline
+    first_id = allocate_message_ids(task_id=task.pk, count=1 + len(steps))
+    now = timezone.now()
+    session_workers = dict(
+        ((bot, executor), worker_id)
+        for bot, executor, worker_id in NativeSession.objects.filter(task_id=task.pk).values_list(
+            "bot", "executor", "worker_id"
+        )
+    )
+    user_turn = Subtask(
+        task=task,
+        message_id=first_id,
+        role=Role.USER,
+        status=SubtaskStatus.COMPLETED,
+        sender=sender,
+        message=message,
+        created_at=now,
+        finished_at=now,
+    )
+    _apply_ingestion(user_turn, ingest_text(text=message, task=task), recorded_at=now)
+    turns = [user_turn]
+    for index, step in enumerate(steps):
+        turns.append(
+            Subtask(
+                task=task,
+                message_id=first_id + 1 + index,
+                parent_message_id=first_id,
+                role=Role.ASSISTANT,
+                status=SubtaskStatus.PENDING,
+                bot=step["bot"],
+                pipeline_step=index,
+                executor=step["executor"],
+                context_passing=step["context_passing"] or "",
+                # Only the first step is dispatchable now; each later step becomes eligible
+                # when the step before it completes.
+                pending_since=now if index == 0 else None,
+                created_at=now,
+                session_worker=session_workers.get((step["bot"], step["executor"]), ""),
+            )
+        )
+    Subtask.objects.bulk_create(turns)
+    task_events.record(
+        task_id=task.pk,
+        events=[task_events.turn_event(task_events.TURN_CREATED, turn) for turn in turns],
+    )
+    announce_pending(executors=[steps[0]["executor"]] if steps else [])
+    Task.objects.filter(pk=task.pk).update(status=TaskStatus.PENDING, updated_at=now)
+    task.status = TaskStatus.PENDING
+    return turns
+
+
+def _ingestion_fields(ingested: IngestedText, *, recorded_at: Any) -> dict[str, Any]:
+    """The turn's columns that ingestion fills in, by name."""
+    return {
+        "history_text": ingested.history_text,
+        "history_text_tokens": ingested.history_text_tokens,
+        "history_text_tokens_o200k": ingested.history_text_tokens_o200k,
+        "preview_head": ingested.preview_head,
+        "preview_tail": ingested.preview_tail,
+        "preview_layout": ingested.preview_layout,
+        "history_chars": ingested.chars,
+        "history_bytes": ingested.bytes,
+        "history_lines": ingested.lines,
+        "history_tokens": ingested.tokens,
+        "history_tokens_estimated": ingested.tokens_estimated,
+        "history_replaced_chars": ingested.replaced_chars,
+        "artifact": ingested.artifact,
+        "history_is_preview": ingested.artifact is not None,
+        "recorded_at": recorded_at,
+    }
+
+
+def _apply_ingestion(subtask: Subtask, ingested: IngestedText, *, recorded_at: Any) -> list[str]:
+    """Set the turn's ingestion columns; return their names."""
+    fields = _ingestion_fields(ingested, recorded_at=recorded_at)
+    for name, value in fields.items():
+        setattr(subtask, name, value)
+    return list(fields)
