@@ -9,6 +9,7 @@ does not, so there a chunked body is refused with 411.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -20,6 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,11 +129,26 @@ def gunicorn(tmp_path_factory) -> Iterator[Server]:
     manage("migrate", "--verbosity", "0")
     token = manage("create_worker", "worker-http").strip()
     port = _free_port()
+    with gunicorn_serving(
+        ["backend.wsgi", "--workers", "1", "--log-level", "warning"],
+        env=env,
+        port=port,
+        worker_token=token,
+    ) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def gunicorn_serving(
+    arguments: list[str], *, env: dict[str, str], port: int, worker_token: str, **popen: Any
+) -> Iterator[Server]:
+    """gunicorn with `arguments`, bound to 127.0.0.1:`port`, until it listens; stopped after
+    (killed if a worker still waits for a body a failed test never sent)."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "backend.wsgi", "--workers", "1"]
-        + ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"],
+        [sys.executable, "-m", "gunicorn", *arguments, "--bind", f"127.0.0.1:{port}"],
         cwd=REPO_ROOT,
         env=env,
+        **popen,
     )
     try:
         deadline = time.monotonic() + HANG_GUARD_SECONDS
@@ -143,13 +160,13 @@ def gunicorn(tmp_path_factory) -> Iterator[Server]:
                 if time.monotonic() > deadline:
                     raise AssertionError("gunicorn did not start") from None
                 time.sleep(0.1)
-        yield Server("127.0.0.1", port, worker_token=token)
+        yield Server("127.0.0.1", port, worker_token=worker_token)
     finally:
         server.terminate()
         try:
             server.wait(timeout=HANG_GUARD_SECONDS)
         except subprocess.TimeoutExpired:
-            server.kill()  # a worker still waiting for a body a failed test never sent
+            server.kill()
             server.wait()
 
 

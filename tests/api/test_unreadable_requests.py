@@ -10,19 +10,18 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from tests.api.test_body_limits_http import (
-    HANG_GUARD_SECONDS,
     REPO_ROOT,
     Server,
     _answer,
     _free_port,
     _head,
     connect,  # noqa: F401 (a fixture)
+    gunicorn_serving,
 )
 
 NUL_DETAIL = "The URL's path holds a NUL character, which no id or name can contain."
@@ -84,32 +83,15 @@ def served(tmp_path_factory) -> Iterator[Server]:
         text=True,
     ).stdout.strip()
     port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "python:backend.gunicorn_conf", "backend.wsgi"]
-        + ["--workers", "1", "--bind", f"127.0.0.1:{port}"],
-        cwd=REPO_ROOT,
+    with gunicorn_serving(
+        ["-c", "python:backend.gunicorn_conf", "backend.wsgi", "--workers", "1"],
         env=env,
+        port=port,
+        worker_token=token,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + HANG_GUARD_SECONDS
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError("gunicorn did not start") from None
-                time.sleep(0.1)
-        yield Server("127.0.0.1", port, worker_token=token)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=HANG_GUARD_SECONDS)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    ) as server:
+        yield server
 
 
 DISPATCH = "/api/executor/dispatch/"
