@@ -1,0 +1,140 @@
+"""Every SQL statement Baton writes by hand, by name, and how to run one.
+
+The statements are in this package's `.sql` files, one file per area (`dispatch.sql`, …),
+each statement under a line `-- name: <name>` and the comment that says what it does and the
+measured win that keeps it written out (the ORM does everything else). They run on
+PostgreSQL only: SQLite, the embedded default, runs the ORM's queries, which are also each
+statement's test oracle (`tests/queries/`).
+
+A statement's text is SQL as PostgreSQL reads it, with two kinds of holes:
+
+- `%(name)s`: a parameter, sent apart from the text (every value from a request or a row);
+- `{name}`: composed into the text with `psycopg.sql` before the statement first runs. A
+  model's name in lower case (`{subtask}`, `{nativesession}`) is that model's table, as an
+  identifier; any other name is a constant of Baton's code given by the caller (a status, a
+  role), as a literal: PostgreSQL can match a partial index's predicate only against a
+  constant in the statement's text, never against a parameter.
+
+A statement is composed once per process and set of constants, and the same text is then sent
+on every call, so psycopg prepares it on the server after a few runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from django.apps import apps
+from django.db import connection
+from psycopg import sql as psycopg_sql
+
+_HERE = Path(__file__).parent
+_NAME_LINE = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+class UnknownStatement(LookupError):
+    """No `.sql` file of this package names a statement so."""
+
+
+@cache
+def _statements() -> dict[str, str]:
+    """Every statement of the package's `.sql` files by name (its text from its name line to
+    the next name line; comment lines stay, PostgreSQL skips them)."""
+    found: dict[str, str] = {}
+    for path in sorted(_HERE.glob("*.sql")):
+        text = path.read_text(encoding="utf-8")
+        marks = list(_NAME_LINE.finditer(text))
+        for index, mark in enumerate(marks):
+            end = marks[index + 1].start() if index + 1 < len(marks) else len(text)
+            name = mark.group(1)
+            if name in found:
+                raise ValueError(f"statement {name!r} is named twice ({path.name})")
+            found[name] = text[mark.end() : end].strip() + "\n"
+    return found
+
+
+def names() -> list[str]:
+    """The names of every statement, sorted."""
+    return sorted(_statements())
+
+
+def text(name: str) -> str:
+    """A statement's text as written, holes and all."""
+    try:
+        return _statements()[name]
+    except KeyError:
+        raise UnknownStatement(name) from None
+
+
+@cache
+def _tables() -> dict[str, str]:
+    """Each model's table by the model's name in lower case (unique across Baton's apps)."""
+    tables: dict[str, str] = {}
+    for model in apps.get_models():
+        name = model._meta.model_name
+        assert name is not None
+        if name in tables and tables[name] != model._meta.db_table:
+            tables[name] = ""  # two models share the name: neither may be named in a statement
+        else:
+            tables[name] = model._meta.db_table
+    return tables
+
+
+def compose(name: str, constants: Mapping[str, str] | None = None) -> str:
+    """The statement `name` as sent to PostgreSQL: its `{…}` holes filled (see the module's
+    docstring) and its `%(…)s` parameters left for the driver."""
+    return _compose(name, tuple(sorted((constants or {}).items())))
+
+
+@cache
+def _compose(name: str, constants: tuple[tuple[str, str], ...]) -> str:
+    given = dict(constants)
+    tables = _tables()
+    holes: dict[str, psycopg_sql.Composable] = {}
+    for hole in _holes(text(name)):
+        if hole in given:
+            holes[hole] = psycopg_sql.Literal(str(given.pop(hole)))
+        elif tables.get(hole):
+            holes[hole] = psycopg_sql.Identifier(tables[hole])
+        else:
+            raise KeyError(f"statement {name!r}: {{{hole}}} is neither a model nor a constant")
+    if given:
+        raise KeyError(f"statement {name!r} has no hole for {sorted(given)}")
+    composed = psycopg_sql.SQL(text(name)).format(**holes)  # type: ignore[arg-type]
+    connection.ensure_connection()
+    return composed.as_string(connection.connection)
+
+
+_HOLE = re.compile(r"(?<!\{)\{([a-z_][a-z0-9_]*)\}(?!\})")
+
+
+def _holes(statement: str) -> set[str]:
+    return set(_HOLE.findall(statement))
+
+
+def fetch(
+    name: str, params: Mapping[str, Any], constants: Mapping[str, str] | None = None
+) -> list[tuple[Any, ...]]:
+    """Run the statement `name` with its parameters and return its rows."""
+    _require_postgresql(name)
+    with connection.cursor() as cursor:
+        cursor.execute(compose(name, constants), dict(params))
+        return list(cursor.fetchall())
+
+
+def execute(
+    name: str, params: Mapping[str, Any], constants: Mapping[str, str] | None = None
+) -> int:
+    """Run the statement `name`, which returns no rows, and say how many rows it changed."""
+    _require_postgresql(name)
+    with connection.cursor() as cursor:
+        cursor.execute(compose(name, constants), dict(params))
+        return int(cursor.rowcount)
+
+
+def _require_postgresql(name: str) -> None:
+    if connection.vendor != "postgresql":
+        raise RuntimeError(f"statement {name!r} is PostgreSQL's; {connection.vendor} runs the ORM")

@@ -1,0 +1,102 @@
+"""The home of Baton's hand-written SQL (`backend.queries`): every statement named once,
+composed against real tables, parsed by PostgreSQL, used by the code, and the only SQL the
+code writes by hand."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from backend import queries
+
+ROOT = Path(__file__).resolve().parents[2]
+_PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+def _code() -> str:
+    return "\n".join(
+        path.read_text(encoding="utf-8")
+        for package in ("backend", "executors")
+        for path in (ROOT / package).rglob("*.py")
+        if "migrations" not in path.parts and "queries" not in path.parts
+    )
+
+
+def test_each_statement_is_named_once_and_used_by_the_code():
+    code = _code()
+    unused = [name for name in queries.names() if f'"{name}"' not in code]
+    assert unused == []
+
+
+def test_a_name_given_twice_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "a.sql").write_text("-- name: twice\nSELECT 1;\n-- name: twice\nSELECT 2;\n")
+    monkeypatch.setattr(queries, "_HERE", tmp_path)
+    queries._statements.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="named twice"):
+            queries.names()
+    finally:
+        queries._statements.cache_clear()
+
+
+def test_an_unknown_statement_is_refused():
+    with pytest.raises(queries.UnknownStatement):
+        queries.text("no_such_statement")
+
+
+@pytest.mark.django_db
+def test_sqlite_runs_no_statement(is_postgres):
+    if is_postgres:
+        pytest.skip("PostgreSQL runs the statements")
+    with pytest.raises(RuntimeError, match="runs the ORM"):
+        queries.fetch("any_statement", {})
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db
+@pytest.mark.parametrize("name", queries.names())
+def test_postgresql_parses_each_statement(name):
+    """Every statement composes (each `{hole}` a table or a constant its caller gives) and
+    PostgreSQL prepares it: its tables, columns and the types of its parameters exist."""
+    statement = queries.text(name)
+    constants = {hole: "x" for hole in queries._holes(statement) if not queries._tables().get(hole)}
+    composed = queries.compose(name, constants)
+    numbered: dict[str, int] = {}
+    prepared = _PARAMETER.sub(
+        lambda found: f"${numbered.setdefault(found.group(1), len(numbered) + 1)}", composed
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"PREPARE baton_check AS {prepared.replace('%%', '%')}")  # noqa: S608
+        cursor.execute("DEALLOCATE baton_check")
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db
+def test_a_statement_is_composed_with_tables_as_identifiers_and_constants_as_literals(
+    tmp_path, monkeypatch
+):
+    (tmp_path / "sample.sql").write_text(
+        "-- name: sample\n-- A comment stays.\n"
+        "SELECT id FROM {task} WHERE status = {running} AND id = %(id)s AND '{{}}' <> ''\n"
+    )
+    monkeypatch.setattr(queries, "_HERE", tmp_path)
+    queries._statements.cache_clear()
+    queries._compose.cache_clear()
+    try:
+        composed = queries.compose("sample", {"running": "it's RUNNING"})
+        assert composed == (
+            "-- A comment stays.\n"
+            "SELECT id FROM \"tasks_task\" WHERE status = 'it''s RUNNING' AND id = %(id)s"
+            " AND '{}' <> ''\n"
+        )
+        assert queries.fetch("sample", {"id": 1}, {"running": "x"}) == []
+        with pytest.raises(KeyError, match="neither a model nor a constant"):
+            queries.compose("sample")
+        with pytest.raises(KeyError, match="no hole"):
+            queries.compose("sample", {"running": "x", "other": "y"})
+    finally:
+        queries._statements.cache_clear()
+        queries._compose.cache_clear()
