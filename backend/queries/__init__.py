@@ -103,7 +103,7 @@ def _compose(name: str, constants: tuple[tuple[str, str], ...]) -> str:
             raise KeyError(f"statement {name!r}: {{{hole}}} is neither a model nor a constant")
     if given:
         raise KeyError(f"statement {name!r} has no hole for {sorted(given)}")
-    composed = psycopg_sql.SQL(text(name)).format(**holes)  # type: ignore[arg-type]
+    composed = psycopg_sql.SQL(text(name)).format(**holes)
     connection.ensure_connection()
     return composed.as_string(connection.connection)
 
