@@ -42,7 +42,7 @@ class UnknownStatement(LookupError):
 @cache
 def _statements() -> dict[str, str]:
     """Every statement of the package's `.sql` files by name (its text from its name line to
-    the next name line; comment lines stay, PostgreSQL skips them)."""
+    the next name line; comment lines stay, for `text`)."""
     found: dict[str, str] = {}
     for path in sorted(_HERE.glob("*.sql")):
         text = path.read_text(encoding="utf-8")
@@ -93,8 +93,9 @@ def compose(name: str, constants: Mapping[str, str] | None = None) -> str:
 def _compose(name: str, constants: tuple[tuple[str, str], ...]) -> str:
     given = dict(constants)
     tables = _tables()
+    statement = _without_comments(text(name))
     holes: dict[str, psycopg_sql.Composable] = {}
-    for hole in _holes(text(name)):
+    for hole in _holes(statement):
         if hole in given:
             holes[hole] = psycopg_sql.Literal(str(given.pop(hole)))
         elif tables.get(hole):
@@ -103,9 +104,18 @@ def _compose(name: str, constants: tuple[tuple[str, str], ...]) -> str:
             raise KeyError(f"statement {name!r}: {{{hole}}} is neither a model nor a constant")
     if given:
         raise KeyError(f"statement {name!r} has no hole for {sorted(given)}")
-    composed = psycopg_sql.SQL(text(name)).format(**holes)
+    composed = psycopg_sql.SQL(statement).format(**holes)
     connection.ensure_connection()
     return composed.as_string(connection.connection)
+
+
+_COMMENT_LINE = re.compile(r"^\s*--.*\n?", re.MULTILINE)
+
+
+def _without_comments(statement: str) -> str:
+    """The statement without its whole-line comments: they are for readers, and a brace or a
+    percent sign in one would otherwise read as a hole or a parameter."""
+    return _COMMENT_LINE.sub("", statement)
 
 
 _HOLE = re.compile(r"(?<!\{)\{([a-z_][a-z0-9_]*)\}(?!\})")
