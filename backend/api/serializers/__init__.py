@@ -1,0 +1,67 @@
+"""Input and output serializers for the task API.
+
+Input serializers check shape and types and reject unknown fields (a misspelt field is an error,
+not a silently ignored one); the domain rules live in the services.
+"""
+
+from backend.api.serializers.inputs import (
+    CancelQuery,
+    MessageInput,
+    PipelineInput,
+    PipelineStepInput,
+    TaskCreateInput,
+    TaskListFilters,
+    TurnListQuery,
+    label_name_field,
+)
+from backend.api.serializers.pages import PAGE_PARAMETERS, page_of
+from backend.api.serializers.strict import StrictInput, StrictQuery
+from backend.api.serializers.tasks import (
+    BotOutput,
+    PipelineStepOutput,
+    QueuedMessageOutput,
+    TaskOutput,
+    TaskWithTurnsOutput,
+)
+from backend.api.serializers.turns import (
+    RESULT_SCHEMA,
+    SPILLED_TEXT_SCHEMA,
+    TEXT_OR_SPILLED_SCHEMA,
+    HistoryMeasureOutput,
+    ResultField,
+    SpilledArtifactOutput,
+    SpilledTextOutput,
+    SubtaskOutput,
+    TurnPageOutput,
+    UsageFields,
+)
+
+__all__ = [
+    "PAGE_PARAMETERS",
+    "RESULT_SCHEMA",
+    "SPILLED_TEXT_SCHEMA",
+    "TEXT_OR_SPILLED_SCHEMA",
+    "BotOutput",
+    "CancelQuery",
+    "HistoryMeasureOutput",
+    "MessageInput",
+    "PipelineInput",
+    "PipelineStepInput",
+    "PipelineStepOutput",
+    "QueuedMessageOutput",
+    "ResultField",
+    "SpilledArtifactOutput",
+    "SpilledTextOutput",
+    "StrictInput",
+    "StrictQuery",
+    "SubtaskOutput",
+    "TaskCreateInput",
+    "TaskListFilters",
+    "TaskOutput",
+    "TaskWithTurnsOutput",
+    "TurnListQuery",
+    "TurnPageOutput",
+    "UsageFields",
+    "label_name_field",
+    "page_of",
+]

@@ -1,0 +1,109 @@
+"""The base of every input serializer: unknown fields and wrong JSON types are errors."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from rest_framework import serializers
+from rest_framework.fields import empty
+from rest_framework.settings import api_settings
+
+from backend.api.errors import RequestBodyNotAnObject
+
+# Per thread, the fields of each input serializer class used as a whole body (see
+# `StrictInput.get_fields`).
+_reused_fields = threading.local()
+
+
+class StrictInput(serializers.Serializer[Any]):
+    """An input serializer that refuses fields it does not declare.
+
+    Used as a whole request body (not nested), it refuses a body that is not a JSON object
+    before looking at any field (`RequestBodyNotAnObject`).
+    """
+
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        """As a whole body, the fields this thread made for the class the first time, bound
+        to this instance again (`fields` binds them), instead of a deep copy of every declared
+        field per request: that copy was most of a request's validation (every executor
+        call's body is validated here). Reusable because no input serializer changes its
+        fields, nor do fields keep anything of a validation but their binding (the nested
+        serializers among them included, each made once with its parent); per thread, so no
+        two requests share them at once. Nested, as DRF does."""
+        if self.parent is not None:
+            return super().get_fields()
+        by_class: dict[type, tuple[dict[str, Any], dict[str, str | None]]]
+        by_class = _reused_fields.__dict__.setdefault("by_class", {})
+        if type(self) not in by_class:
+            fields = super().get_fields()
+            # Each field's `source` as declared: binding sets it, and refuses to bind a field
+            # whose source already names it.
+            by_class[type(self)] = fields, {name: field.source for name, field in fields.items()}
+        fields, sources = by_class[type(self)]
+        for name, field in fields.items():
+            field.source = sources[name]
+        return fields
+
+    def run_validation(self, data: Any = empty) -> Any:
+        if self.parent is None and not isinstance(data, Mapping):
+            raise RequestBodyNotAnObject()
+        return super().run_validation(data)
+
+    # A JSON body's values must already have their field's type: "5" is not an integer, 5 is
+    # not a string and "yes" is not a boolean (DRF would coerce them silently).
+    strict_types = True
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({name: ["Unknown field."] for name in unknown})
+            if self.strict_types:
+                wrong = {
+                    name: [problem]
+                    for name, value in data.items()
+                    if (problem := _wrong_json_type(self.fields[name], value)) is not None
+                }
+                if wrong:
+                    raise serializers.ValidationError(wrong)
+        return super().to_internal_value(data)
+
+
+def _wrong_json_type(field: serializers.Field[Any, Any, Any, Any], value: Any) -> str | None:
+    """What is wrong with `value`'s JSON type for `field`, if anything (null is the field's
+    own business: allow_null)."""
+    if value is None:
+        return None
+    if isinstance(field, serializers.BooleanField) and not isinstance(value, bool):
+        return "Must be true or false."
+    if isinstance(field, serializers.IntegerField) and (
+        not isinstance(value, int) or isinstance(value, bool)
+    ):
+        return "Must be an integer."
+    if isinstance(field, serializers.FloatField) and (
+        not isinstance(value, int | float) or isinstance(value, bool)
+    ):
+        return "Must be a number."
+    if isinstance(field, serializers.CharField | serializers.ChoiceField) and not isinstance(
+        value, str
+    ):
+        return "Must be a string."
+    return None
+
+
+class StrictQuery(StrictInput):
+    """Query parameters: undeclared ones are refused, except DRF's own `?format=` override.
+
+    The browsable API links every page to `?format=json` and `?format=api`; the renderer reads
+    that parameter, so it is not a filter and must not be refused as one. Query values are
+    strings by nature, so their types are the fields' to parse.
+    """
+
+    strict_types = False
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            data = {k: v for k, v in data.items() if k != api_settings.URL_FORMAT_OVERRIDE}
+        return super().to_internal_value(data)
