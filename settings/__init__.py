@@ -138,9 +138,9 @@ BATON_ARTIFACT_ORPHAN_GRACE_SECONDS = BATON.artifact_orphan_grace_seconds
 BATON_API_PAGE_MAX_BYTES = BATON.api_page_max_bytes
 # Steps a task's pipeline may have: each is one turn per message, created in one request.
 BATON_MAX_PIPELINE_STEPS = BATON.max_pipeline_steps
-# A follow-up sent while a turn runs: reject, enqueue, interrupt or rollback, unless the task or
-# the follow-up says; at most this many wait queued per task.
-BATON_FOLLOW_UP_STRATEGY = BATON.follow_up_strategy
+# What a follow-up sent while a turn runs does (`backend.tasks.follow_up_strategies`), unless
+# the task or the follow-up says; at most this many wait queued per task.
+BATON_FOLLOW_UP_STRATEGY = BATON.follow_up_strategy.value
 BATON_MAX_QUEUED_MESSAGES = BATON.max_queued_messages
 # GET /api/tasks/{id}/events/: streams one server process serves at once, and for how long.
 BATON_MAX_EVENT_STREAMS = BATON.max_event_streams
@@ -238,7 +238,7 @@ SPECTACULAR_SETTINGS = {
         "ReportedStatusEnum": ["COMPLETED", "FAILED", "RETRY", "RELEASE"],
         "ContextPassingEnum": "backend.tasks.models.CONTEXT_PASSING_CHOICES",
         "SubtaskKindEnum": "backend.tasks.models.SubtaskKind",
-        "FollowUpStrategyEnum": "backend.tasks.models.FollowUpStrategy",
+        "FollowUpStrategyEnum": "backend.tasks.follow_up_strategies.FollowUpStrategy",
         # Artifacts keep the name their kinds had before turns had a kind too.
         "KindEnum": "backend.artifacts.models.ARTIFACT_KIND_CHOICES",
         # Each part of GET /api/health/.

@@ -14,10 +14,11 @@ import re
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
-from typing import Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from backend.tasks.follow_up_strategies import FollowUpStrategy
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,10 +96,10 @@ class BatonEnvironment(BaseModel):
     max_pipeline_steps: int = Field(
         16, alias="BATON_MAX_PIPELINE_STEPS", ge=1, le=PIPELINE_STEPS_CEILING
     )
-    # What a follow-up sent while a turn runs does when neither it nor its task says
-    # (`backend.tasks.models.FollowUpStrategy`), and how many may wait queued per task.
-    follow_up_strategy: Literal["reject", "enqueue", "interrupt", "rollback"] = Field(
-        "enqueue", alias="BATON_FOLLOW_UP_STRATEGY"
+    # What a follow-up sent while a turn runs does when neither it nor its task says, and how
+    # many may wait queued per task.
+    follow_up_strategy: FollowUpStrategy = Field(
+        FollowUpStrategy.ENQUEUE, alias="BATON_FOLLOW_UP_STRATEGY"
     )
     max_queued_messages: int = Field(20, alias="BATON_MAX_QUEUED_MESSAGES", ge=1)
     # Task event streams (Server-Sent Events): how many one server process serves at once (each

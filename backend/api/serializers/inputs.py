@@ -20,6 +20,11 @@ from backend.tasks.models import (
     TaskStatus,
 )
 from backend.tasks.services import check_pipeline_length
+from settings.environment import BatonEnvironment
+
+# The help texts name no strategy by hand: the schema lists the choices, with what each does,
+# from `FollowUpStrategy` itself.
+_DEFAULT_STRATEGY = BatonEnvironment.model_fields["follow_up_strategy"].default
 
 
 def _label_name(value: str) -> None:
@@ -83,7 +88,7 @@ class TaskCreateInput(StrictInput):
         required=False,
         default="",
         help_text="What a follow-up sent while a turn runs does, unless it says itself. "
-        "Omitted: BATON_FOLLOW_UP_STRATEGY (enqueue unless the operator set it).",
+        f"Omitted: BATON_FOLLOW_UP_STRATEGY ({_DEFAULT_STRATEGY} unless the operator set it).",
     )
     pipeline = PipelineStepInput(
         many=True,
@@ -116,10 +121,8 @@ class MessageInput(StrictInput):
     strategy = serializers.ChoiceField(
         choices=FollowUpStrategy.choices,
         required=False,
-        help_text="What this follow-up does if a turn of the task is pending or running: "
-        "reject (409), enqueue (202, sent when the turns before it finish), interrupt (the "
-        "running turn stops and keeps what it wrote) or rollback (the running turn stops and "
-        "leaves the history). Omitted: the task's follow_up_strategy.",
+        help_text="What this follow-up does if a turn of the task is pending or running. "
+        "Omitted: the task's follow_up_strategy.",
     )
 
 

@@ -12,6 +12,7 @@ agent: which executor runs it and with which model, instructions, permissions an
 tokenizer are, so a bot's model decides how much prompt it gets (backend/dispatch/budgets.py).
 """
 
+from backend.tasks.follow_up_strategies import FollowUpStrategy
 from backend.tasks.models.configuration import (
     DATED_SNAPSHOT,
     INSTRUCTIONS_MAX_CHARS,
@@ -25,7 +26,6 @@ from backend.tasks.models.queued_messages import QueuedMessage, QueuedMessageSta
 from backend.tasks.models.sessions import NativeSession, TranscriptPart
 from backend.tasks.models.tasks import (
     TASK_TYPE_PATTERN,
-    FollowUpStrategy,
     Task,
     TaskEvent,
     TaskStatus,

@@ -10,6 +10,8 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from backend.tasks.follow_up_strategies import FollowUpStrategy
+
 if TYPE_CHECKING:
     from backend.tasks.models.queued_messages import QueuedMessage
     from backend.tasks.models.turns import Subtask
@@ -32,15 +34,6 @@ class TaskStatus(models.TextChoices):
     COMPLETED = "COMPLETED", "Completed"
     FAILED = "FAILED", "Failed"
     CANCELLED = "CANCELLED", "Cancelled"
-
-
-class FollowUpStrategy(models.TextChoices):
-    """What a follow-up does when it arrives while a turn of its task is pending or running."""
-
-    REJECT = "reject", "Refuse it (HTTP 409)"
-    ENQUEUE = "enqueue", "Queue it; it is sent when the turns before it have finished"
-    INTERRUPT = "interrupt", "Stop the running turn, keep what it wrote, send it now"
-    ROLLBACK = "rollback", "Stop the running turn, drop it from the history, send it now"
 
 
 class Task(models.Model):

@@ -1,12 +1,13 @@
 """Follow-ups: a message sent into a task that may still be answering, and the queue.
 
-A follow-up starts its round now when no turn is active; otherwise its strategy (reject,
-enqueue, interrupt, rollback) decides, all under the task's lock. A queued message waits until
+A follow-up starts its round now when no turn is active; otherwise its strategy decides, through
+the handler `HANDLERS` names for it, all under the task's lock. A queued message waits until
 `status.start_next_queued` starts it, or until it is withdrawn.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,10 +21,10 @@ from backend.artifacts.services import (
 )
 from backend.errors import Conflict, InvalidInput, NotFound
 from backend.tasks import task_events
+from backend.tasks.follow_up_strategies import FollowUpStrategy, listed
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
     TURNS,
-    FollowUpStrategy,
     QueuedMessage,
     QueuedMessageStatus,
     Subtask,
@@ -88,16 +89,8 @@ def send_message(
     *, task: Task, message: str, sender: str = "", strategy: str | None = None
 ) -> FollowUp:
     """Send a follow-up: when no turn of the task is PENDING or RUNNING (a summary job is not
-    a turn), a new round starts now, whatever the strategy. Otherwise the strategy decides
-    (`follow_up_strategy`):
-
-    * `reject`: Conflict, nothing stored.
-    * `enqueue`: stored as a `QueuedMessage`; its round starts when every turn before it has
-      finished (`start_next_queued`), queued messages in the order they arrived.
-    * `interrupt`: the running turn stops as INTERRUPTED and stays in the history with what it
-      had written; the round's turns that had not started are cancelled; the round starts now.
-    * `rollback`: the round's active turns are cancelled (a cancelled turn is no part of the
-      history) and the round starts now.
+    a turn), a new round starts now, whatever the strategy. Otherwise the strategy
+    (`follow_up_strategy`) decides, through its handler in `HANDLERS`.
 
     Messages already queued stay queued behind a round started by `interrupt` or `rollback`.
     Everything runs under the task's lock, so concurrent follow-ups are applied one at a time,
@@ -109,7 +102,7 @@ def send_message(
         _validate_strategy(strategy, field="strategy")
     with atomic_storing_artifacts():
         task = lock_task(task_id=task.pk)
-        chosen = follow_up_strategy(task=task, strategy=strategy)
+        chosen = FollowUpStrategy(follow_up_strategy(task=task, strategy=strategy))
         if task.status == TaskStatus.CANCELLED:
             raise Conflict(f"Task {task.pk} is cancelled; it takes no more messages.")
         active = list(
@@ -119,20 +112,66 @@ def send_message(
             return FollowUp(
                 strategy=chosen, turns=_create_round(task=task, message=message, sender=sender)
             )
-        if chosen == FollowUpStrategy.REJECT:
-            raise Conflict(
-                f"Task {task.pk} has a turn {active[0].status} (message_id "
-                f"{active[0].message_id}); send the follow-up when it has finished, cancel "
-                "the turn, or send it with strategy enqueue, interrupt or rollback."
-            )
-        if chosen == FollowUpStrategy.ENQUEUE:
-            queued = _enqueue(task=task, message=message, sender=sender)
-            return FollowUp(strategy=chosen, turns=[], queued=queued)
-        stopped = _stop_turns(
-            task=task, turns=active, interrupt=chosen == FollowUpStrategy.INTERRUPT
-        )
-        turns = _create_round(task=task, message=message, sender=sender)
-        return FollowUp(strategy=chosen, turns=turns, stopped=tuple(stopped))
+        arrival = _Arrival(task=task, message=message, sender=sender, active=active)
+        return HANDLERS[chosen](arrival)
+
+
+@dataclass(frozen=True)
+class _Arrival:
+    """A follow-up that arrived, under its task's lock, while the task had `active` turns
+    (PENDING or RUNNING, by message_id)."""
+
+    task: Task
+    message: str
+    sender: str
+    active: list[Subtask]
+
+
+def _reject(arrival: _Arrival) -> FollowUp:
+    """Conflict, nothing stored."""
+    task, turn = arrival.task, arrival.active[0]
+    others = listed(s for s in FollowUpStrategy.values if s != FollowUpStrategy.REJECT)
+    raise Conflict(
+        f"Task {task.pk} has a turn {turn.status} (message_id {turn.message_id}); send the "
+        f"follow-up when it has finished, cancel the turn, or send it with strategy {others}."
+    )
+
+
+def _enqueue_behind(arrival: _Arrival) -> FollowUp:
+    """Stored as a `QueuedMessage`: its round starts when every turn before it has finished
+    (`start_next_queued`), queued messages in the order they arrived."""
+    queued = _enqueue(task=arrival.task, message=arrival.message, sender=arrival.sender)
+    return FollowUp(strategy=FollowUpStrategy.ENQUEUE, turns=[], queued=queued)
+
+
+def _interrupt(arrival: _Arrival) -> FollowUp:
+    """The running turn stops as INTERRUPTED and stays in the history with what it had
+    written; the round's turns that had not started are cancelled; the round starts now."""
+    return _stop_and_start(arrival, strategy=FollowUpStrategy.INTERRUPT)
+
+
+def _rollback(arrival: _Arrival) -> FollowUp:
+    """The round's active turns are cancelled (a cancelled turn is no part of the history) and
+    the round starts now."""
+    return _stop_and_start(arrival, strategy=FollowUpStrategy.ROLLBACK)
+
+
+def _stop_and_start(arrival: _Arrival, *, strategy: FollowUpStrategy) -> FollowUp:
+    task = arrival.task
+    interrupt = strategy == FollowUpStrategy.INTERRUPT
+    stopped = _stop_turns(task=task, turns=arrival.active, interrupt=interrupt)
+    turns = _create_round(task=task, message=arrival.message, sender=arrival.sender)
+    return FollowUp(strategy=strategy, turns=turns, stopped=tuple(stopped))
+
+
+# What each strategy does with a follow-up that arrives while a turn runs: one handler per
+# member of `FollowUpStrategy` (tests/tasks/test_follow_up_handlers.py checks none is missing).
+HANDLERS: dict[FollowUpStrategy, Callable[[_Arrival], FollowUp]] = {
+    FollowUpStrategy.REJECT: _reject,
+    FollowUpStrategy.ENQUEUE: _enqueue_behind,
+    FollowUpStrategy.INTERRUPT: _interrupt,
+    FollowUpStrategy.ROLLBACK: _rollback,
+}
 
 
 def _enqueue(*, task: Task, message: str, sender: str) -> QueuedMessage:
