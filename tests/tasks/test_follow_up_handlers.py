@@ -29,7 +29,7 @@ def test_the_setting_takes_every_strategy(strategy):
 def test_the_setting_refuses_another_value_naming_the_strategies():
     with pytest.raises(ConfigurationError) as refused:
         load_environment({"BATON_FOLLOW_UP_STRATEGY": "later"})
-    assert "'reject', 'enqueue', 'interrupt' or 'rollback'" in str(refused.value)
+    assert listed(f"'{value}'" for value in FollowUpStrategy.values) in str(refused.value)
 
 
 def test_the_task_model_and_the_task_api_offer_the_strategies():
@@ -46,7 +46,7 @@ def test_the_task_model_and_the_task_api_offer_the_strategies():
     [
         (["reject"], "reject"),
         (["enqueue", "rollback"], "enqueue or rollback"),
-        (FollowUpStrategy.values, "reject, enqueue, interrupt or rollback"),
+        (["reject", "enqueue", "interrupt", "rollback"], "reject, enqueue, interrupt or rollback"),
     ],
 )
 def test_listed_names_strategies_as_a_sentence(strategies, sentence):
