@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from executors.adapters.agno import AgnoStreamParser
-from executors.adapters.claude_code import ClaudeCodeStreamParser
-from executors.adapters.codex import CodexStreamParser
+from executors.adapters.claude_code_stream import ClaudeCodeStreamParser
+from executors.adapters.codex_stream import CodexStreamParser
 from executors.adapters.context_overflow import context_overflow_wording
 from executors.events import ErrorCode, Outcome
 from tests.executors.provider_errors import NEAR_MISSES, OVERFLOW, PROVIDER_ERRORS, ProviderError
