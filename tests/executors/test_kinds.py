@@ -1,4 +1,5 @@
-"""The worker's registry of executor kinds: each entry runs its adapter and reaches its model."""
+"""The worker's registry of executor kinds: each entry runs its adapter, reaches its model, and
+names a kind the backend knows."""
 
 from __future__ import annotations
 
@@ -81,3 +82,9 @@ def test_a_worker_loads_only_the_adapters_of_the_kinds_it_serves():
         "assert 'executors.adapters.agno' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, check=True)
+
+
+def test_the_worker_and_the_backend_name_the_same_kinds():
+    from backend import executor_kinds
+
+    assert EXECUTOR_KINDS == executor_kinds.NAMES
