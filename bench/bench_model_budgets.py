@@ -63,7 +63,6 @@ from backend.prompting import PromptInput, PromptPolicy, build_prompt  # noqa: E
 from backend.prompting.tokenizers import counting_for  # noqa: E402
 from backend.prompting.units import DEFAULT_TOKEN_ENCODING, count_tokens  # noqa: E402
 from backend.tasks.history import CACHED_TOKEN_COUNTS, cached_counts_encoding  # noqa: E402
-from backend.tasks.models import ExecutorKind  # noqa: E402
 
 TURNS = 500
 FIXED = PromptPolicy(max_tokens_fraction=None)
@@ -78,7 +77,7 @@ MODELS = {
         max_output_tokens=16_384,
         max_input_tokens=None,
         counting=counting_for("o200k_base"),
-        overhead_tokens=DEFAULT_OVERHEAD_TOKENS[ExecutorKind.CODEX],
+        overhead_tokens=DEFAULT_OVERHEAD_TOKENS["codex"],
         overhead_learned=False,
     ),
     "claude-sonnet-4-5 (200k)": ModelWindow(
@@ -87,7 +86,7 @@ MODELS = {
         max_output_tokens=64_000,
         max_input_tokens=None,
         counting=counting_for("claude_3"),
-        overhead_tokens=DEFAULT_OVERHEAD_TOKENS[ExecutorKind.CLAUDE_CODE],
+        overhead_tokens=DEFAULT_OVERHEAD_TOKENS["claude_code"],
         overhead_learned=False,
     ),
 }

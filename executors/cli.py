@@ -23,6 +23,7 @@ from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, ModelE
 from executors.client import BackendClient
 from executors.config import ConfigurationError, StandinMode, WorkerSettings, load_settings
 from executors.identity import WorkerIdentity, claim_workspace_root
+from executors.kinds import KINDS
 from executors.logs import configure_logging
 from executors.standin import ModelServer
 from executors.worker import Worker
@@ -38,27 +39,18 @@ def model_endpoints(
     """Each served kind's endpoint. Raises ConfigurationError for a kind with no provider."""
     endpoints = {}
     for kind in settings.kinds:
-        if kind == "claude_code":
-            base_url, api_key, names = (
-                settings.anthropic_base_url,
-                settings.anthropic_api_key,
-                "ANTHROPIC_API_KEY (or ANTHROPIC_BASE_URL)",
-            )
-        else:
-            base_url, api_key, names = (
-                settings.openai_base_url,
-                settings.openai_api_key,
-                "OPENAI_API_KEY (or OPENAI_BASE_URL)",
-            )
+        provider = KINDS[kind].provider
+        access = settings.provider(provider)
+        base_url, api_key = access.base_url, access.api_key
         if uses_standin(settings, kind):
             assert standin_url is not None
-            # Anthropic clients append /v1 themselves; OpenAI clients expect it in the base.
-            base_url = standin_url if kind == "claude_code" else f"{standin_url}/v1"
+            base_url = f"{standin_url}{provider.standin_path}"
             api_key = STANDIN_API_KEY
-        elif base_url is None and api_key is None:
+        elif not access.configured:
             raise ConfigurationError(
-                f"{kind} has no model provider: set {names}, or run with --standin-model auto "
-                "to answer with Baton's stand-in model"
+                f"{kind} has no model provider: set {provider.api_key_variable} (or "
+                f"{provider.base_url_variable}), or run with --standin-model auto to answer "
+                "with Baton's stand-in model"
             )
         endpoints[kind] = ModelEndpoint(
             base_url=base_url, api_key=api_key, max_retries=settings.model_retries
@@ -71,9 +63,7 @@ def uses_standin(settings: WorkerSettings, kind: str) -> bool:
         return True
     if settings.standin is StandinMode.NEVER:
         return False
-    if kind == "claude_code":
-        return not (settings.anthropic_api_key or settings.anthropic_base_url)
-    return not (settings.openai_api_key or settings.openai_base_url)
+    return not settings.provider(KINDS[kind].provider).configured
 
 
 def locate_adapters(kinds: Sequence[str]) -> dict[str, ExecutorAdapter]:

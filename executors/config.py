@@ -3,9 +3,10 @@
 Every setting the worker understands is declared here with its type and default; the rest of
 the worker reads a `WorkerSettings` and never `os.environ`. Model endpoints and keys use each
 ecosystem's own variable names — `OPENAI_BASE_URL` / `OPENAI_API_KEY` for Codex and Agno,
-`ANTHROPIC_BASE_URL` / `ANTHROPIC_API_KEY` for Claude Code — so a worker machine set up for
-those tools needs nothing new. Keys stay on the worker: they never travel through the backend
-and are never logged (they are excluded from every repr).
+`ANTHROPIC_BASE_URL` / `ANTHROPIC_API_KEY` for Claude Code, each kind's provider in
+`executors.kinds` — so a worker machine set up for those tools needs nothing new. Keys stay on
+the worker: they never travel through the backend and are never logged (they are excluded from
+every repr).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-EXECUTOR_KINDS = ("codex", "claude_code", "agno")
+from executors.kinds import EXECUTOR_KINDS, PROVIDERS, Provider
 
 # Passed through to every executor process; nothing else of the worker's environment is.
 PASSTHROUGH_VARIABLES = (
@@ -61,6 +62,19 @@ class StandinMode(StrEnum):
     ALWAYS = "always"
 
 
+class ProviderAccess(BaseModel):
+    """Where one provider's API is and the key for it (None: the provider's default / unset)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_url: str | None = None
+    api_key: str | None = Field(None, repr=False)
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.base_url or self.api_key)
+
+
 class WorkerSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -87,10 +101,8 @@ class WorkerSettings(BaseModel):
     # Retries inside an executor for one model call; Baton retries whole turns itself.
     model_retries: int = Field(2, ge=0, le=10)
     standin: StandinMode = StandinMode.NEVER
-    openai_base_url: str | None = None
-    openai_api_key: str | None = Field(None, repr=False)
-    anthropic_base_url: str | None = None
-    anthropic_api_key: str | None = Field(None, repr=False)
+    # Per provider name (`executors.kinds.PROVIDERS`): its endpoint and key.
+    providers: dict[str, ProviderAccess] = Field(default_factory=dict)
     log_level: str = "INFO"
     passthrough_env: dict[str, str] = Field(default_factory=dict, repr=False)
 
@@ -117,6 +129,10 @@ class WorkerSettings(BaseModel):
         if not value:
             raise ValueError("name at least one executor kind")
         return tuple(dict.fromkeys(value))
+
+    def provider(self, provider: Provider) -> ProviderAccess:
+        """`provider`'s endpoint and key (both None when the environment names neither)."""
+        return self.providers.get(provider.name, ProviderAccess(base_url=None, api_key=None))
 
     @property
     def state_root(self) -> Path:
@@ -208,10 +224,13 @@ def load_settings(
             str(pick(args.workspace_root, "BATON_WORKSPACE_ROOT") or "var/workspaces")
         ).resolve(),
         "once": bool(args.once),
-        "openai_base_url": env.get("OPENAI_BASE_URL") or None,
-        "openai_api_key": env.get("OPENAI_API_KEY") or None,
-        "anthropic_base_url": env.get("ANTHROPIC_BASE_URL") or None,
-        "anthropic_api_key": env.get("ANTHROPIC_API_KEY") or None,
+        "providers": {
+            provider.name: ProviderAccess(
+                base_url=env.get(provider.base_url_variable) or None,
+                api_key=env.get(provider.api_key_variable) or None,
+            )
+            for provider in PROVIDERS
+        },
         "passthrough_env": {name: env[name] for name in PASSTHROUGH_VARIABLES if name in env},
     }
     optional = {

@@ -31,11 +31,11 @@ from executors.client import (
     BackendClient,
     BackendError,
     BackendUnavailable,
-    DispatchedTurn,
     LeaseLost,
     TurnCancelled,
 )
 from executors.events import ErrorCode, Outcome, OutcomeStatus
+from executors.payloads import DispatchedTurn
 from executors.process import ExecutorProcess
 from executors.progress import ProgressBuffer
 from executors.workspace import (

@@ -33,12 +33,12 @@ from executors.client import (
     BackendError,
     BackendUnavailable,
     DispatchAbandoned,
-    DispatchedTurn,
     LeaseLost,
     TurnCancelled,
 )
 from executors.config import WorkerSettings
-from executors.process import enable_subreaper, reap_adopted_zombies
+from executors.payloads import DispatchedTurn
+from executors.process_tree import enable_subreaper, reap_adopted_zombies
 from executors.runner import CANCELLED, LEASE_LOST, SHUTDOWN, TIMEOUT, TurnRun
 
 logger = logging.getLogger("baton.worker")

@@ -49,13 +49,8 @@ from typing import BinaryIO
 
 from pydantic import ValidationError
 
-from executors.client import (
-    ArtifactEntry,
-    ArtifactList,
-    ArtifactPartRef,
-    BackendClient,
-    partial_beside,
-)
+from executors.client import BackendClient, partial_beside
+from executors.payloads import ArtifactEntry, ArtifactList, ArtifactPartRef
 
 # The newest manifest form this worker lays out: 2 adds composite files and artifact lists.
 MANIFEST_VERSION = 2

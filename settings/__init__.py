@@ -232,7 +232,7 @@ SPECTACULAR_SETTINGS = {
     # Ids in a path (`<id:...>`, backend/api/urls.py) are integers.
     "PATH_CONVERTER_OVERRIDES": {"id": int},
     "ENUM_NAME_OVERRIDES": {
-        "ExecutorKindEnum": "backend.tasks.models.ExecutorKind",
+        "ExecutorKindEnum": "backend.executor_kinds.CHOICES",
         # Tasks and turns share one set of statuses.
         "StatusEnum": "backend.tasks.models.TaskStatus",
         "ReportedStatusEnum": ["COMPLETED", "FAILED", "RETRY", "RELEASE"],

@@ -11,13 +11,14 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from backend import executor_kinds
 from backend.api.artifact_serializers import ArtifactManifestEntryOutput
 from backend.api.links import artifact_download_urls
 from backend.api.serializers import ResultField, StrictInput, UsageFields
 from backend.artifacts.selectors import ManifestPart
 from backend.dispatch.claims import MAX_CLAIM_LIMIT
 from backend.dispatch.reports import REPORT_STATUSES
-from backend.tasks.models import ExecutorKind, SubtaskKind
+from backend.tasks.models import SubtaskKind
 
 ERROR_CODE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -25,7 +26,7 @@ SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 class DispatchInput(StrictInput):
     kinds = serializers.ListField(
-        child=serializers.ChoiceField(choices=ExecutorKind.choices), allow_empty=False
+        child=serializers.ChoiceField(choices=executor_kinds.CHOICES), allow_empty=False
     )
     limit = serializers.IntegerField(min_value=1, max_value=MAX_CLAIM_LIMIT, default=1)
     worker_id = serializers.CharField(max_length=200)

@@ -40,9 +40,10 @@ from backend import sql
 from backend.configuration_cache import CONFIGURATION
 from backend.dispatch.models import PromptReport
 from backend.events import log_event
+from backend.executor_kinds import EXECUTOR_KINDS
 from backend.prompting.policy import MIN_MAX_TOKENS, PromptPolicy
 from backend.prompting.tokenizers import TokenCounting, counting_for, fit_ratio, unknown_counting
-from backend.tasks.models import Bot, ExecutorKind, LanguageModel, Subtask, SubtaskStatus
+from backend.tasks.models import Bot, LanguageModel, Subtask, SubtaskStatus
 from backend.tasks.selectors import bots_for_turns
 
 OUTPUT_RESERVE_SHARE = 0.10
@@ -50,14 +51,9 @@ OUTPUT_RESERVE_MIN = 16_000
 OUTPUT_RESERVE_MAX = 48_000
 """Wegent's reserve for the model's answer: clamp(10 % of the window, 16k, 48k) tokens."""
 
-DEFAULT_OVERHEAD_TOKENS = {
-    ExecutorKind.CODEX: 16_000,
-    ExecutorKind.CLAUDE_CODE: 24_000,
-    ExecutorKind.AGNO: 4_000,
-}
-"""Until a bot's usage reports teach Baton better: generous guesses of what each executor's
-own system prompt and tool definitions take (Codex's base instructions and tools, Claude
-Code's long system prompt and tools, Agno's instructions and file tools)."""
+DEFAULT_OVERHEAD_TOKENS = {kind.name: kind.default_overhead_tokens for kind in EXECUTOR_KINDS}
+"""Until a bot's usage reports teach Baton better: per executor kind, a generous guess of what
+its own system prompt and tool definitions take (`ExecutorKindSpec.default_overhead_tokens`)."""
 
 RATIO_SAMPLES = 50
 """The bot's most recent full-prompt turns a learned token ratio is fitted on."""
@@ -252,7 +248,7 @@ def model_window(*, bot: Bot, row: LanguageModel | None) -> ModelWindow | None:
         overhead_tokens=(
             bot.overhead_tokens
             if bot.overhead_tokens is not None
-            else DEFAULT_OVERHEAD_TOKENS.get(ExecutorKind(bot.executor), 0)
+            else DEFAULT_OVERHEAD_TOKENS.get(bot.executor, 0)
         ),
         overhead_learned=learned,
     )

@@ -21,15 +21,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from backend import sql
+from backend import executor_kinds, sql
 from backend.dispatch.models import PromptReport
 from backend.prompting.inputs import PromptInput
 from backend.prompting.policy import PromptPolicy
 from backend.tasks.models import NativeSession, Subtask, SubtaskKind, SubtaskStatus
 
-# Agno runs keep Baton's prompt: their sessions live in the runner's own store and replay
-# tool results of earlier runs, so a resume would not save what it does for the CLIs.
-RESUMABLE_EXECUTORS = frozenset({"codex", "claude_code"})
 RESUME = "resume"
 
 
@@ -74,7 +71,8 @@ def resume_reason(
         return "context_overflow"
     if session is None:
         return "no_session"
-    if subtask.executor not in RESUMABLE_EXECUTORS:
+    kind = executor_kinds.KINDS.get(subtask.executor)
+    if kind is None or not kind.resumable:
         return "executor_keeps_baton_prompt"
     if not policy.resume_native_sessions:
         return "policy_off"

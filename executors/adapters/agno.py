@@ -1,10 +1,10 @@
 """The Agno adapter: runs `executors.agno_runner` in a child process and reads its line protocol.
 
 Agno is a library, but a run must be killable as a process tree and must not share the worker's
-memory, so each run is a ``python -P -m executors.agno_runner`` child (see that module for the job
-on stdin and the JSON lines on stdout). The worker never imports Agno or openai: `locate()` only
-checks that they are installed, which keeps the worker's start fast (importing them costs about
-a second) and its memory small.
+memory, so each run is a ``python -P -m executors.agno_runner`` child (see
+`executors.agno_protocol` for the job on stdin and the JSON lines on stdout). The worker never
+imports Agno or openai: `locate()` only checks that they are installed, which keeps the worker's
+start fast (importing them costs about a second) and its memory small.
 
 `AgnoStreamParser` is pure: runner lines in, normalized events and one `Outcome` out. Agno keeps
 only the provider's message of a failed model call, so the runner adds the HTTP status it found on
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import executors
-from executors import agno_runner
+from executors import agno_protocol
 from executors.adapters.base import (
     ExecutorAdapter,
     ExecutorUnavailable,
@@ -80,7 +80,7 @@ class AgnoAdapter(ExecutorAdapter):
         return sys.executable
 
     def launch(self, request: RunRequest) -> Launch:
-        job = agno_runner.Job(
+        job = agno_protocol.Job(
             prompt=request.prompt,
             model=request.bot.model or DEFAULT_MODEL,
             instructions=request.bot.instructions,
@@ -122,7 +122,7 @@ class AgnoAdapter(ExecutorAdapter):
 
 
 class AgnoStreamParser:
-    """Maps the runner's lines (see `executors.agno_runner`) to events and the run's outcome."""
+    """Maps the runner's lines (see `executors.agno_protocol`) to events and the run's outcome."""
 
     def __init__(self) -> None:
         self._session_id = ""
@@ -139,12 +139,12 @@ class AgnoStreamParser:
         if not isinstance(data, dict):
             return []
         kind = data.get("type")
-        if kind == agno_runner.RUN_STARTED:
+        if kind == agno_protocol.RUN_STARTED:
             self._session_id = str(data.get("session_id") or "")
             return [SessionStarted(session_id=self._session_id)]
-        if kind == agno_runner.CONTENT_DELTA:
+        if kind == agno_protocol.CONTENT_DELTA:
             return [MessageDelta(text=str(data.get("text") or ""))]
-        if kind == agno_runner.TOOL_STARTED:
+        if kind == agno_protocol.TOOL_STARTED:
             return [
                 ToolStarted(
                     call_id=str(data.get("call_id") or ""),
@@ -152,15 +152,15 @@ class AgnoStreamParser:
                     command=data.get("command"),
                 )
             ]
-        if kind == agno_runner.TOOL_COMPLETED:
+        if kind == agno_protocol.TOOL_COMPLETED:
             return self._tool_completed(data)
-        if kind == agno_runner.RUN_COMPLETED:
+        if kind == agno_protocol.RUN_COMPLETED:
             self._completed = data
             return [
                 MessageCompleted(text=str(data.get("content") or "")),
                 UsageReported(usage=_usage(data.get("metrics"))),
             ]
-        if kind == agno_runner.RUN_ERROR:
+        if kind == agno_protocol.RUN_ERROR:
             self._error = data
             usage = _usage(data.get("metrics"))
             return [UsageReported(usage=usage)] if usage != Usage() else []
@@ -172,7 +172,7 @@ class AgnoStreamParser:
             "commands": tuple(self._commands),
             "files_changed": tuple(self._files),
         }
-        if self._completed is not None and exit_code == agno_runner.EXIT_COMPLETED:
+        if self._completed is not None and exit_code == agno_protocol.EXIT_COMPLETED:
             return Outcome(
                 status=OutcomeStatus.COMPLETED,
                 final_text=str(self._completed.get("content") or ""),
@@ -210,7 +210,7 @@ class AgnoStreamParser:
                 is_error=bool(data.get("is_error")),
             )
         ]
-        if tool == agno_runner.SHELL_TOOL and command is not None:
+        if tool == agno_protocol.SHELL_TOOL and command is not None:
             self._commands.append({"command": command, "exit_code": exit_code})
         for change in data.get("files") or ():
             path = str(change.get("path") or "")
@@ -232,9 +232,9 @@ def classify_failure(error: dict[str, Any]) -> ErrorCode:
     """The error code of a runner `run_error` line: its runner error type, then the provider's
     HTTP status, then the network flag, then the message's wording."""
     error_type = error.get("error_type")
-    if error_type == agno_runner.ERROR_MAX_TURNS:
+    if error_type == agno_protocol.ERROR_MAX_TURNS:
         return ErrorCode.MAX_TURNS
-    if error_type == agno_runner.ERROR_SESSION_NOT_FOUND:
+    if error_type == agno_protocol.ERROR_SESSION_NOT_FOUND:
         return ErrorCode.EXECUTOR_ERROR
     text = str(error.get("error") or "").lower()
     status = error.get("http_status")
@@ -288,7 +288,7 @@ def _usage(metrics: Any) -> Usage:
 
 
 def _crash_message(exit_code: int, stderr_tail: str, *, completed: bool) -> str:
-    if exit_code == agno_runner.EXIT_BAD_JOB:
+    if exit_code == agno_protocol.EXIT_BAD_JOB:
         head = "the Agno runner rejected its job"
     elif completed:
         head = f"the Agno runner exited with code {exit_code} after reporting completion"

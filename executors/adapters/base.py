@@ -80,7 +80,7 @@ class StreamParser(Protocol):
 
 
 class ExecutorAdapter(ABC):
-    kind: ClassVar[str]  # "codex", "claude_code" or "agno"
+    kind: ClassVar[str]  # its name in `executors.kinds.KINDS`
     _located: str | None = None
 
     def locate(self) -> str:

@@ -12,9 +12,10 @@ from backend.dispatch.budgets import (
     model_windows_for,
     output_reserve,
 )
+from backend.executor_kinds import NAMES
 from backend.prompting import MIN_MAX_TOKENS, PromptPolicy
 from backend.prompting.tokenizers import counting_for
-from backend.tasks.models import Bot, ExecutorKind, LanguageModel
+from backend.tasks.models import Bot, LanguageModel
 
 # --- the shipped model table --------------------------------------------------------------------
 
@@ -69,7 +70,7 @@ def test_the_model_table_ships_the_providers_figures():
 @pytest.mark.django_db
 def test_every_shipped_bot_has_its_model_in_the_table():
     bots = list(Bot.objects.all())
-    assert {bot.executor for bot in bots} == set(ExecutorKind.values)
+    assert {bot.executor for bot in bots} == set(NAMES)
     windows = model_windows_for(bots)
     assert {bot.name: windows[bot.pk].model for bot in bots} == {
         "codex": "gpt-5.5",
@@ -92,7 +93,7 @@ def test_a_bots_window_comes_from_the_table_unless_it_sets_its_own(django_assert
         windows = model_windows_for([dated, own, listed_nowhere, sized, unnamed])
     assert windows[dated.pk].context_window == 200_000
     assert windows[dated.pk].counting == counting_for("claude_3")
-    assert windows[dated.pk].overhead_tokens == DEFAULT_OVERHEAD_TOKENS[ExecutorKind.CLAUDE_CODE]
+    assert windows[dated.pk].overhead_tokens == DEFAULT_OVERHEAD_TOKENS["claude_code"]
     assert (windows[own.pk].context_window, windows[own.pk].max_output_tokens) == (64_000, 16_384)
     assert listed_nowhere.pk not in windows and unnamed.pk not in windows
     assert windows[sized.pk].context_window == 32_000

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from executors.process import processes_with_marker
+from executors.process_tree import processes_with_marker
 from executors.standin import ModelServer, extract_prompt
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "INTERRUPTED"}

@@ -28,6 +28,7 @@ from backend.prompting.render import ESCAPE_NOTE
 from backend.prompting.units import count_tokens
 from backend.tasks import transcript_spans, transcripts
 from backend.tasks.models import LanguageModel, Task, TranscriptPart
+from executors.kinds import EXECUTOR_KINDS
 from executors.standin import extract_prompt
 from tests.conftest import register_bot
 from tests.e2e.live import FINISHED, REPO_ROOT, WorkerProcess, prompts, run_processes, worker
@@ -38,7 +39,7 @@ pytestmark = [
     pytest.mark.usefixtures("shipped_bots"),
 ]
 
-KINDS = ["codex", "claude_code", "agno"]
+KINDS = list(EXECUTOR_KINDS)
 # About 8,400 tokens, under the current message's character cap.
 BUILD_LOG = "\n".join(f"step {n}: compile module {n} of the build" for n in range(700))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from executors.process import processes_with_marker
+from executors.process_tree import processes_with_marker
 from tests.e2e.live import WorkerProcess, run_processes, worker
 from tests.e2e.test_executors import tool_call
 

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from executors.adapters.agno import AgnoAdapter
 from executors.adapters.base import ExecutorAdapter, Launch, ModelEndpoint, RunRequest
-from executors.client import BackendClient, DispatchedTurn
+from executors.client import BackendClient
 from executors.events import Event, Outcome
+from executors.payloads import DispatchedTurn
 from executors.process import ExecutorProcess
 from executors.runner import TurnRun
 

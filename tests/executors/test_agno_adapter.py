@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from executors import agno_runner
+from executors import agno_protocol
 from executors.adapters.agno import AgnoAdapter, AgnoStreamParser, classify_failure
 from executors.adapters.base import (
     BotConfig,
@@ -62,12 +62,12 @@ BEDROCK_MESSAGE = "Input is too long for requested model."
 WATCHDOG_SECONDS = 30.0
 API_KEY = "sk-baton-agno-test-key"
 PROTOCOL_TYPES = {
-    agno_runner.RUN_STARTED,
-    agno_runner.CONTENT_DELTA,
-    agno_runner.TOOL_STARTED,
-    agno_runner.TOOL_COMPLETED,
-    agno_runner.RUN_COMPLETED,
-    agno_runner.RUN_ERROR,
+    agno_protocol.RUN_STARTED,
+    agno_protocol.CONTENT_DELTA,
+    agno_protocol.TOOL_STARTED,
+    agno_protocol.TOOL_COMPLETED,
+    agno_protocol.RUN_COMPLETED,
+    agno_protocol.RUN_ERROR,
 }
 ARTIFACT = ".baton/artifacts/x.txt"
 
@@ -594,8 +594,8 @@ def test_locate_without_agno_says_how_to_install(monkeypatch: pytest.MonkeyPatch
 )
 def test_job_decode_rejects_bad_jobs(tmp_path: Path, change: dict[str, Any]) -> None:
     job = json.loads(AgnoAdapter().launch(_request(tmp_path, None)).stdin)
-    with pytest.raises(agno_runner.BadJob):
-        agno_runner.Job.decode(json.dumps({**job, **change}).encode())
+    with pytest.raises(agno_protocol.BadJob):
+        agno_protocol.Job.decode(json.dumps({**job, **change}).encode())
 
 
 # -- real runs of the runner child ----------------------------------------------------------
@@ -968,7 +968,7 @@ def test_a_bad_job_is_a_failed_run_with_the_reason(tmp_path: Path) -> None:
     request = _request(tmp_path, None)
     launch = replace(AgnoAdapter().launch(request), stdin=b"{not json")
     finished = _run(request, launch)
-    assert finished.exit_code == agno_runner.EXIT_BAD_JOB
+    assert finished.exit_code == agno_protocol.EXIT_BAD_JOB
     assert finished.lines == []
     assert finished.outcome.status == OutcomeStatus.FAILED
     assert finished.outcome.error_code == ErrorCode.EXECUTOR_ERROR

@@ -35,10 +35,9 @@ from executors.adapters.base import (
     ModelEndpoint,
     RunRequest,
 )
-from executors.adapters.claude_code import (
-    INSTRUCTIONS_FILE,
+from executors.adapters.claude_code import INSTRUCTIONS_FILE, ClaudeCodeAdapter
+from executors.adapters.claude_code_stream import (
     MAX_ERROR_CHARS,
-    ClaudeCodeAdapter,
     ClaudeCodeStreamParser,
     classify_error,
     is_missing_session,

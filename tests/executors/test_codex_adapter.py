@@ -35,14 +35,12 @@ from executors.adapters.base import (
     ModelEndpoint,
     RunRequest,
 )
-from executors.adapters.codex import (
-    API_KEY_VARIABLE,
+from executors.adapters.codex import API_KEY_VARIABLE, CodexAdapter, toml_string
+from executors.adapters.codex_stream import (
     MAX_ERROR_CHARS,
-    CodexAdapter,
     CodexStreamParser,
     classify_error,
     is_missing_session,
-    toml_string,
 )
 from executors.events import (
     ErrorCode,

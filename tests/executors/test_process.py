@@ -19,12 +19,8 @@ from pathlib import Path
 import pytest
 
 from executors.adapters.base import Launch
-from executors.process import (
-    STDERR_TAIL_BYTES,
-    ExecutorProcess,
-    processes_with_marker,
-    reap_adopted_zombies,
-)
+from executors.process import STDERR_TAIL_BYTES, ExecutorProcess
+from executors.process_tree import processes_with_marker, reap_adopted_zombies
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -257,7 +253,8 @@ SUBREAPER_CHECK = """
 import os, uuid
 from pathlib import Path
 from executors.adapters.base import Launch
-from executors.process import ExecutorProcess, enable_subreaper
+from executors.process import ExecutorProcess
+from executors.process_tree import enable_subreaper
 
 assert enable_subreaper()
 launch = Launch(

@@ -17,15 +17,16 @@ from typing import Any
 import pytest
 
 from executors.adapters.agno import AgnoStreamParser
-from executors.adapters.claude_code import ClaudeCodeStreamParser
-from executors.adapters.codex import CodexStreamParser
+from executors.adapters.claude_code_stream import ClaudeCodeStreamParser
+from executors.adapters.codex_stream import CodexStreamParser
 from executors.adapters.context_overflow import context_overflow_wording
 from executors.events import ErrorCode, Outcome
+from executors.kinds import EXECUTOR_KINDS
 from tests.executors.provider_errors import NEAR_MISSES, OVERFLOW, PROVIDER_ERRORS, ProviderError
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings"
 WORKSPACE = Path("/baton/workspace")
-ADAPTERS = ["codex", "claude_code", "agno"]
+ADAPTERS = EXECUTOR_KINDS  # a kind without a replay below fails here
 
 
 def _recorded(kind: str, name: str) -> list[dict[str, Any]]:

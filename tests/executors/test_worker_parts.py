@@ -17,17 +17,16 @@ from pathlib import Path
 import pytest
 
 from executors.client import (
-    ArtifactEntry,
     BackendClient,
     BackendError,
     BackendUnavailable,
     DispatchAbandoned,
-    DispatchedTurn,
     LeaseLost,
     TurnCancelled,
 )
 from executors.config import ConfigurationError, StandinMode, load_settings
 from executors.events import MessageCompleted, MessageDelta, ToolStarted
+from executors.payloads import ArtifactEntry, DispatchedTurn
 from executors.progress import MAX_EVENTS_PER_POST, MAX_PARTIAL_TEXT_BYTES, ProgressBuffer
 from executors.worker import Worker
 from executors.workspace import (

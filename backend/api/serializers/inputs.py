@@ -7,6 +7,7 @@ from typing import Any
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
+from backend import executor_kinds
 from backend.api.pagination import TaskPagination, TurnPageQuery, TurnPagination
 from backend.api.serializers.strict import StrictInput, StrictQuery
 from backend.dispatch.stops import DEFAULT_STOP_WAIT_SECONDS, MAX_STOP_WAIT_SECONDS
@@ -15,7 +16,6 @@ from backend.prompting.inputs import validate_name
 from backend.tasks.models import (
     CONTEXT_PASSING_CHOICES,
     TASK_TYPE_PATTERN,
-    ExecutorKind,
     FollowUpStrategy,
     TaskStatus,
 )
@@ -57,7 +57,7 @@ class PipelineStepInput(StrictInput):
     """A registered bot (GET /api/bots/), or an executor for its default bot, or both."""
 
     bot = label_name_field(required=False)
-    executor = serializers.ChoiceField(choices=ExecutorKind.choices, required=False)
+    executor = serializers.ChoiceField(choices=executor_kinds.CHOICES, required=False)
     # Omitted: the task type's history policy decides (its context_passing) at dispatch.
     context_passing = serializers.ChoiceField(
         choices=CONTEXT_PASSING_CHOICES, required=False, allow_null=True, default=None
@@ -79,7 +79,7 @@ class TaskCreateInput(StrictInput):
         },
     )
     message = serializers.CharField(trim_whitespace=False)
-    executor = serializers.ChoiceField(choices=ExecutorKind.choices, required=False)
+    executor = serializers.ChoiceField(choices=executor_kinds.CHOICES, required=False)
     bot = label_name_field(required=False)
     sender = label_name_field(required=False, default="")
     is_group_chat = serializers.BooleanField(required=False, default=False)

@@ -11,11 +11,11 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from backend import executor_kinds
 from backend.api.links import artifact_download_url, turn_text_url
 from backend.api.serializers.strict import StrictInput
 from backend.artifacts.models import Artifact
 from backend.tasks.models import (
-    ExecutorKind,
     Subtask,
 )
 from backend.tasks.selectors import (
@@ -176,7 +176,7 @@ class SubtaskOutput(serializers.ModelSerializer[Subtask]):
     progress_events = serializers.JSONField(allow_null=True)
     usage = serializers.SerializerMethodField()
     # A USER turn runs no executor: "" (as every answer has always shown it).
-    executor = serializers.ChoiceField(choices=ExecutorKind.choices, allow_blank=True)
+    executor = serializers.ChoiceField(choices=executor_kinds.CHOICES, allow_blank=True)
 
     @extend_schema_field(UsageFields(allow_null=True))
     def get_usage(self, subtask: Subtask) -> dict[str, Any] | None:

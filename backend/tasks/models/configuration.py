@@ -14,17 +14,12 @@ from django.core.validators import MaxLengthValidator, MinValueValidator
 from django.db import models
 from django.db.models import F, Q
 
+from backend import executor_kinds
 from backend.prompting.inputs import validate_name
 from backend.prompting.tokenizers import Tokenizer
 
 DATED_SNAPSHOT = re.compile(r"-(?:\d{8}|\d{4}-\d{2}-\d{2})$")
 """A model name's dated snapshot suffix (`-20250929`, `-2025-04-14`)."""
-
-
-class ExecutorKind(models.TextChoices):
-    CODEX = "codex", "OpenAI Codex CLI"
-    CLAUDE_CODE = "claude_code", "Claude Code"
-    AGNO = "agno", "Agno"
 
 
 INSTRUCTIONS_MAX_CHARS = 32_000
@@ -54,7 +49,7 @@ class Bot(models.Model):
         validators=[validate_bot_name],
         help_text="Shown in prompts as Assistant[name] when a task has several bots.",
     )
-    executor = models.CharField(max_length=32, choices=ExecutorKind.choices)
+    executor = models.CharField(max_length=32, choices=executor_kinds.CHOICES)
     model = models.CharField(
         max_length=200, blank=True, help_text="Model name the executor asks for; empty: its own."
     )
@@ -88,7 +83,7 @@ class Bot(models.Model):
     )
     # Learned from the executor's usage reports: the smallest (input tokens - the prompt's
     # tokens) seen for a turn run with a full prompt — what the executor's own system prompt
-    # and tools take. Null until a turn reports usage (budgets.DEFAULT_OVERHEAD_TOKENS apply).
+    # and tools take. Null until a turn reports usage (its kind's default_overhead_tokens apply).
     overhead_tokens = models.PositiveIntegerField(
         null=True,
         blank=True,
@@ -130,7 +125,7 @@ class Bot(models.Model):
                 fields=["executor"], condition=Q(is_default=True), name="bot_one_default_per_kind"
             ),
             models.CheckConstraint(
-                condition=Q(executor__in=ExecutorKind.values), name="bot_executor_valid"
+                condition=Q(executor__in=list(executor_kinds.NAMES)), name="bot_executor_valid"
             ),
             models.CheckConstraint(
                 condition=Q(permission_mode__in=PermissionMode.values),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.db import models
 
-from backend.tasks.models.configuration import ExecutorKind
+from backend import executor_kinds
 from backend.tasks.models.tasks import Task
 
 
@@ -22,7 +22,7 @@ class NativeSession(models.Model):
         Task, on_delete=models.CASCADE, related_name="native_sessions", db_index=False
     )
     bot = models.CharField(max_length=100)
-    executor = models.CharField(max_length=32, choices=ExecutorKind.choices)
+    executor = models.CharField(max_length=32, choices=executor_kinds.CHOICES)
     session_id = models.CharField(max_length=200)
     worker_id = models.CharField(max_length=200)
     # Every turn up to this message id is in the session's context (or was dropped from the

@@ -9,10 +9,10 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from backend import executor_kinds
 from backend.prompting.inputs import Role
 from backend.prompting.policy import ContextPassing
 from backend.tasks.fields import LosslessJSONField
-from backend.tasks.models.configuration import ExecutorKind
 from backend.tasks.models.tasks import Task
 
 # What a pipeline step sees (`backend.prompting.ContextPassing`), labelled for the admin.
@@ -71,7 +71,7 @@ class Subtask(models.Model):
     sender = models.CharField(max_length=150, blank=True)
     bot = models.CharField(max_length=100, blank=True)
     pipeline_step = models.PositiveSmallIntegerField(null=True, blank=True)
-    executor = models.CharField(max_length=32, choices=ExecutorKind.choices, blank=True)
+    executor = models.CharField(max_length=32, choices=executor_kinds.CHOICES, blank=True)
     context_passing = models.CharField(max_length=32, choices=CONTEXT_PASSING_CHOICES, blank=True)
     # USER turns: the message text, stored exactly as sent.
     message = models.TextField(blank=True)

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 
+from backend import executor_kinds
 from backend.artifacts.services import (
     atomic_storing_artifacts,
 )
@@ -20,7 +21,6 @@ from backend.errors import InvalidInput
 from backend.prompting import ContextPassing
 from backend.tasks.models import (
     Bot,
-    ExecutorKind,
     Task,
     task_type_validator,
 )
@@ -78,9 +78,9 @@ def resolve_pipeline(
         raise InvalidInput("pipeline must have at least one step.", field="pipeline")
     check_pipeline_length(steps=len(requested))
     for index, step in enumerate(requested):
-        if step.executor is not None and step.executor not in ExecutorKind.values:
+        if step.executor is not None and step.executor not in executor_kinds.NAMES:
             raise InvalidInput(
-                f"executor {step.executor!r} is not one of {', '.join(ExecutorKind.values)}.",
+                f"executor {step.executor!r} is not one of {', '.join(executor_kinds.NAMES)}.",
                 field=_step_field(index, "executor"),
             )
         if step.context_passing is not None and step.context_passing not in {

@@ -25,6 +25,7 @@ from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
 from backend.dispatch.workers import ensure_worker_account
+from backend.executor_kinds import KINDS
 from backend.tasks.factories import answer_pending, answered_task
 from backend.tasks.models import Bot, Task
 from backend.tasks.services import PipelineStep, append_message
@@ -38,19 +39,19 @@ DEMO_BOTS = [
     {
         "name": "planner",
         "executor": "agno",
-        "model": "gpt-5.5",
+        "model": KINDS["agno"].default_model,
         "instructions": "You help a team plan releases. Answer briefly.",
     },
     {
         "name": "coder",
         "executor": "codex",
-        "model": "gpt-5.5",
+        "model": KINDS["codex"].default_model,
         "instructions": "Fix what is asked with the smallest change; run the tests.",
     },
     {
         "name": "reviewer",
         "executor": "claude_code",
-        "model": "claude-sonnet-4-5",
+        "model": KINDS["claude_code"].default_model,
         "instructions": "Review the previous step's change; point out what is missing.",
         "permission_mode": "read_only",
     },
