@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from backend import sql
-from backend.artifacts.models import Artifact
+from django.db.models import Q
+
 from backend.artifacts.selectors import ManifestEntry
 from backend.prompting.addressing import workspace_path
 from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
@@ -110,11 +110,11 @@ def transcript_for(
 ) -> Transcript | None:
     """The transcript a prompt report's snapshot names (`Transcript.snapshot`), rendered again
     from its turns (what a replay reads); None when one of them no longer exists."""
-    table = Subtask._meta.db_table
     if isinstance(snapshot, dict):
         runs = [(int(first), int(last)) for first, last in snapshot["runs"]]
-        condition = " OR ".join(f"{table}.message_id BETWEEN %s AND %s" for _ in runs)
-        params = [bound for run in runs for bound in run]
+        condition = Q()
+        for run in runs:
+            condition |= Q(message_id__range=run)
         wanted = sum(last - first + 1 for first, last in runs)
         part_count, part_turns = int(snapshot["parts"]), int(snapshot["part_turns"])
         short_count = int(snapshot.get("short_parts", 0))
@@ -122,14 +122,14 @@ def transcript_for(
             snapshot.get("short_part_turns", transcript_spans.TRANSCRIPT_SHORT_PART_TURNS)
         )
     else:
-        params = [int(message_id) for message_id in snapshot]
-        condition = f"{table}.message_id IN ({sql.placeholders(params)})"
+        runs = [(int(message_id), int(message_id)) for message_id in snapshot]
+        condition = Q(message_id__in=[first for first, _ in runs])
         wanted = len(snapshot)
         part_count, part_turns = 0, transcript_spans.TRANSCRIPT_PART_TURNS
         short_count, short_turns = 0, transcript_spans.TRANSCRIPT_SHORT_PART_TURNS
-    if not params:
+    if not runs:
         return None
-    found = _turns(f"{table}.task_id = %s AND ({condition})", [task_id, *params])
+    found = _turns(Q(task_id=task_id) & condition)
     rows = [(message, turn_file) for _, _, message, turn_file in found]
     if not rows or len(rows) != wanted:
         return None
@@ -158,21 +158,18 @@ def _tails(
 ) -> dict[int, _Tail]:
     """Each task's turns in history after its usable sealed parts and before its request's
     message, and the first of those turns that has not finished yet (one query)."""
-    table = Subtask._meta.db_table
-    ranges = []
-    params: list[Any] = []
+    ranges = Q()
     for request in requests:
-        ranges.append(
-            f"({table}.task_id = %s AND {table}.message_id > %s AND {table}.message_id < %s)"
-        )
         after = parts[request.task_id][-1].last_message_id if parts.get(request.task_id) else 0
-        params += [request.task_id, after, request.before_message_id]
+        ranges |= Q(
+            task_id=request.task_id,
+            message_id__gt=after,
+            message_id__lt=request.before_message_id,
+        )
     statuses = [*HISTORY_STATUSES, *ACTIVE_SUBTASK_STATUSES]
     tails: dict[int, _Tail] = {}
     for task_id, status, message, turn_file in _turns(
-        f"({' OR '.join(ranges)}) AND {table}.kind = %s "
-        f"AND {table}.status IN ({sql.placeholders(statuses)})",
-        [*params, SubtaskKind.TURN.value, *statuses],
+        ranges & Q(kind=SubtaskKind.TURN, status__in=statuses)
     ):
         history, first_active = tails.setdefault(task_id, ([], None))
         if status in ACTIVE_SUBTASK_STATUSES:
@@ -269,24 +266,13 @@ _COLUMNS = (
 )
 
 
-def _turns(
-    where: str, params: Sequence[Any]
-) -> Iterator[tuple[int, str, HistoryMessage, TurnFile]]:
+def _turns(where: Q) -> Iterator[tuple[int, str, HistoryMessage, TurnFile]]:
     """(task id, status, message, turn file) for each turn `where` selects, by task and
     message id, read as plain values: a transcript reads many earlier turns, so no model
-    instances, and every dispatch that leaves history out reads them, so the SQL is written
-    out (see `backend.sql`). The rows were validated as `history_message`s when they were
-    recorded and each prompt that includes them validates them again; here they are only
-    rendered, so they are constructed without a second validation."""
-    table, artifacts = Subtask._meta.db_table, Artifact._meta.db_table
-    rows = sql.values_of(
-        Subtask,
-        _COLUMNS,
-        f"SELECT {sql.value_columns(Subtask, _COLUMNS)} FROM {table} "  # noqa: S608
-        f"LEFT JOIN {artifacts} ON {artifacts}.id = {table}.artifact_id WHERE {where} "
-        f"ORDER BY {table}.task_id, {table}.message_id",
-        params,
-    )
+    instances. The rows were validated as `history_message`s when they were recorded and each
+    prompt that includes them validates them again; here they are only rendered, so they are
+    constructed without a second validation."""
+    rows = Subtask.objects.filter(where).order_by("task_id", "message_id").values_list(*_COLUMNS)
     for row in rows:
         (task_id, message_id, role, status, sender, bot, text, spilled, head, tail) = row[:10]
         layout, chars, artifact_id, kind, size_chars, size_lines = row[10:16]
