@@ -13,11 +13,14 @@ when a long part is sealed from its turns).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+from django.db import connection
 from django.db.models import Q
 
+from backend import queries
 from backend.artifacts.selectors import ManifestEntry
 from backend.prompting.addressing import workspace_path
 from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
@@ -129,7 +132,7 @@ def transcript_for(
         short_count, short_turns = 0, transcript_spans.TRANSCRIPT_SHORT_PART_TURNS
     if not runs:
         return None
-    found = _turns(Q(task_id=task_id) & condition)
+    found = _turns(_turn_rows(Q(task_id=task_id) & condition))
     rows = [(message, turn_file) for _, _, message, turn_file in found]
     if not rows or len(rows) != wanted:
         return None
@@ -158,19 +161,16 @@ def _tails(
 ) -> dict[int, _Tail]:
     """Each task's turns in history after its usable sealed parts and before its request's
     message, and the first of those turns that has not finished yet (one query)."""
-    ranges = Q()
-    for request in requests:
-        after = parts[request.task_id][-1].last_message_id if parts.get(request.task_id) else 0
-        ranges |= Q(
-            task_id=request.task_id,
-            message_id__gt=after,
-            message_id__lt=request.before_message_id,
+    bounds = [
+        (
+            request.task_id,
+            parts[request.task_id][-1].last_message_id if parts.get(request.task_id) else 0,
+            request.before_message_id,
         )
-    statuses = [*HISTORY_STATUSES, *ACTIVE_SUBTASK_STATUSES]
+        for request in requests
+    ]
     tails: dict[int, _Tail] = {}
-    for task_id, status, message, turn_file in _turns(
-        ranges & Q(kind=SubtaskKind.TURN, status__in=statuses)
-    ):
+    for task_id, status, message, turn_file in _turns(_tail_rows(bounds)):
         history, first_active = tails.setdefault(task_id, ([], None))
         if status in ACTIVE_SUBTASK_STATUSES:
             if first_active is None:
@@ -266,17 +266,49 @@ _COLUMNS = (
 )
 
 
-def _turns(where: Q) -> Iterator[tuple[int, str, HistoryMessage, TurnFile]]:
-    """(task id, status, message, turn file) for each turn `where` selects, by task and
-    message id, read as plain values: a transcript reads many earlier turns, so no model
-    instances. The rows were validated as `history_message`s when they were recorded and each
-    prompt that includes them validates them again; here they are only rendered, so they are
-    constructed without a second validation."""
-    rows = Subtask.objects.filter(where).order_by("task_id", "message_id").values_list(*_COLUMNS)
+def _tail_rows(bounds: Sequence[tuple[int, int, int]]) -> Sequence[Sequence[Any]]:
+    """The rows (`_COLUMNS`) of the turns in history or still running of each (task id,
+    after, before): those with a message id between the two, by task and message id."""
+    statuses = [*HISTORY_STATUSES, *ACTIVE_SUBTASK_STATUSES]
+    if connection.vendor == "postgresql":
+        task_ids, after, before = (list(column) for column in zip(*bounds, strict=True))
+        return queries.fetch(
+            "transcript_tails",
+            {
+                "task_ids": task_ids,
+                "after": after,
+                "before": before,
+                "kind": SubtaskKind.TURN.value,
+                "statuses": statuses,
+            },
+        )
+    ranges = Q()
+    for task_id, after_id, before_id in bounds:
+        ranges |= Q(task_id=task_id, message_id__gt=after_id, message_id__lt=before_id)
+    return _turn_rows(ranges & Q(kind=SubtaskKind.TURN, status__in=statuses))
+
+
+def _turn_rows(where: Q) -> Sequence[Sequence[Any]]:
+    """The rows (`_COLUMNS`) of the turns `where` selects, by task and message id."""
+    return list(
+        Subtask.objects.filter(where).order_by("task_id", "message_id").values_list(*_COLUMNS)
+    )
+
+
+def _turns(
+    rows: Iterable[Sequence[Any]],
+) -> Iterator[tuple[int, str, HistoryMessage, TurnFile]]:
+    """(task id, status, message, turn file) of each row of `_COLUMNS`, read as plain values:
+    a transcript reads many earlier turns, so no model instances. The rows were validated as
+    `history_message`s when they were recorded and each prompt that includes them validates
+    them again; here they are only rendered, so they are constructed without a second
+    validation."""
     for row in rows:
         (task_id, message_id, role, status, sender, bot, text, spilled, head, tail) = row[:10]
         layout, chars, artifact_id, kind, size_chars, size_lines = row[10:16]
         subtask_id, sha256, size_bytes = row[16:]
+        if spilled and isinstance(layout, str):
+            layout = json.loads(layout)  # the PostgreSQL statement reads JSON as its text
         parts = layout_fields(layout) if spilled else {}
         pointer = (
             ArtifactPointer.model_construct(

@@ -24,10 +24,13 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
+from django.db import connection
 from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 
+from backend import queries
 from backend.artifacts.models import Artifact
 from backend.artifacts.services import Stored, composite_row
 from backend.prompting import BUILDER_VERSION
@@ -86,13 +89,7 @@ def sealed_parts(
     task_ids = list(requested)
     long_span = transcript_spans.TRANSCRIPT_PART_TURNS
     per_long = transcript_spans.shorts_per_long()
-    # The JSON columns are read as their text, which is the key of the part they make: a long
-    # conversation has many sealed parts, and each dispatch would decode them all again.
-    rows = (
-        TranscriptPart.objects.filter(task_id__in=task_ids)
-        .order_by("task_id", "-span", "number")
-        .values_list(*_PART_COLUMNS)
-    )
+    rows = _part_rows(task_ids)
     parts: dict[int, list[Part]] = {}
     stale: dict[int, Stale] = {}
     longs: dict[int, int] = {}
@@ -136,6 +133,19 @@ def sealed_parts(
         if span == long_span:
             longs[task_id] += 1
     return parts, stale
+
+
+def _part_rows(task_ids: list[int]) -> Sequence[Sequence[Any]]:
+    """The part rows of these tasks, `_PART_COLUMNS` in order, by task, span (long first) and
+    number. The JSON columns are read as their text, which is the key of the part they make:
+    a long conversation has many sealed parts, and each dispatch would decode them all again."""
+    if connection.vendor == "postgresql":
+        return queries.fetch("transcript_parts", {"task_ids": task_ids})
+    return list(
+        TranscriptPart.objects.filter(task_id__in=task_ids)
+        .order_by("task_id", "-span", "number")
+        .values_list(*_PART_COLUMNS)
+    )
 
 
 @functools.lru_cache(maxsize=_SEALED_PARTS_KEPT)
