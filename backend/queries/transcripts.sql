@@ -2,9 +2,9 @@
 -- The sealed parts' rows of a batch of tasks, each task's long parts and then its short ones
 -- in order (`tasks.transcripts.sealing.sealed_parts`); the JSON columns as their text, the key
 -- of the built part a process keeps. Every dispatch of a long task reads them. Kept written
--- out: 0.39 / 0.49 ms a call against the ORM's 1.0 / 4.1 ms (200 rounds, 4 parts), 0.54-0.66
--- against 1.5-4.6 ms (1,000 rounds, 20 parts), alternated, on PostgreSQL
--- (/tmp/h3/bench_reads.py, see the report of issue 36).
+-- out: 0.39-0.61 ms a call of `sealed_parts` against the ORM's 1.2-1.7 ms (conversations of 200
+-- and 1,000 rounds, 4 and 20 parts; median of 200 calls, alternated, on PostgreSQL: a timing
+-- of `sealed_parts` and `transcripts_for` beside bench/bench_transcripts.py's setup).
 SELECT
     task_id,
     span,
@@ -28,9 +28,9 @@ ORDER BY task_id, span DESC, number;
 -- before its request's message), of the kinds and statuses given, with their artifacts'
 -- manifest columns, by task and message id (`tasks.transcripts.reading._tails`); the ranges
 -- are three arrays, one element a task, so the text is the same for every batch. Every
--- dispatch of a long task reads them. Kept written out: with the parts' read, 0.84-0.90 ms a
--- dispatch's transcript read against the ORM's 3.5-12.6 ms (200 rounds), 1.4-2.1 ms against
--- 6.7-12.9 ms (1,000 rounds), alternated, on PostgreSQL (/tmp/h3/bench_reads.py).
+-- dispatch of a long task reads them. Kept written out: a dispatch's transcript read
+-- (`transcripts_for`, both statements) takes 1.4-2.0 ms against the ORM's 4.8-8.7 ms, measured
+-- as for `transcript_parts`.
 SELECT
     turn.task_id,
     turn.message_id,
