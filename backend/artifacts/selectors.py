@@ -30,7 +30,6 @@ from typing import IO, Protocol
 
 from django.core.files.storage import Storage
 
-from backend import sql
 from backend.artifacts.models import Artifact, ArtifactPart
 from backend.artifacts.services import composite_sha256
 from backend.artifacts.storage import READ_CHUNK_BYTES, ArtifactIntegrityError, artifact_storage
@@ -123,16 +122,9 @@ def manifest_artifacts(*, artifact_ids: Sequence[str]) -> list[Artifact]:
     ordered_ids = list(dict.fromkeys(artifact_ids))
     if not ordered_ids:
         return []
-    # Every dispatch asks: the SQL is written out (see `backend.sql`).
     by_id = {
         artifact.id: artifact
-        for artifact in sql.rows_of(
-            Artifact,
-            f"SELECT {sql.columns(Artifact, MANIFEST_FIELDS)} "  # noqa: S608
-            f"FROM {Artifact._meta.db_table} WHERE id IN ({sql.placeholders(ordered_ids)})",
-            ordered_ids,
-            fields=MANIFEST_FIELDS,
-        )
+        for artifact in Artifact.objects.filter(id__in=ordered_ids).only(*MANIFEST_FIELDS)
     }
     missing = [artifact_id for artifact_id in ordered_ids if artifact_id not in by_id]
     if missing:

@@ -327,12 +327,7 @@ def _new_row(item: ArtifactText, address: ContentAddress) -> Artifact:
 
 def _locked(artifact_ids: list[str]) -> dict[str, Artifact]:
     """The rows of these ids, locked in id order (the order every writer locks them in); by id.
-    Every dispatch that stores history files asks: the SQL is written out (see `backend.sql`)."""
-    table = Artifact._meta.db_table
-    rows = sql.rows_of(
-        Artifact,
-        f"SELECT {sql.columns(Artifact)} FROM {table} "  # noqa: S608
-        f"WHERE id IN ({sql.placeholders(artifact_ids)}) ORDER BY id{sql.locking()}",
-        artifact_ids,
-    )
+    SQLite has no row locks: its IMMEDIATE transactions already hold its write lock (see
+    `tasks.services.lock_task`), and the ORM leaves the lock out there."""
+    rows = Artifact.objects.filter(id__in=artifact_ids).order_by("id").select_for_update()
     return {row.pk: row for row in rows}

@@ -19,9 +19,9 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
+from django.db.models import Q
 from django.urls import reverse
 
-from backend import sql
 from backend.errors import InvalidInput
 from backend.webhooks.addresses import is_public, literal_address, private_addresses_allowed
 from backend.webhooks.models import (
@@ -168,14 +168,10 @@ def enqueue_turn_events(
     hears the task (it may be a lazy generator over a query). An event already written for an
     endpoint is not written again.
     """
-    # Every ended turn asks, and most owners have no endpoint: the SQL is written out (see
-    # `backend.sql`).
-    endpoints = sql.rows_of(
-        WebhookEndpoint,
-        f"SELECT {sql.columns(WebhookEndpoint)} FROM {WebhookEndpoint._meta.db_table} "  # noqa: S608
-        "WHERE owner_id = %s AND active = %s AND (task_id IS NULL OR task_id = %s) "
-        "ORDER BY created_at DESC, id DESC",
-        [owner_id, True, task_id],
+    endpoints = list(
+        WebhookEndpoint.objects.filter(owner_id=owner_id, active=True)
+        .filter(Q(task_id__isnull=True) | Q(task_id=task_id))
+        .order_by("-created_at", "-id")
     )
     if not endpoints:
         return 0

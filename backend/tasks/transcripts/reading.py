@@ -13,11 +13,14 @@ when a long part is sealed from its turns).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from backend import sql
-from backend.artifacts.models import Artifact
+from django.db import connection
+from django.db.models import Q
+
+from backend import queries
 from backend.artifacts.selectors import ManifestEntry
 from backend.prompting.addressing import workspace_path
 from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
@@ -110,11 +113,11 @@ def transcript_for(
 ) -> Transcript | None:
     """The transcript a prompt report's snapshot names (`Transcript.snapshot`), rendered again
     from its turns (what a replay reads); None when one of them no longer exists."""
-    table = Subtask._meta.db_table
     if isinstance(snapshot, dict):
         runs = [(int(first), int(last)) for first, last in snapshot["runs"]]
-        condition = " OR ".join(f"{table}.message_id BETWEEN %s AND %s" for _ in runs)
-        params = [bound for run in runs for bound in run]
+        condition = Q()
+        for run in runs:
+            condition |= Q(message_id__range=run)
         wanted = sum(last - first + 1 for first, last in runs)
         part_count, part_turns = int(snapshot["parts"]), int(snapshot["part_turns"])
         short_count = int(snapshot.get("short_parts", 0))
@@ -122,14 +125,14 @@ def transcript_for(
             snapshot.get("short_part_turns", transcript_spans.TRANSCRIPT_SHORT_PART_TURNS)
         )
     else:
-        params = [int(message_id) for message_id in snapshot]
-        condition = f"{table}.message_id IN ({sql.placeholders(params)})"
+        runs = [(int(message_id), int(message_id)) for message_id in snapshot]
+        condition = Q(message_id__in=[first for first, _ in runs])
         wanted = len(snapshot)
         part_count, part_turns = 0, transcript_spans.TRANSCRIPT_PART_TURNS
         short_count, short_turns = 0, transcript_spans.TRANSCRIPT_SHORT_PART_TURNS
-    if not params:
+    if not runs:
         return None
-    found = _turns(f"{table}.task_id = %s AND ({condition})", [task_id, *params])
+    found = _turns(_turn_rows(Q(task_id=task_id) & condition))
     rows = [(message, turn_file) for _, _, message, turn_file in found]
     if not rows or len(rows) != wanted:
         return None
@@ -158,22 +161,16 @@ def _tails(
 ) -> dict[int, _Tail]:
     """Each task's turns in history after its usable sealed parts and before its request's
     message, and the first of those turns that has not finished yet (one query)."""
-    table = Subtask._meta.db_table
-    ranges = []
-    params: list[Any] = []
-    for request in requests:
-        ranges.append(
-            f"({table}.task_id = %s AND {table}.message_id > %s AND {table}.message_id < %s)"
+    bounds = [
+        (
+            request.task_id,
+            parts[request.task_id][-1].last_message_id if parts.get(request.task_id) else 0,
+            request.before_message_id,
         )
-        after = parts[request.task_id][-1].last_message_id if parts.get(request.task_id) else 0
-        params += [request.task_id, after, request.before_message_id]
-    statuses = [*HISTORY_STATUSES, *ACTIVE_SUBTASK_STATUSES]
+        for request in requests
+    ]
     tails: dict[int, _Tail] = {}
-    for task_id, status, message, turn_file in _turns(
-        f"({' OR '.join(ranges)}) AND {table}.kind = %s "
-        f"AND {table}.status IN ({sql.placeholders(statuses)})",
-        [*params, SubtaskKind.TURN.value, *statuses],
-    ):
+    for task_id, status, message, turn_file in _turns(_tail_rows(bounds)):
         history, first_active = tails.setdefault(task_id, ([], None))
         if status in ACTIVE_SUBTASK_STATUSES:
             if first_active is None:
@@ -269,28 +266,49 @@ _COLUMNS = (
 )
 
 
-def _turns(
-    where: str, params: Sequence[Any]
-) -> Iterator[tuple[int, str, HistoryMessage, TurnFile]]:
-    """(task id, status, message, turn file) for each turn `where` selects, by task and
-    message id, read as plain values: a transcript reads many earlier turns, so no model
-    instances, and every dispatch that leaves history out reads them, so the SQL is written
-    out (see `backend.sql`). The rows were validated as `history_message`s when they were
-    recorded and each prompt that includes them validates them again; here they are only
-    rendered, so they are constructed without a second validation."""
-    table, artifacts = Subtask._meta.db_table, Artifact._meta.db_table
-    rows = sql.values_of(
-        Subtask,
-        _COLUMNS,
-        f"SELECT {sql.value_columns(Subtask, _COLUMNS)} FROM {table} "  # noqa: S608
-        f"LEFT JOIN {artifacts} ON {artifacts}.id = {table}.artifact_id WHERE {where} "
-        f"ORDER BY {table}.task_id, {table}.message_id",
-        params,
+def _tail_rows(bounds: Sequence[tuple[int, int, int]]) -> Sequence[Sequence[Any]]:
+    """The rows (`_COLUMNS`) of the turns in history or still running of each (task id,
+    after, before): those with a message id between the two, by task and message id."""
+    statuses = [*HISTORY_STATUSES, *ACTIVE_SUBTASK_STATUSES]
+    if connection.vendor == "postgresql":
+        task_ids, after, before = (list(column) for column in zip(*bounds, strict=True))
+        return queries.fetch(
+            "transcript_tails",
+            {
+                "task_ids": task_ids,
+                "after": after,
+                "before": before,
+                "kind": SubtaskKind.TURN.value,
+                "statuses": statuses,
+            },
+        )
+    ranges = Q()
+    for task_id, after_id, before_id in bounds:
+        ranges |= Q(task_id=task_id, message_id__gt=after_id, message_id__lt=before_id)
+    return _turn_rows(ranges & Q(kind=SubtaskKind.TURN, status__in=statuses))
+
+
+def _turn_rows(where: Q) -> Sequence[Sequence[Any]]:
+    """The rows (`_COLUMNS`) of the turns `where` selects, by task and message id."""
+    return list(
+        Subtask.objects.filter(where).order_by("task_id", "message_id").values_list(*_COLUMNS)
     )
+
+
+def _turns(
+    rows: Iterable[Sequence[Any]],
+) -> Iterator[tuple[int, str, HistoryMessage, TurnFile]]:
+    """(task id, status, message, turn file) of each row of `_COLUMNS`, read as plain values:
+    a transcript reads many earlier turns, so no model instances. The rows were validated as
+    `history_message`s when they were recorded and each prompt that includes them validates
+    them again; here they are only rendered, so they are constructed without a second
+    validation."""
     for row in rows:
         (task_id, message_id, role, status, sender, bot, text, spilled, head, tail) = row[:10]
         layout, chars, artifact_id, kind, size_chars, size_lines = row[10:16]
         subtask_id, sha256, size_bytes = row[16:]
+        if spilled and isinstance(layout, str):
+            layout = json.loads(layout)  # the PostgreSQL statement reads JSON as its text
         parts = layout_fields(layout) if spilled else {}
         pointer = (
             ArtifactPointer.model_construct(

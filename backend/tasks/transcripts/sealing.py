@@ -27,9 +27,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from django.db import connection
-from django.db.models import Q
+from django.db.models import Q, TextField
+from django.db.models.functions import Cast
 
-from backend import sql
+from backend import queries
 from backend.artifacts.models import Artifact
 from backend.artifacts.services import Stored, composite_row
 from backend.prompting import BUILDER_VERSION
@@ -58,14 +59,14 @@ _PART_COLUMNS = (
     "number",
     "first_message_id",
     "last_message_id",
-    "message_runs",
+    Cast("message_runs", TextField()),
     "turns",
     "users",
     "assistants",
     "is_group_chat",
     "multi_bot",
     "builder_version",
-    "pieces",
+    Cast("pieces", TextField()),
 )
 
 
@@ -88,17 +89,7 @@ def sealed_parts(
     task_ids = list(requested)
     long_span = transcript_spans.TRANSCRIPT_PART_TURNS
     per_long = transcript_spans.shorts_per_long()
-    # The JSON columns come as their text, which is the key of the part they make: a long
-    # conversation has many sealed parts, and each dispatch would decode them all again.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {sql.value_columns(TranscriptPart, _PART_COLUMNS)} "  # noqa: S608
-            f"FROM {TranscriptPart._meta.db_table} "
-            f"WHERE task_id IN ({sql.placeholders(task_ids)}) "
-            "ORDER BY task_id, span DESC, number",
-            task_ids,
-        )
-        rows = cursor.fetchall()
+    rows = _part_rows(task_ids)
     parts: dict[int, list[Part]] = {}
     stale: dict[int, Stale] = {}
     longs: dict[int, int] = {}
@@ -138,17 +129,23 @@ def sealed_parts(
         if last >= request.before_message_id:
             stopped.add(task_id)
             continue
-        runs, pieces = _json_text(row[5]), _json_text(row[12])
-        usable.append(_sealed_part(span, number, first, last, runs, *row[6:9], pieces))
+        usable.append(_sealed_part(span, number, first, last, row[5], *row[6:9], row[12]))
         if span == long_span:
             longs[task_id] += 1
     return parts, stale
 
 
-def _json_text(value: str | list[Any] | dict[str, Any]) -> str:
-    """A JSON column's text (as the database drivers Baton runs on give it), whatever the
-    driver decoded."""
-    return value if isinstance(value, str) else json.dumps(value)
+def _part_rows(task_ids: list[int]) -> Sequence[Sequence[Any]]:
+    """The part rows of these tasks, `_PART_COLUMNS` in order, by task, span (long first) and
+    number. The JSON columns are read as their text, which is the key of the part they make:
+    a long conversation has many sealed parts, and each dispatch would decode them all again."""
+    if connection.vendor == "postgresql":
+        return queries.fetch("transcript_parts", {"task_ids": task_ids})
+    return list(
+        TranscriptPart.objects.filter(task_id__in=task_ids)
+        .order_by("task_id", "-span", "number")
+        .values_list(*_PART_COLUMNS)
+    )
 
 
 @functools.lru_cache(maxsize=_SEALED_PARTS_KEPT)

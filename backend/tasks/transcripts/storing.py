@@ -24,9 +24,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from django.db import connection
+from django.db.models import Case, Value, When
 
-from backend import sql
 from backend.artifacts.models import Artifact
 from backend.artifacts.selectors import ManifestEntry
 from backend.artifacts.services import (
@@ -334,36 +333,25 @@ def _stored_already(
 
 
 def _link_turn_files(links: Sequence[tuple[int, str]]) -> None:
-    """Make each newly stored turn file (subtask id, artifact id) its turn's artifact. A
-    dispatch links the turns recorded since the last one, and the first dispatch of a long
-    task links thousands: the SQL is written out (see `backend.sql`)."""
-    table = Subtask._meta.db_table
+    """Make each newly stored turn file (subtask id, artifact id) its turn's artifact (one
+    statement per batch: the first dispatch of a long task links thousands)."""
     for batch in _batches(links, size=_LINKS_PER_STATEMENT):
-        artifact_ids, params = sql.case_by_id(dict(batch))
-        ids = [subtask_id for subtask_id, _ in batch]
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {table} SET artifact_id = {artifact_ids} "  # noqa: S608
-                f"WHERE id IN ({sql.placeholders(ids)}) AND artifact_id IS NULL",
-                [*params, *ids],
-            )
+        Subtask.objects.filter(
+            id__in=[subtask_id for subtask_id, _ in batch], artifact_id__isnull=True
+        ).update(artifact_id=_by_id(dict(batch)))
 
 
 def _point_tasks(current: Mapping[int, tuple[Artifact, Artifact]]) -> None:
     """Make each task's (transcript, turn index) its current ones (one statement)."""
-    transcripts, transcript_params = sql.case_by_id(
-        {task_id: pair[0].pk for task_id, pair in current.items()}
+    Task.objects.filter(id__in=list(current)).update(
+        transcript_id=_by_id({task_id: pair[0].pk for task_id, pair in current.items()}),
+        turn_index_id=_by_id({task_id: pair[1].pk for task_id, pair in current.items()}),
     )
-    indexes, index_params = sql.case_by_id(
-        {task_id: pair[1].pk for task_id, pair in current.items()}
-    )
-    ids = list(current)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {Task._meta.db_table} SET transcript_id = {transcripts}, "  # noqa: S608
-            f"turn_index_id = {indexes} WHERE id IN ({sql.placeholders(ids)})",
-            [*transcript_params, *index_params, *ids],
-        )
+
+
+def _by_id(values: Mapping[int, str]) -> Case:
+    """Each row's own value by its id, for an update of many rows to different values."""
+    return Case(*(When(id=row_id, then=Value(value)) for row_id, value in values.items()))
 
 
 def _store_new_parts(
