@@ -73,13 +73,13 @@ picked AS (
             -- A short part counts only after the long parts: one a long part covers is not
             -- removed yet.
             AND (
-                part.span = {long_span}
+                part.span = %(long_span)s
                 OR part.first_message_id > COALESCE(
                     (
                         SELECT MAX(long_part.last_message_id)
                         FROM {transcriptpart} AS long_part
                         WHERE long_part.task_id = request.task_id
-                            AND long_part.span = {long_span}
+                            AND long_part.span = %(long_span)s
                     ),
                     0
                 )

@@ -286,13 +286,13 @@ def _history_selection(batch: Sequence[HistoryRequest]) -> list[tuple[Any, ...]]
             "summary_ids": [
                 request.summary_id for request in batch if request.summary_id is not None
             ],
+            "long_span": transcript_spans.TRANSCRIPT_PART_TURNS,
         },
         {
             "turn_kind": SubtaskKind.TURN,
             **{status.lower(): status for status in HISTORY_STATUSES},
             "user_role": Role.USER,
             "assistant_role": Role.ASSISTANT,
-            "long_span": str(transcript_spans.TRANSCRIPT_PART_TURNS),
         },
     )
 
