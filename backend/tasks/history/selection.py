@@ -301,11 +301,15 @@ def _instance(model: type[M], columns: dict[str, Any]) -> M:
     """A `model` instance loaded from the database with `columns` (attribute names; the rest
     deferred), each value passed through its field's converters as a queryset would."""
     meta = model._meta
-    names = [field.attname for field in meta.concrete_fields if field.attname in columns]
+    fields = [field for field in meta.concrete_fields if field.attname in columns]
     values = []
-    for name in names:
-        value = columns[name]
-        for converter in meta.get_field(name).get_db_converters(connection):
-            value = converter(value, None, connection)
+    for field in fields:
+        value = columns[field.attname]
+        column = field.get_col(meta.db_table)
+        for converter in [
+            *connection.ops.get_db_converters(column),
+            *column.get_db_converters(connection),
+        ]:
+            value = converter(value, column, connection)
         values.append(value)
-    return model.from_db(connection.alias, names, values)
+    return model.from_db(connection.alias, [field.attname for field in fields], values)
