@@ -17,7 +17,7 @@ from django.utils import timezone
 from backend.configuration_cache import CONFIGURATION
 from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import HistoryPolicy
-from backend.prompting import PromptPolicy, Role
+from backend.prompting import Role
 from backend.tasks import transcript_spans
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task
 from backend.tasks.services import (
@@ -85,10 +85,10 @@ def session_queries() -> int:
 
 
 def history_queries(caps: dict) -> int:
-    """The history: one statement picks the windows, the totals and the anchors and reads
-    their rows when the policy caps messages (the shipped default does); otherwise the window
-    ids are ranked first."""
-    return 1 if caps.get("max_messages", PromptPolicy().max_messages) is not None else 2
+    """The history, under any policy: on PostgreSQL one statement picks the windows, the totals
+    and the anchors and reads their rows (`history_selection`); on SQLite the ORM ranks the
+    window ids with the totals, then reads the window rows and the anchors."""
+    return 1 if connection.vendor == "postgresql" else 3
 
 
 def event_queries() -> int:

@@ -6,7 +6,7 @@ import pytest
 
 from backend.prompting import PromptPolicy, Role, build_prompt, parse_prompt
 from backend.tasks.factories import answer_pending, conversation
-from backend.tasks.history import prompt_input_for, prompt_inputs_for
+from backend.tasks.history import prompt_input_for, prompt_inputs_for, selection
 from backend.tasks.models import Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, record_result
 
@@ -160,36 +160,37 @@ POLICIES = {
 }
 
 
+def _queries_per_read(is_postgres: bool) -> int:
+    """PostgreSQL reads a batch's rows in one statement (`history_selection`); SQLite runs the
+    ORM's three queries: the window ids ranked with the totals, the window rows, the anchors."""
+    return 1 if is_postgres else 3
+
+
 @pytest.mark.parametrize("rounds", [3, 40])
 @pytest.mark.parametrize("policy", POLICIES.values(), ids=POLICIES.keys())
-def test_query_count_is_constant(user, django_assert_num_queries, rounds, policy):
+def test_query_count_is_constant(user, django_assert_num_queries, is_postgres, rounds, policy):
     task = chat(user, rounds)
     turn = pending(task)[0]
-    # A message cap: one statement picks the window, the totals and the anchors (with the
-    # pinned first message) and reads their rows. Any other policy ranks the window ids with
-    # per-role totals first.
-    expected = 1 if policy.max_messages is not None else 2
-    with django_assert_num_queries(expected):
+    with django_assert_num_queries(_queries_per_read(is_postgres)):
         prompt_input_for(subtask=turn, task=task, policy=policy)
 
 
-def test_a_batch_costs_two_queries_whatever_its_size_and_policies(user, django_assert_num_queries):
+def test_a_batch_costs_the_same_queries_whatever_its_size_and_policies(
+    user, django_assert_num_queries, is_postgres
+):
     tasks = [chat(user, rounds) for rounds in (1, 6, 12, 25)]
     requests = [
         (pending(task)[0], task, policy)
         for task, policy in zip(tasks, POLICIES.values(), strict=True)
     ]
-    with django_assert_num_queries(2):
+    with django_assert_num_queries(_queries_per_read(is_postgres)):
         batched = prompt_inputs_for(requests=requests)
     for subtask, task, policy in requests:
         assert batched[subtask.pk] == prompt_input_for(subtask=subtask, task=task, policy=policy)
 
 
-def test_a_batch_under_message_caps_is_one_statement_and_reads_each_window(
-    user, django_assert_num_queries
-):
-    """Every policy caps messages (the shipped policies' case): one statement picks each
-    task's window, totals and anchors and reads their rows, and each window is that task's
+def test_a_batch_under_message_caps_reads_each_window(user, django_assert_num_queries, is_postgres):
+    """Every policy caps messages (the shipped policies' case): each window is that task's
     newest `max_messages` history turns, with its pinned first message and its totals."""
     caps = {1: 4, 6: 2, 12: 5, 25: 3}
     tasks = {rounds: chat(user, rounds) for rounds in caps}
@@ -197,7 +198,7 @@ def test_a_batch_under_message_caps_is_one_statement_and_reads_each_window(
         (pending(task)[0], task, PromptPolicy(max_messages=caps[rounds]))
         for rounds, task in tasks.items()
     ]
-    with django_assert_num_queries(1):
+    with django_assert_num_queries(_queries_per_read(is_postgres)):
         batched = prompt_inputs_for(requests=requests)
     for subtask, task, policy in requests:
         loaded = batched[subtask.pk]
@@ -221,17 +222,11 @@ def test_a_batch_under_message_caps_is_one_statement_and_reads_each_window(
 def test_window_turns_are_read_without_their_messages(user):
     """A window turn's message (the whole text a user sent, which can be long) is not read with
     it: its history text is what a prompt shows. The anchors' messages are read."""
-    from backend.tasks import history
-
     task = chat(user, 5)
     turn = pending(task)[0]
-    request = history._Request(turn, task, PromptPolicy(max_messages=3))
-    parts, params = history._capped_window_parts([request])
-    anchors = (
-        f"SELECT {history._ANCHOR} AS part, id, task_id, 0 AS users, 0 AS assistants "  # noqa: S608
-        "FROM tasks_subtask WHERE task_id = %s AND message_id IN (%s, %s)"
+    read = selection.select_turns(
+        [selection.HistoryRequest(turn, task, PromptPolicy(max_messages=3))]
     )
-    read = history._read_turns([*parts, anchors], [*params, task.pk, turn.parent_message_id, 1])
     assert [row.message_id for row in read.window] == [10, 9, 8]
     assert all("message" in row.get_deferred_fields() for row in read.window)
     assert sorted((row.message_id, row.message) for row in read.anchors) == [
