@@ -32,7 +32,7 @@ from backend.api.executor_serializers import (
 from backend.api.links import artifact_download_urls
 from backend.api.permissions import IsExecutorWorker, authenticated_user
 from backend.api.schema import STORE_FAILED, error_response
-from backend.artifacts.selectors import ManifestPart
+from backend.artifacts.selectors import ManifestEntry, ManifestPart
 from backend.dispatch import claims, leases, reports, waiting
 from backend.dispatch.payload import ClaimedTurn
 from backend.tasks.models import Subtask, SubtaskKind
@@ -48,7 +48,6 @@ def _turn_payload(
     file per earlier turn, and a serializer per entry costs more than the rest of the answer
     (tests check the two agree)."""
     subtask = turn.subtask
-    bot = turn.bot
     return {
         "task_id": turn.task.pk,
         "subtask_id": subtask.pk,
@@ -66,40 +65,10 @@ def _turn_payload(
         "task_type": turn.task.task_type,
         "executor": subtask.executor,
         "bot": subtask.bot,
-        "bot_config": {
-            "bot": subtask.bot,
-            "executor": subtask.executor,
-            "model": bot.model,
-            "instructions": bot.instructions,
-            "permission_mode": bot.permission_mode,
-            "max_turns": bot.max_turns,
-            "timeout_seconds": bot.timeout_seconds,
-            # The bot's own window, else the model table's (None when neither is known).
-            "context_window": turn.prompt.budget.context_window,
-            "context_passing": turn.prompt.context_passing,
-            "pipeline_step": subtask.pipeline_step or 0,
-            "pipeline_length": len(turn.task.pipeline) if subtask.kind == SubtaskKind.TURN else 1,
-        },
+        "bot_config": _bot_config(turn),
         "prompt": turn.prompt.build.text,
         "prompt_report": turn.prompt.build.report.to_dict(),
-        "artifacts": [
-            {
-                "id": entry.id,
-                "sha256": entry.sha256,
-                "kind": entry.kind,
-                "size_bytes": entry.size_bytes,
-                "size_chars": entry.size_chars,
-                "size_lines": entry.size_lines,
-                "path": entry.workspace_path,
-                "download_url": download_url(entry.id),
-                "parts": (
-                    [_part(part, download_url=download_url) for part in entry.parts]
-                    if entry.parts is not None
-                    else None
-                ),
-            }
-            for entry in turn.manifest
-        ],
+        "artifacts": [_entry(entry, download_url=download_url) for entry in turn.manifest],
         "artifact_lists": [
             _part(listed, download_url=download_url) for listed in turn.artifact_lists
         ],
@@ -126,6 +95,43 @@ def _turn_payload(
             else None
         ),
         "heartbeat_interval_seconds": heartbeat_interval,
+    }
+
+
+def _bot_config(turn: ClaimedTurn) -> dict[str, Any]:
+    """What the executor runs the turn with: its bot's settings, window and place in line."""
+    subtask, bot = turn.subtask, turn.bot
+    return {
+        "bot": subtask.bot,
+        "executor": subtask.executor,
+        "model": bot.model,
+        "instructions": bot.instructions,
+        "permission_mode": bot.permission_mode,
+        "max_turns": bot.max_turns,
+        "timeout_seconds": bot.timeout_seconds,
+        # The bot's own window, else the model table's (None when neither is known).
+        "context_window": turn.prompt.budget.context_window,
+        "context_passing": turn.prompt.context_passing,
+        "pipeline_step": subtask.pipeline_step or 0,
+        "pipeline_length": len(turn.task.pipeline) if subtask.kind == SubtaskKind.TURN else 1,
+    }
+
+
+def _entry(entry: ManifestEntry, *, download_url: Callable[[str], str]) -> dict[str, Any]:
+    return {
+        "id": entry.id,
+        "sha256": entry.sha256,
+        "kind": entry.kind,
+        "size_bytes": entry.size_bytes,
+        "size_chars": entry.size_chars,
+        "size_lines": entry.size_lines,
+        "path": entry.workspace_path,
+        "download_url": download_url(entry.id),
+        "parts": (
+            [_part(part, download_url=download_url) for part in entry.parts]
+            if entry.parts is not None
+            else None
+        ),
     }
 
 

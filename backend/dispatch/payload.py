@@ -2,10 +2,11 @@
 
 For every claimed turn: the bot, the resolved history policy, the full prompt and, when the
 claiming worker holds the bot's native session, a resume prompt; one artifact manifest for
-both; a PromptReport row per prompt and one `dispatch` log line per row. A claimed summary job
-gets the same, with its own prompt (`summaries.summary_job_prompts`) and never a resume. Built
-in batch: a fixed number of queries however many turns were claimed and however long their
-histories (tests/dispatch/test_claim_queries.py pins it).
+both (`manifests`); a PromptReport row per prompt and one `dispatch` log line per row
+(`prompt_reports`). A claimed summary job gets the same, with its own prompt
+(`summaries.summary_job_prompts`) and never a resume. Built in batch: a fixed number of
+queries however many turns were claimed and however long their histories
+(tests/dispatch/test_claim_queries.py pins it).
 
 Invariants: a claimed turn whose payload cannot be built is released at once (requeued, or
 failed after its last attempt) rather than left RUNNING until its lease expires; and no prompt
@@ -16,27 +17,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, TypeVar
 
-from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
 from django.db.models import Prefetch, prefetch_related_objects
 
 from backend import sql
 from backend.artifacts.models import Artifact
-from backend.artifacts.selectors import ManifestEntry, ManifestPart, manifest_artifacts
-from backend.dispatch.budgets import (
-    TokenBudget,
-    budget_columns,
-    effective_max_tokens,
-    model_windows_for,
-)
-from backend.dispatch.leases import attempts_used, requeue
+from backend.artifacts.selectors import ManifestEntry, ManifestPart
+from backend.dispatch.budgets import TokenBudget, effective_max_tokens, model_windows_for
+from backend.dispatch.build_failures import Releasing
+from backend.dispatch.manifests import artifacts_to_list, manifest_of
 from backend.dispatch.models import PromptReport
-from backend.dispatch.overflow import fail_unbuildable, overflow_columns
-from backend.dispatch.policies import policy_rows, resolve_from_rows
+from backend.dispatch.policies import ResolvedPolicy, policy_rows, resolve_from_rows
+from backend.dispatch.prompt_reports import dispatch_event, report_row
 from backend.dispatch.prompts import (
     TurnPrompt,
     build_turn_prompt,
@@ -53,17 +49,16 @@ from backend.dispatch.sessions import (
     resume_reason,
 )
 from backend.dispatch.summaries import SUMMARY_JOB, summary_job_prompts
-from backend.events import EventValue, log_event, opaque_id
-from backend.prompting import BUILDER_VERSION, PromptBudgetError
-from backend.prompting.addressing import content_sha256
+from backend.events import log_event
 from backend.prompting.inputs import PromptInput
 from backend.tasks import task_events
-from backend.tasks.history import input_snapshot, prompt_input_for, prompt_inputs_for
-from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskKind, SubtaskStatus, Task
+from backend.tasks.history import prompt_input_for, prompt_inputs_for
+from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskKind, Task
 from backend.tasks.selectors import bots_for_turns
-from backend.tasks.services import lock_task, record_result
 from backend.tasks.transcripts import HistoryFiles, Transcript, store_transcripts, transcripts_for
 from backend.tasks.whole_texts import store_whole_texts
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -100,215 +95,72 @@ def build_claimed_turns(
     with their tasks as the claim statement returned them (`claimed_rows`), else read here;
     `sessions`: the claimed turns' native sessions it returned too (by turn id), else read here.
 
-    A turn whose payload cannot be built is released (see `_build_failed`) and left out.
+    A turn whose payload cannot be built is released (see `Releasing`) and left out: a stage
+    of the whole batch that fails releases every turn it was building.
     """
-    table, tasks = Subtask._meta.db_table, Task._meta.db_table
-    # Every dispatch reads its claimed rows: the SQL is written out (see `backend.sql`).
-    claimed_rows = (
-        loaded
-        if loaded is not None
-        else sql.rows_of(
-            Subtask,
-            f"SELECT {sql.columns(Subtask, CLAIMED_FIELDS)}, {sql.columns(Task)} "  # noqa: S608
-            f"FROM {table} JOIN {tasks} ON {tasks}.id = {table}.task_id "
-            f"WHERE {table}.id IN ({sql.placeholders(ids)}) "
-            f"ORDER BY {table}.pending_since, {table}.id",
-            ids,
-            fields=CLAIMED_FIELDS,
-            joined=("task", None),
-        )
-    )
-    subtasks = [row for row in claimed_rows if row.kind == SubtaskKind.TURN]
-    jobs = [row for row in claimed_rows if row.kind == SubtaskKind.SUMMARY]
-    if jobs:
-        # Only a summary job builds on an earlier summary: the turns' query stays narrow.
-        prefetch_related_objects(
-            jobs,
-            Prefetch("summary_previous", queryset=Subtask.objects.defer(*_LONG_COLUMNS)),
-        )
-    bots = bots_for_turns(claimed_rows, configuration_version=configuration_version)
-    windows = model_windows_for(bots.values(), configuration_version=configuration_version)
-    rows = policy_rows(
-        task_types={subtask.task.task_type for subtask in claimed_rows},
-        configuration_version=configuration_version,
-    )
-    resolved = {
-        subtask.pk: resolve_from_rows(task_type=subtask.task.task_type, rows=rows)
-        for subtask in claimed_rows
-    }
-    budgets = {
-        subtask.pk: effective_max_tokens(
-            policy=resolved[subtask.pk].policy,
-            window=windows.get(bots[subtask.pk].pk) if subtask.pk in bots else None,
-            turn_cap=subtask.token_cap,
-        )
-        for subtask in subtasks
-    }
-    try:
-        inputs = prompt_inputs_for(
-            requests=[(subtask, subtask.task, budgets[subtask.pk].policy) for subtask in subtasks]
-        )
-    except Exception:  # noqa: BLE001 - fall back to one turn at a time to isolate the failure
-        inputs = {}
-    try:
+    rows = loaded if loaded is not None else _read_claimed(ids)
+    turns = [row for row in rows if row.kind == SubtaskKind.TURN]
+    jobs = [row for row in rows if row.kind == SubtaskKind.SUMMARY]
+    _read_previous_summaries(jobs)
+    configuration = _Configuration.of(rows, turns=turns, version=configuration_version)
+    releasing = Releasing(worker_id=worker_id)
+    # A failure of the batch's read releases nothing: each turn's input is then read alone
+    # (`_turn_prompts`), where a failure releases that turn only.
+    inputs = releasing.on_failure(partial(_inputs_of, turns, configuration), release=()) or {}
+    if sessions is None:
+        sessions = releasing.on_failure(partial(native_sessions_for, turns), release=rows)
         if sessions is None:
-            sessions = native_sessions_for(subtasks)
-    except Exception as error:  # noqa: BLE001 - any failure must release the claims
-        for subtask in claimed_rows:
-            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
+            return []
+    early = releasing.on_failure(
+        partial(_early_transcripts, turns, inputs=inputs, budgets=configuration.budgets),
+        release=rows,
+    )
+    if early is None:
         return []
-    try:
-        early = _early_transcripts(subtasks, inputs=inputs, budgets=budgets)
-    except Exception as error:  # noqa: BLE001 - any failure must release the claims
-        for subtask in claimed_rows:
-            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
-        return []
-    built: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]] = []
-    for subtask in subtasks:
-        if subtask.pk not in bots:
-            _build_failed(
-                subtask=subtask, worker_id=worker_id, error=LookupError("no bot for the turn")
-            )
-            continue
-        policy = resolved[subtask.pk]
-        budget = budgets[subtask.pk]
-        try:
-            full_input = inputs.get(subtask.pk) or prompt_input_for(
-                subtask=subtask, task=subtask.task, policy=budget.policy
-            )
-            prompt = build_turn_prompt(
-                subtask=subtask,
-                task=subtask.task,
-                resolved=policy,
-                prompt_input=full_input,
-                find_transcript=False,  # read for the whole batch, before or after
-                budget=budget,
-                transcript=early.get(subtask.task_id),
-            )
-            session = sessions.get(subtask.pk)
-            reason = resume_reason(
-                subtask=subtask,
-                session=session,
-                input_window=budget.window.input_window if budget.window is not None else None,
-                policy=policy.policy,
-                worker_id=worker_id,
-                full_input=full_input,
-            )
-            resume = None
-            if reason == RESUME:
-                assert session is not None
-                resume = build_turn_prompt(
-                    subtask=subtask,
-                    task=subtask.task,
-                    resolved=policy,
-                    prompt_input=resume_input(
-                        full_input, seen_through=session.seen_through_message_id
-                    ),
-                    budget=budget,
-                )
-        except Exception as error:  # noqa: BLE001 - any failure must release the claim
-            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
-            continue
-        built.append((subtask, prompt, resume, reason))
-    try:
-        built, history_files = _with_transcripts(built)
-    except Exception as error:  # noqa: BLE001 - any failure must release the claims
-        for subtask, *_ in built:
-            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
-        built = []
-    if jobs:
-        job_prompts, job_failures = summary_job_prompts(jobs=jobs, resolved=resolved)
-        for job in jobs:
-            if job.pk in job_failures:
-                _build_failed(subtask=job, worker_id=worker_id, error=job_failures[job.pk])
-            elif job.pk not in bots:
-                _build_failed(subtask=job, worker_id=worker_id, error=LookupError("no bot"))
-        built += [(job, prompt, None, SUMMARY_JOB) for job, prompt in job_prompts if job.pk in bots]
-        built.sort(key=lambda item: (item[0].pending_since, item[0].pk))
-    stored: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]] = []
-    for subtask, prompt, resume, reason in built:
-        try:
-            # Every pointer must lead to a file the workspace will have: the cut texts the
-            # prompts address by content are stored before the manifest is read.
-            store_whole_texts(
-                task_id=subtask.task_id,
-                whole_texts=[
-                    *prompt.build.whole_texts,
-                    *(resume.build.whole_texts if resume is not None else ()),
-                ],
-            )
-        except Exception as error:  # noqa: BLE001 - any failure must release the claim
-            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
-            continue
-        stored.append((subtask, prompt, resume, reason))
-    built = stored
-    try:
-        manifest_entries = {
-            artifact.id: artifact
-            for artifact in manifest_artifacts(
-                artifact_ids=[
-                    artifact_id
-                    for subtask, prompt, resume, _ in built
-                    for artifact_id, path in _files_of(prompt, resume)
-                    # A transcript stored just now comes with its entry: no row to read.
-                    if _stored_transcript(
-                        history_files.get(subtask.task_id) if prompt.transcript else None,
-                        artifact_id=artifact_id,
-                        path=path,
-                    )
-                    is None
-                ]
-            )
-        }
-    except Exception as error:  # noqa: BLE001
-        for subtask, *_ in built:
-            _build_failed(subtask=subtask, worker_id=worker_id, error=error)
-        return []
-    claimed: list[ClaimedTurn] = []
-    for subtask, prompt, resume, reason in built:
-        claimed.append(
-            ClaimedTurn(
-                subtask=subtask,
-                task=subtask.task,
-                bot=bots[subtask.pk],
-                prompt=prompt,
-                report=_report_row(
-                    subtask=subtask,
-                    worker=worker,
-                    worker_id=worker_id,
-                    prompt=prompt,
-                    kind="full",
-                    resume_reason=reason,
-                ),
-                manifest=_manifest(
-                    prompt=prompt,
-                    resume=resume,
-                    artifacts=manifest_entries,
-                    history=history_files.get(subtask.task_id) if prompt.transcript else None,
-                ),
-                artifact_lists=(
-                    history_files[subtask.task_id].lists
-                    if prompt.transcript and subtask.task_id in history_files
-                    else []
-                ),
-                session=sessions.get(subtask.pk) if resume is not None else None,
-                resume=resume,
-                resume_report=(
-                    _report_row(
-                        subtask=subtask,
-                        worker=worker,
-                        worker_id=worker_id,
-                        prompt=resume,
-                        kind=RESUME,
-                        resume_reason=reason,
-                    )
-                    if resume is not None
-                    else None
-                ),
-                resume_reason=reason,
-            )
+    built: list[_Prompts] = []
+    for turn in turns:
+        stage = partial(
+            _turn_prompts,
+            turn,
+            configuration=configuration,
+            inputs=inputs,
+            early=early,
+            sessions=sessions,
+            worker_id=worker_id,
         )
-    return claimed
+        if (prompts := releasing.on_failure(stage, release=[turn])) is not None:
+            built.append(prompts)
+    with_history = releasing.on_failure(
+        partial(_with_transcripts, built), release=[item.subtask for item in built]
+    )
+    built, history_files = with_history if with_history is not None else ([], {})
+    if jobs:
+        built += _job_prompts(jobs, configuration=configuration, releasing=releasing)
+        built.sort(key=lambda item: (item.subtask.pending_since, item.subtask.pk))
+    built = [
+        item
+        for item in built
+        if releasing.on_failure(partial(_store_whole_texts, item), release=[item.subtask])
+        is not None
+    ]
+    artifacts = releasing.on_failure(
+        partial(artifacts_to_list, [item.files for item in built], history_files=history_files),
+        release=[item.subtask for item in built],
+    )
+    if artifacts is None:
+        return []
+    return [
+        _claimed_turn(
+            item,
+            bot=configuration.bots[item.subtask.pk],
+            worker=worker,
+            worker_id=worker_id,
+            artifacts=artifacts,
+            history_files=history_files,
+            session=sessions.get(item.subtask.pk),
+        )
+        for item in built
+    ]
 
 
 def record_dispatch(claimed: Sequence[ClaimedTurn]) -> None:
@@ -327,7 +179,7 @@ def record_dispatch(claimed: Sequence[ClaimedTurn]) -> None:
                 log_event(
                     "dispatch",
                     level=logging.INFO,
-                    **_dispatch_event(row=row, subtask=turn.subtask),
+                    **dispatch_event(row=row, subtask=turn.subtask),
                 )
 
 
@@ -352,6 +204,161 @@ def claimed_rows(rows: Sequence[Sequence[Any]]) -> list[Subtask]:
     return sql.models_of(Subtask, rows, fields=CLAIMED_FIELDS, joined=("task", None))
 
 
+def _read_claimed(ids: list[int]) -> list[Subtask]:
+    """The claimed turns with their tasks, in line order, their `CLAIMED_FIELDS` only: what
+    the claim statement returns on PostgreSQL (`claimed_rows`), in one query."""
+    return list(
+        Subtask.objects.filter(pk__in=ids)
+        .select_related("task")
+        .defer(*_LONG_COLUMNS)
+        .order_by("pending_since", "id")
+    )
+
+
+def _read_previous_summaries(jobs: list[Subtask]) -> None:
+    """Give each summary job its previous one: only a summary job builds on an earlier
+    summary, so the turns' query stays narrow."""
+    if jobs:
+        prefetch_related_objects(
+            jobs,
+            Prefetch("summary_previous", queryset=Subtask.objects.defer(*_LONG_COLUMNS)),
+        )
+
+
+@dataclass(frozen=True)
+class _Configuration:
+    """What the claimed rows' payloads read of the configuration: by claimed row id, each
+    one's bot (none for a row whose bot is gone) and policy, and each turn's token budget."""
+
+    bots: dict[int, Bot]
+    resolved: dict[int, ResolvedPolicy]
+    budgets: dict[int, TokenBudget]
+
+    @classmethod
+    def of(
+        cls, rows: list[Subtask], *, turns: list[Subtask], version: int | None
+    ) -> _Configuration:
+        bots = bots_for_turns(rows, configuration_version=version)
+        windows = model_windows_for(bots.values(), configuration_version=version)
+        policies = policy_rows(
+            task_types={row.task.task_type for row in rows}, configuration_version=version
+        )
+        resolved = {
+            row.pk: resolve_from_rows(task_type=row.task.task_type, rows=policies) for row in rows
+        }
+        budgets = {
+            turn.pk: effective_max_tokens(
+                policy=resolved[turn.pk].policy,
+                window=windows.get(bots[turn.pk].pk) if turn.pk in bots else None,
+                turn_cap=turn.token_cap,
+            )
+            for turn in turns
+        }
+        return cls(bots=bots, resolved=resolved, budgets=budgets)
+
+
+@dataclass(frozen=True)
+class _Prompts:
+    """A claimed row's prompts: the full one, and the resume one with why it is offered or not."""
+
+    subtask: Subtask
+    prompt: TurnPrompt
+    resume: TurnPrompt | None
+    reason: str
+
+    @property
+    def files(self) -> tuple[int, TurnPrompt, TurnPrompt | None]:
+        """What its manifest is read from (see `manifests.artifacts_to_list`)."""
+        return self.subtask.task_id, self.prompt, self.resume
+
+
+def _inputs_of(turns: list[Subtask], configuration: _Configuration) -> dict[int, PromptInput]:
+    """The turns' prompt inputs, by turn id, read for the batch (see `prompt_inputs_for`)."""
+    return prompt_inputs_for(
+        requests=[(turn, turn.task, configuration.budgets[turn.pk].policy) for turn in turns]
+    )
+
+
+def _turn_prompts(
+    subtask: Subtask,
+    *,
+    configuration: _Configuration,
+    inputs: dict[int, PromptInput],
+    early: dict[int, Transcript],
+    sessions: dict[int, NativeSession],
+    worker_id: str,
+) -> _Prompts:
+    """A claimed turn's full prompt and, when this worker may resume its native session, its
+    resume prompt. The transcripts are read for the whole batch, before (`early`) or after
+    (`_with_transcripts`)."""
+    if subtask.pk not in configuration.bots:
+        raise LookupError("no bot for the turn")
+    policy = configuration.resolved[subtask.pk]
+    budget = configuration.budgets[subtask.pk]
+    full_input = inputs.get(subtask.pk) or prompt_input_for(
+        subtask=subtask, task=subtask.task, policy=budget.policy
+    )
+    prompt = build_turn_prompt(
+        subtask=subtask,
+        task=subtask.task,
+        resolved=policy,
+        prompt_input=full_input,
+        find_transcript=False,
+        budget=budget,
+        transcript=early.get(subtask.task_id),
+    )
+    session = sessions.get(subtask.pk)
+    reason = resume_reason(
+        subtask=subtask,
+        session=session,
+        input_window=budget.window.input_window if budget.window is not None else None,
+        policy=policy.policy,
+        worker_id=worker_id,
+        full_input=full_input,
+    )
+    resume = None
+    if reason == RESUME:
+        assert session is not None
+        resume = build_turn_prompt(
+            subtask=subtask,
+            task=subtask.task,
+            resolved=policy,
+            prompt_input=resume_input(full_input, seen_through=session.seen_through_message_id),
+            budget=budget,
+        )
+    return _Prompts(subtask, prompt, resume, reason)
+
+
+def _job_prompts(
+    jobs: list[Subtask], *, configuration: _Configuration, releasing: Releasing
+) -> list[_Prompts]:
+    """The claimed summary jobs' prompts; a job whose prompt or bot is missing is released."""
+    job_prompts, failures = summary_job_prompts(jobs=jobs, resolved=configuration.resolved)
+    for job in jobs:
+        if job.pk in failures:
+            releasing.release(job, failures[job.pk])
+        elif job.pk not in configuration.bots:
+            releasing.release(job, LookupError("no bot"))
+    return [
+        _Prompts(job, prompt, None, SUMMARY_JOB)
+        for job, prompt in job_prompts
+        if job.pk in configuration.bots
+    ]
+
+
+def _store_whole_texts(item: _Prompts) -> _Prompts:
+    """Store the cut texts the prompts address by content: every pointer must lead to a file
+    the workspace will have, so they are stored before the manifest is read."""
+    store_whole_texts(
+        task_id=item.subtask.task_id,
+        whole_texts=[
+            *item.prompt.build.whole_texts,
+            *(item.resume.build.whole_texts if item.resume is not None else ()),
+        ],
+    )
+    return item
+
+
 def _early_transcripts(
     subtasks: list[Subtask],
     *,
@@ -374,9 +381,7 @@ def _early_transcripts(
     return transcripts_for(requests)
 
 
-def _with_transcripts(
-    built: list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]],
-) -> tuple[list[tuple[Subtask, TurnPrompt, TurnPrompt | None, str]], dict[int, HistoryFiles]]:
+def _with_transcripts(built: list[_Prompts]) -> tuple[list[_Prompts], dict[int, HistoryFiles]]:
     """The batch with each prompt that left history out pointing to its task's transcript, and
     each such task's history files (turn index and turn files), stored: a prompt built
     without one (its omission showed only once built) is built again with it. Two queries to
@@ -385,221 +390,69 @@ def _with_transcripts(
     `store_transcripts`)."""
     requests = [
         request
-        for subtask, prompt, _, _ in built
-        if (request := needs_transcript(prompt, task=subtask.task)) is not None
+        for item in built
+        if (request := needs_transcript(item.prompt, task=item.subtask.task)) is not None
     ]
     late = transcripts_for(requests)
     built = [
-        (
-            subtask,
-            with_transcript(prompt, late[subtask.task_id])
-            if subtask.task_id in late and prompt.transcript is None
-            else prompt,
-            resume,
-            reason,
-        )
-        for subtask, prompt, resume, reason in built
+        replace(item, prompt=with_transcript(item.prompt, late[item.subtask.task_id]))
+        if item.subtask.task_id in late and item.prompt.transcript is None
+        else item
+        for item in built
     ]
     transcripts = {
-        subtask.task_id: prompt.transcript
-        for subtask, prompt, _, _ in built
-        if prompt.transcript is not None
+        item.subtask.task_id: item.prompt.transcript
+        for item in built
+        if item.prompt.transcript is not None
     }
     current = {
-        subtask.task_id: (subtask.task.transcript_id, subtask.task.turn_index_id)
-        for subtask, *_ in built
+        item.subtask.task_id: (item.subtask.task.transcript_id, item.subtask.task.turn_index_id)
+        for item in built
     }
     return built, store_transcripts(transcripts, current=current)
 
 
-def _manifest(
+def _claimed_turn(
+    item: _Prompts,
     *,
-    prompt: TurnPrompt,
-    resume: TurnPrompt | None,
-    artifacts: dict[str, Artifact],
-    history: HistoryFiles | None,
-) -> list[ManifestEntry]:
-    """The files the prompts point to, then the history files. A transcript in parts is
-    listed with its parts (its row has no file to download)."""
-    return [
-        *(
-            _stored_transcript(history, artifact_id=artifact_id, path=path)
-            or ManifestEntry.of(artifacts[artifact_id], workspace_path=path)
-            for artifact_id, path in _files_of(prompt, resume)
-        ),
-        *(history.files if history is not None else []),
-    ]
-
-
-def _stored_transcript(
-    history: HistoryFiles | None, *, artifact_id: str, path: str
-) -> ManifestEntry | None:
-    """The manifest entry of the transcript in parts this dispatch stored, when it is the file
-    this pointer line names."""
-    composite = history.transcript if history is not None else None
-    if composite is not None and artifact_id == composite.id and path == composite.workspace_path:
-        return composite
-    return None
-
-
-def _files_of(prompt: TurnPrompt, resume: TurnPrompt | None) -> list[tuple[str, str]]:
-    """The (artifact id, workspace path) of every pointer line either prompt shows, each once:
-    one manifest serves both (with fewer turns, a resume prompt may keep a turn the full prompt
-    dropped)."""
-    files: dict[tuple[str, str], None] = {}
-    for turn_prompt in (prompt, resume):
-        if turn_prompt is None:
-            continue
-        for section in turn_prompt.build.document.sections:
-            pointers = [message.artifact for message in section.messages]
-            if section.summary is not None:
-                pointers.insert(0, section.summary.artifact)
-            if section.notice is not None:
-                pointers.insert(0, section.notice.transcript)
-            for pointer in pointers:
-                if pointer is not None:
-                    files[(pointer.artifact_id, pointer.workspace_path)] = None
-    return list(files)
-
-
-def _report_row(
-    *,
-    subtask: Subtask,
+    bot: Bot,
     worker: User,
     worker_id: str,
-    prompt: TurnPrompt,
-    kind: str,
-    resume_reason: str,
-) -> PromptReport:
-    return PromptReport(
+    artifacts: dict[str, Artifact],
+    history_files: dict[int, HistoryFiles],
+    session: NativeSession | None,
+) -> ClaimedTurn:
+    """The payload of a claimed row whose prompts were built, with their unsaved reports."""
+    subtask, prompt, resume = item.subtask, item.prompt, item.resume
+    history = history_files.get(subtask.task_id) if prompt.transcript else None
+    return ClaimedTurn(
         subtask=subtask,
-        task_id=subtask.task_id,
-        attempt=subtask.attempts,
-        worker_id=worker_id,
-        claimed_by=worker,
-        kind=kind,
-        resume_reason=resume_reason,
-        **overflow_columns(subtask),
-        **_build_columns(prompt, summary_job=subtask.kind == SubtaskKind.SUMMARY),
-    )
-
-
-def _build_columns(prompt: TurnPrompt, *, summary_job: bool = False) -> dict[str, Any]:
-    """The PromptReport columns a built prompt fills: the one place its report is copied.
-
-    The row is made from these and the dispatch log line from the row's columns, so a column
-    added here is stored and logged without a second copy.
-    """
-    report = prompt.build.report
-    return {
-        "policy": prompt.resolved.row,
-        "policy_source": prompt.resolved.source,
-        "policy_version": prompt.resolved.version,
-        "history_enabled": prompt.resolved.policy.enabled,
-        "context_passing": prompt.context_passing,
-        "messages_considered": report.messages_considered,
-        "messages_included": report.messages_included,
-        "messages_omitted": report.messages_omitted,
-        "omitted_user": report.omitted_user,
-        "omitted_assistant": report.omitted_assistant,
-        "included_message_ids": list(report.included_message_ids),
-        "truncated": [item.model_dump(mode="json") for item in report.truncated],
-        "truncated_count": (
-            len(report.truncated) + report.current_truncated + report.previous_result_truncated
+        task=subtask.task,
+        bot=bot,
+        prompt=prompt,
+        report=report_row(
+            subtask=subtask,
+            worker=worker,
+            worker_id=worker_id,
+            prompt=prompt,
+            kind="full",
+            resume_reason=item.reason,
         ),
-        "current_truncated": report.current_truncated,
-        "current_removed_chars": report.current_removed_chars,
-        "previous_result_truncated": report.previous_result_truncated,
-        "previous_result_removed_chars": report.previous_result_removed_chars,
-        "sections": list(report.sections),
-        "chars": report.chars,
-        "bytes": report.bytes,
-        "tokens": report.tokens,
-        "history_tokens": report.history_tokens,
-        "current_tokens": report.current_tokens,
-        "previous_result_tokens": report.previous_result_tokens,
-        "note_tokens": report.note_tokens,
-        "summary_first_message_id": report.summary_first_message_id,
-        "summary_last_message_id": report.summary_last_message_id,
-        "summary_tokens": report.summary_tokens,
-        "token_encoding": report.token_encoding,
-        **budget_columns(prompt.budget, counted_tokens=report.tokens),
-        "artifacts": list(report.artifacts),
-        "first_user_message_pinned": report.first_user_message_pinned,
-        "build_ms": round(prompt.build_ms, 3),
-        "token_budget": prompt.resolved.policy.max_tokens,
-        "builder_version": BUILDER_VERSION,
-        "policy_snapshot": prompt.resolved.policy.model_dump(mode="json"),
-        "input_snapshot": {
-            **input_snapshot(prompt.input, summary_job=summary_job),
-            "transcript": prompt.transcript.snapshot() if prompt.transcript else None,
-        },
-        "prompt_sha256": content_sha256(prompt.build.text),
-    }
-
-
-# Columns a dispatch line leaves out: the row's own id and time, which prompt was sent (known
-# only when the result comes back), and what replay needs (a digest of the prompt is not for
-# logs, and the snapshots are structures, not counts).
-_NOT_LOGGED = frozenset(
-    {"id", "created_at", "sent", "policy_snapshot", "input_snapshot", "prompt_sha256"}
-)
-
-
-def _dispatch_event(*, row: PromptReport, subtask: Subtask) -> dict[str, EventValue]:
-    """The fields of a dispatch log line: every column of its PromptReport row (a foreign key
-    by its id, a list by its length: counts, never the ids or titles themselves) and the
-    turn's message id and executor. The worker id is the client's choice: logged opaque."""
-    fields: dict[str, EventValue] = {
-        "message_id": subtask.message_id,
-        "executor": subtask.executor,
-    }
-    for column in PromptReport._meta.concrete_fields:
-        if column.name in _NOT_LOGGED:
-            continue
-        value = getattr(row, column.attname)
-        fields[column.name] = len(value) if isinstance(value, list) else value
-    fields["worker_id"] = opaque_id(row.worker_id)
-    return fields
-
-
-def _build_failed(*, subtask: Subtask, worker_id: str, error: Exception) -> None:
-    # The exception text may quote content; log only its type (principle 7).
-    log_event(
-        "dispatch_build_failed",
-        level=logging.ERROR,
-        task=subtask.task_id,
-        subtask=subtask.pk,
-        attempt=subtask.attempts,
-        error_type=opaque_id(type(error).__name__),
-    )
-    _release_failed_claim(subtask=subtask, worker_id=worker_id, error=error)
-
-
-def _release_failed_claim(*, subtask: Subtask, worker_id: str, error: Exception) -> None:
-    """Undo a claim whose payload could not be built; after the last attempt, fail the turn.
-
-    A turn retried after a context overflow whose prompt does not fit its tightened budget
-    fails at once: another attempt would build the same prompt (see `overflow`).
-    """
-    with transaction.atomic():
-        lock_task(task_id=subtask.task_id)
-        current = Subtask.objects.filter(
-            pk=subtask.pk, status=SubtaskStatus.RUNNING, lease_owner=worker_id
-        ).first()
-        if current is None:
-            return
-        if isinstance(error, PromptBudgetError) and current.token_cap is not None:
-            fail_unbuildable(subtask=current, max_tokens=current.token_cap)
-            return
-        reason = type(error).__name__
-        error_text = f"Baton could not build this turn's prompt ({reason})."
-        if attempts_used(subtask=current) >= settings.BATON_MAX_ATTEMPTS:
-            record_result(
-                subtask=current,
-                status=SubtaskStatus.FAILED,
-                error=error_text,
-                error_code="prompt_build_failed",
+        manifest=manifest_of(prompt=prompt, resume=resume, artifacts=artifacts, history=history),
+        artifact_lists=history.lists if history is not None else [],
+        session=session if resume is not None else None,
+        resume=resume,
+        resume_report=(
+            report_row(
+                subtask=subtask,
+                worker=worker,
+                worker_id=worker_id,
+                prompt=resume,
+                kind=RESUME,
+                resume_reason=item.reason,
             )
-        else:
-            requeue(subtask=current, error=error_text, error_code="prompt_build_failed")
+            if resume is not None
+            else None
+        ),
+        resume_reason=item.reason,
+    )

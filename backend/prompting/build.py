@@ -35,7 +35,7 @@ and the build is redone with the overshoot held back if it exceeded ``max_tokens
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from backend.prompting.addressing import WholeText
 from backend.prompting.counting import TokenCounter
@@ -74,6 +74,20 @@ class PromptBuild:
     whole_texts: tuple[WholeText, ...] = ()
     """Cut texts whose pointer lines name their content address rather than a stored
     artifact: whoever sends the prompt stores them first (the report lists their ids too)."""
+
+
+@dataclass(frozen=True)
+class _HistoryPart:
+    """The history section of a prompt: the messages selected (oldest first), the summary
+    shown, whether the pinned first message held, its tokens, its pieces of text and its
+    rendered section (none of each when the prompt shows no history)."""
+
+    selected: list[tuple[int, SizedPiece]] = field(default_factory=list)
+    summary: SummarySection | None = None
+    pinned: bool = False
+    tokens: int = 0
+    pieces: list[str] = field(default_factory=list)
+    sections: list[RenderedSection] = field(default_factory=list)
 
 
 class _Builder:
@@ -206,81 +220,31 @@ class _Builder:
 
     def _build_sections(self, fixed: list[FixedSection]) -> PromptBuild:
         # The escape note opens the prompt when a fixed section had a line escaped; the
-        # history can call for it too (see below).
+        # history can call for it too (see `_history_part`).
         note_tokens = self.counter.constant(escape_note_piece())
         reserved = note_tokens if any(_escaped(f.piece) for f in fixed) else 0
-        history_floor = (self.history.overhead(0, 0) if self.history.shown else 0) + reserved
-        squeezed = False
-        if self.max_tokens is not None:
-            fixed_total = sum(f.section_tokens(self.counter) for f in fixed)
-            squeezed = fixed_total + history_floor > self.max_tokens
-        if squeezed:
-            assert self.max_tokens is not None
-            # Cut the Previous Result first, then the Current Message, until the history's
-            # header and notice fit next to them.
-            for index in range(len(fixed) - 1, -1, -1):
-                cut = fixed[index]
-                others = sum(f.section_tokens(self.counter) for f in fixed if f is not cut)
-                target = self.max_tokens - history_floor - others
-                if squeeze(cut, target, lambda f: f.section_tokens(self.counter)):
-                    break
-            else:
-                raise PromptBudgetError(
-                    f"max_tokens={self.policy.max_tokens} cannot hold the prompt's structure"
-                )
+        squeezed = self._squeeze_fixed(fixed, reserved=reserved)
         fixed_tokens = {f.section: f.section_tokens(self.counter) for f in fixed}
         token_budget = (
             self.max_tokens - sum(fixed_tokens.values()) - reserved
             if self.max_tokens is not None
             else None
         )
-
-        selected: list[tuple[int, SizedPiece]] = []
-        summary: SummarySection | None = None
-        pinned = False
-        history_tokens = 0
-        sections: list[RenderedSection] = []
-        pieces: list[str] = []
-        if self.history.shown:
-            # Once the fixed sections had to be cut, the history keeps only its header and
-            # notice: filling the crumbs would let a larger budget include fewer messages.
-            selection = Selection(pinned=None) if squeezed else self.history.select(token_budget)
-            if not reserved and any(_escaped(piece) for _, piece in selection.oldest_first()):
-                # An escaped history message needs the note: select again with its room.
-                reserved = note_tokens
-                if token_budget is not None:
-                    selection = self.history.select(token_budget - note_tokens)
-            selected, pinned = selection.oldest_first(), selection.pin_held
-            users = selection.users
-            notice = self.history.notice(users, len(selected) - users)
-            history_tokens = self.history.overhead(users, len(selected) - users) + sum(
-                piece.tokens(self.counter) for _, piece in selected
+        history = (
+            self._history_part(
+                fixed,
+                fixed_tokens=fixed_tokens,
+                token_budget=token_budget,
+                reserved=reserved,
+                note_tokens=note_tokens,
+                squeezed=squeezed,
             )
-            noted = any(_escaped(f.piece) for f in fixed) or any(
-                _escaped(piece) for _, piece in selected
-            )
-            if notice is not None and not squeezed:
-                used = sum(fixed_tokens.values()) + history_tokens + (note_tokens if noted else 0)
-                summary = self._summary(
-                    room=self.max_tokens - used if self.max_tokens is not None else None,
-                    note_tokens=0 if noted else note_tokens,
-                )
-            if summary is not None:
-                history_tokens += summary.piece.tokens(self.counter)
-            pieces.append(header_piece(Section.HISTORY))
-            if notice is not None:
-                pieces.append(notice_piece(notice))
-            if summary is not None:
-                pieces.append(summary.piece.text)
-            pieces.extend(piece.text for _, piece in selected)
-            sections.append(
-                RenderedSection(
-                    Section.HISTORY,
-                    tuple(piece.message for _, piece in selected),
-                    notice,
-                    summary.block if summary is not None else None,
-                )
-            )
+            if self.history.shown
+            else _HistoryPart()
+        )
+        selected, summary = history.selected, history.summary
+        pieces = list(history.pieces)
+        sections = list(history.sections)
         for f in fixed:
             pieces.append(header_piece(f.section))
             pieces.append(f.piece.text)
@@ -296,11 +260,11 @@ class _Builder:
         text = "".join(pieces)
         report = tally_build(
             text=text,
-            tokens=history_tokens + sum(fixed_tokens.values()) + used_note_tokens,
+            tokens=history.tokens + sum(fixed_tokens.values()) + used_note_tokens,
             history=self.history,
             selected=selected,
-            pinned=pinned,
-            history_tokens=history_tokens,
+            pinned=history.pinned,
+            history_tokens=history.tokens,
             fixed=fixed,
             fixed_tokens=fixed_tokens,
             note_tokens=used_note_tokens,
@@ -316,6 +280,87 @@ class _Builder:
             report=report,
             document=document,
             whole_texts=_distinct(whole_texts),
+        )
+
+    def _squeeze_fixed(self, fixed: list[FixedSection], *, reserved: int) -> bool:
+        """Whether the fixed sections had to be cut for the history's header and notice (and
+        `reserved` tokens) to fit next to them under ``max_tokens``: then the Previous Result
+        is cut first, then the Current Message."""
+        history_floor = (self.history.overhead(0, 0) if self.history.shown else 0) + reserved
+        if self.max_tokens is None:
+            return False
+        fixed_total = sum(f.section_tokens(self.counter) for f in fixed)
+        if fixed_total + history_floor <= self.max_tokens:
+            return False
+        for index in range(len(fixed) - 1, -1, -1):
+            cut = fixed[index]
+            others = sum(f.section_tokens(self.counter) for f in fixed if f is not cut)
+            target = self.max_tokens - history_floor - others
+            if squeeze(cut, target, lambda f: f.section_tokens(self.counter)):
+                return True
+        raise PromptBudgetError(
+            f"max_tokens={self.policy.max_tokens} cannot hold the prompt's structure"
+        )
+
+    def _history_part(
+        self,
+        fixed: list[FixedSection],
+        *,
+        fixed_tokens: dict[Section, int],
+        token_budget: int | None,
+        reserved: int,
+        note_tokens: int,
+        squeezed: bool,
+    ) -> _HistoryPart:
+        """The history section, in ``token_budget`` tokens (``reserved`` of them kept for the
+        escape note already)."""
+        # Once the fixed sections had to be cut, the history keeps only its header and
+        # notice: filling the crumbs would let a larger budget include fewer messages.
+        selection = Selection(pinned=None) if squeezed else self.history.select(token_budget)
+        if (
+            token_budget is not None
+            and not reserved
+            and any(_escaped(piece) for _, piece in selection.oldest_first())
+        ):
+            # An escaped history message needs the note: select again with its room.
+            selection = self.history.select(token_budget - note_tokens)
+        selected = selection.oldest_first()
+        users = selection.users
+        notice = self.history.notice(users, len(selected) - users)
+        history_tokens = self.history.overhead(users, len(selected) - users) + sum(
+            piece.tokens(self.counter) for _, piece in selected
+        )
+        noted = any(_escaped(f.piece) for f in fixed) or any(
+            _escaped(piece) for _, piece in selected
+        )
+        summary = None
+        if notice is not None and not squeezed:
+            used = sum(fixed_tokens.values()) + history_tokens + (note_tokens if noted else 0)
+            summary = self._summary(
+                room=self.max_tokens - used if self.max_tokens is not None else None,
+                note_tokens=0 if noted else note_tokens,
+            )
+        if summary is not None:
+            history_tokens += summary.piece.tokens(self.counter)
+        pieces = [header_piece(Section.HISTORY)]
+        if notice is not None:
+            pieces.append(notice_piece(notice))
+        if summary is not None:
+            pieces.append(summary.piece.text)
+        pieces.extend(piece.text for _, piece in selected)
+        section = RenderedSection(
+            Section.HISTORY,
+            tuple(piece.message for _, piece in selected),
+            notice,
+            summary.block if summary is not None else None,
+        )
+        return _HistoryPart(
+            selected=selected,
+            summary=summary,
+            pinned=selection.pin_held,
+            tokens=history_tokens,
+            pieces=pieces,
+            sections=[section],
         )
 
     def _summary(self, *, room: int | None, note_tokens: int) -> SummarySection | None:

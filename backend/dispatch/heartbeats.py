@@ -1,0 +1,184 @@
+"""Heartbeats and progress: a worker's word that a claim it holds is still running.
+
+Workers send them far more often than anything else (a heartbeat about once a second), so
+each costs a read and, only when a lease is due for extension, a write. Each is fenced by its
+claim (see `leases`): a claim that lost its lease, or whose turn was cancelled, is told so
+(409 `lease_lost` with the reason, or `cancelled`) and changes nothing but the reclaim of a
+lease it finds run out. Progress also counts as a heartbeat.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from backend.dispatch.leases import (
+    LEASE_LOST,
+    RUNNING,
+    LeaseState,
+    fenced_turn,
+    heartbeat_interval_seconds,
+    lease_ran_out,
+    lease_state,
+    lease_until,
+    reclaim_expired_leases,
+)
+from backend.prompting import Role
+from backend.tasks import task_events
+from backend.tasks.history import any_of
+from backend.tasks.ingestion import replace_unstorable_chars
+from backend.tasks.models import Subtask, SubtaskStatus
+from backend.tasks.services import check_text_size
+
+MAX_PROGRESS_EVENTS = 200
+
+
+def heartbeat(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
+    """Extend the lease on a turn the worker holds; a lease already run out stays lost."""
+    now = timezone.now()
+    with transaction.atomic():
+        subtask, refusal = fenced_turn(
+            worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id, now=now
+        )
+        if refusal is None:
+            subtask.lease_expires_at = lease_until(now=now)
+            subtask.save(update_fields=["lease_expires_at", "updated_at"])
+    if refusal is not None:
+        raise refusal  # after the commit: a lease found run out was reclaimed
+    return subtask
+
+
+def heartbeat_claims(
+    *, worker: User, worker_id: str, claims: Sequence[tuple[int, int]]
+) -> list[LeaseState]:
+    """The state of every claim a worker holds, in one call, extending the running ones.
+
+    `claims` are (subtask_id, attempt) pairs. Workers call this about once a second so that a
+    cancel reaches the executor quickly, so it costs one read, and a write only for leases
+    last extended more than a heartbeat interval ago. The extension is a compare-and-set on
+    the claim (owner, attempt, RUNNING, lease not yet run out), so it needs no task lock and
+    cannot revive a lease that ran out, or a turn that was cancelled or reclaimed meanwhile.
+    A claim whose lease ran out is `lease_lost`, and its turn is reclaimed at once.
+    """
+    if not claims:
+        return []
+    wanted = dict(claims)
+    rows = {
+        subtask.pk: subtask
+        for subtask in Subtask.objects.filter(
+            pk__in=list(wanted), claimed_by=worker, role=Role.ASSISTANT
+        ).only("id", "status", "error_code", "lease_owner", "attempts", "lease_expires_at")
+    }
+    now = timezone.now()
+    renew_before = lease_until(now=now) - timedelta(seconds=heartbeat_interval_seconds())
+    renewed_until = lease_until(now=now)
+    to_renew = [
+        subtask
+        for subtask_id, subtask in rows.items()
+        if lease_state(subtask=subtask, worker_id=worker_id, attempt=wanted[subtask_id], now=now)
+        == RUNNING
+        and (subtask.lease_expires_at is None or subtask.lease_expires_at <= renew_before)
+    ]
+    renewed: set[int] = set()
+    if to_renew:
+        condition = any_of([Q(pk=subtask.pk, attempts=subtask.attempts) for subtask in to_renew])
+        with transaction.atomic():
+            ids = list(
+                Subtask.objects.filter(
+                    condition, status=SubtaskStatus.RUNNING, lease_owner=worker_id
+                )
+                .exclude(lease_expires_at__lt=now)
+                .values_list("id", flat=True)
+            )
+            Subtask.objects.filter(pk__in=ids, status=SubtaskStatus.RUNNING).exclude(
+                lease_expires_at__lt=now
+            ).update(lease_expires_at=renewed_until, updated_at=now)
+        renewed = set(ids)
+    lost_meanwhile = {subtask.pk for subtask in to_renew} - renewed
+    states = []
+    for subtask_id, attempt in claims:
+        subtask = rows.get(subtask_id)
+        if subtask is None:
+            states.append(LeaseState(subtask_id, attempt, LEASE_LOST, None))
+            continue
+        state = lease_state(subtask=subtask, worker_id=worker_id, attempt=attempt, now=now)
+        if subtask.pk in lost_meanwhile:
+            state = LEASE_LOST  # cancelled, reclaimed or run out between the read and the renewal
+        expires = renewed_until if subtask.pk in renewed else subtask.lease_expires_at
+        states.append(LeaseState(subtask_id, attempt, state, expires))
+    run_out = [
+        subtask.pk
+        for subtask_id, subtask in rows.items()
+        if lease_ran_out(subtask=subtask, worker_id=worker_id, attempt=wanted[subtask_id], now=now)
+    ]
+    if run_out:
+        reclaim_expired_leases(now=now, subtask_ids=run_out)
+    return states
+
+
+def record_progress(
+    *,
+    worker: User,
+    worker_id: str,
+    attempt: int,
+    subtask_id: int,
+    events: list[dict[str, Any]],
+    partial_text: str | None,
+) -> Subtask:
+    """Append streamed progress events (the latest MAX_PROGRESS_EVENTS are kept) and replace the
+    partial answer. Progress also counts as a heartbeat."""
+    if partial_text is not None:
+        check_text_size(
+            text=partial_text, limit=settings.BATON_MAX_MESSAGE_BYTES, field="partial_text"
+        )
+    now = timezone.now()
+    with transaction.atomic():
+        subtask, refusal = fenced_turn(
+            worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id, now=now
+        )
+        if refusal is None:
+            _append_progress(subtask, events=events, partial_text=partial_text, now=now)
+    if refusal is not None:
+        raise refusal  # after the commit: a lease found run out was reclaimed
+    return subtask
+
+
+def _append_progress(
+    subtask: Subtask, *, events: list[dict[str, Any]], partial_text: str | None, now: datetime
+) -> None:
+    text_before = subtask.partial_text
+    subtask.progress_events = ((subtask.progress_events or []) + list(events))[
+        -MAX_PROGRESS_EVENTS:
+    ]
+    if partial_text is not None:
+        subtask.partial_text = replace_unstorable_chars(partial_text)[0]
+    if events or subtask.partial_text != text_before:
+        task_events.record(
+            task_id=subtask.task_id,
+            events=[
+                task_events.progress_event(
+                    subtask,
+                    events=list(events),
+                    text_before=text_before,
+                    text_after=subtask.partial_text,
+                )
+            ],
+        )
+    subtask.progress_updated_at = now
+    subtask.lease_expires_at = lease_until(now=now)
+    subtask.save(
+        update_fields=[
+            "progress_events",
+            "partial_text",
+            "progress_updated_at",
+            "lease_expires_at",
+            "updated_at",
+        ]
+    )
