@@ -165,14 +165,10 @@ def build_claimed_turns(
 
 def record_dispatch(claimed: Sequence[ClaimedTurn]) -> None:
     """Store what a claim built: its prompt reports and its turns' `turn.claimed` events
-    (`task_events.record_claims`), committed together, in one statement on PostgreSQL; then
+    (`task_events.record_claims`), committed together; then
     log a dispatch line per report."""
     reports = [row for turn in claimed for row in (turn.report, turn.resume_report) if row]
-    # Every dispatch writes its reports: the statement is written out (see `backend.sql`).
-    along = sql.insert_statement(reports)
-    if along is None:
-        sql.insert(reports)
-    task_events.record_claims(turns=[turn.subtask for turn in claimed], along=along)
+    task_events.record_claims(turns=[turn.subtask for turn in claimed], along=reports)
     for turn in claimed:
         for row in (turn.report, turn.resume_report):
             if row is not None:

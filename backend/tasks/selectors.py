@@ -8,7 +8,6 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db.models import Case, F, Q, QuerySet, TextField, Value, When
 
-from backend import sql
 from backend.artifacts.models import Artifact
 from backend.artifacts.storage import verified_chunks
 from backend.configuration_cache import CONFIGURATION
@@ -241,13 +240,7 @@ def bots_for_turns(
         version=configuration_version,
         key=("bots", names, kinds),
         load=lambda: tuple(
-            sql.rows_of(
-                Bot,
-                f"SELECT {sql.columns(Bot)} FROM {Bot._meta.db_table} "  # noqa: S608
-                f"WHERE name IN ({sql.placeholders(names)}) "
-                f"OR (is_default = %s AND executor IN ({sql.placeholders(kinds)}))",
-                [*names, True, *kinds],
-            )
+            Bot.objects.filter(Q(name__in=names) | Q(is_default=True, executor__in=kinds))
         ),
     )
     by_name = {bot.name: bot for bot in rows}

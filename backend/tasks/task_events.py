@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import Case, F, Model, Q, Value, When
 from django.utils import timezone
 
-from backend import sql
+from backend import queries
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskEvent, TaskStatus
 from backend.tasks.wakeups import EVENTS_CHANNEL, announce_events
 
@@ -91,229 +93,159 @@ def record(*, task_id: int, events: Sequence[Event]) -> None:
     if not events:
         return
     if connection.vendor == "postgresql":
-        _record_in_one_statement(task_id=task_id, events=events)
-        return
+        _record_events_statement(task_id=task_id, events=events)
+    else:
+        _record_with_orm(task_id=task_id, events=events)
+
+
+def _record_events_statement(*, task_id: int, events: Sequence[Event]) -> None:
+    """PostgreSQL: `record` as the one statement `record_events` (`backend/queries/tasks.sql`)."""
+    rows = queries.fetch(
+        "record_events",
+        {
+            "task_id": task_id,
+            "types": [event.type for event in events],
+            "subtask_ids": [event.subtask_id for event in events],
+            "data": [json.dumps(event.data) for event in events],
+            "now": timezone.now(),
+            "channel": EVENTS_CHANNEL,
+        },
+    )
+    if not rows:
+        raise Task.DoesNotExist(f"Task {task_id} does not exist.")
+
+
+def _record_with_orm(*, task_id: int, events: Sequence[Event]) -> None:
+    """`record` with the ORM: SQLite's path, and the oracle of `record_events`."""
     # Joins the caller's transaction; alone, the numbers and the rows still commit together.
     with transaction.atomic(savepoint=False):
-        first = _allocate(task_id=task_id, count=len(events))
-        # Every change writes events: the statement is written out (see `backend.sql`).
-        sql.insert(
-            [
-                TaskEvent(
-                    task_id=task_id,
-                    seq=first + offset,
-                    type=event.type,
-                    subtask_id=event.subtask_id,
-                    data=event.data,
-                )
-                for offset, event in enumerate(events)
-            ]
+        firsts = _reserve_numbers(counts={task_id: len(events)})
+        if task_id not in firsts:
+            raise Task.DoesNotExist(f"Task {task_id} does not exist.")
+        TaskEvent.objects.bulk_create(
+            TaskEvent(
+                task_id=task_id,
+                seq=firsts[task_id] + offset,
+                type=event.type,
+                subtask_id=event.subtask_id,
+                data=event.data,
+            )
+            for offset, event in enumerate(events)
         )
         announce_events(task_id=task_id)
 
 
-def _record_in_one_statement(*, task_id: int, events: Sequence[Event]) -> None:
-    """PostgreSQL: `record` as one statement: the task's numbers reserved (its row locked until
-    the caller commits, as `_allocate` does), the events inserted with them, and the task's
-    streams notified when the caller commits (a notification is sent on commit)."""
-    values = ", ".join("(%s::bigint, %s, %s::bigint, %s::jsonb)" for _ in events)
-    params: list[Any] = [len(events), task_id]
-    for offset, event in enumerate(events):
-        params += [offset, event.type, event.subtask_id, json.dumps(event.data)]
-    # Only table names and placeholders are formatted in.
-    statement = (
-        f"WITH numbered AS (UPDATE {Task._meta.db_table} "  # noqa: S608
-        "SET next_event_seq = next_event_seq + %s WHERE id = %s RETURNING id, next_event_seq), "
-        f"listed (position, type, subtask_id, data) AS (VALUES {values}), "
-        f"written AS (INSERT INTO {TaskEvent._meta.db_table} "
-        "(task_id, seq, type, subtask_id, data, created_at) "
-        "SELECT numbered.id, numbered.next_event_seq - %s + listed.position, listed.type, "
-        "listed.subtask_id, listed.data, %s FROM numbered CROSS JOIN listed RETURNING task_id) "
-        "SELECT pg_notify(%s, CAST(task_id AS text)) FROM (SELECT DISTINCT task_id FROM written) "
-        "AS announced"
+def _reserve_numbers(*, counts: dict[int, int], start: bool = False) -> dict[int, int]:
+    """Reserve `counts[task_id]` numbers of each task's sequence, its row locked until the
+    caller commits, and return the first of each (a task that does not exist has none). With
+    `start`, each task that was not cancelled is RUNNING, by the same UPDATE."""
+    firsts = dict(
+        Task.objects.select_for_update()
+        .filter(pk__in=counts)
+        .order_by("pk")
+        .values_list("pk", "next_event_seq")
     )
-    params += [len(events), sql.when(timezone.now()), EVENTS_CHANNEL]
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        if cursor.fetchone() is None:
-            raise Task.DoesNotExist(f"Task {task_id} does not exist.")
-
-
-def _allocate(*, task_id: int, count: int) -> int:
-    """Reserve `count` numbers of the task's sequence (locking the task row until the caller
-    commits) and return the first."""
-    table = Task._meta.db_table
-    with connection.cursor() as cursor:
-        # Only the table's name is formatted into the SQL.
-        cursor.execute(
-            f"UPDATE {table} SET next_event_seq = next_event_seq + %s "  # noqa: S608
-            "WHERE id = %s RETURNING next_event_seq",
-            [count, task_id],
+    if not firsts:
+        return {}
+    changes: dict[str, Any] = {
+        "next_event_seq": F("next_event_seq")
+        + Case(*(When(pk=task_id, then=Value(counts[task_id])) for task_id in firsts))
+    }
+    if start:
+        cancelled = Q(status=TaskStatus.CANCELLED)
+        changes["status"] = Case(
+            When(cancelled, then=F("status")), default=Value(TaskStatus.RUNNING)
         )
-        row = cursor.fetchone()
-    if row is None:
-        raise Task.DoesNotExist(f"Task {task_id} does not exist.")
-    return int(row[0]) - count
+        changes["updated_at"] = Case(
+            When(cancelled, then=F("updated_at")), default=Value(timezone.now())
+        )
+    Task.objects.filter(pk__in=firsts).update(**changes)
+    return firsts
 
 
-def record_claims(
-    *, turns: Sequence[Subtask], along: tuple[str, Sequence[Any]] | None = None
-) -> None:
+def record_claims(*, turns: Sequence[Subtask], along: Sequence[Model] = ()) -> None:
     """`turn.claimed` for the turns a claim took, after the claim committed (a claim takes turn
     locks, and task locks after them would invert the writers' order): under their tasks'
     locks, and only for turns still RUNNING then (a turn cancelled in between says so with its
     own, earlier event, and no `claimed` follows it, nor is a number reserved for one). A
     task with a turn still RUNNING is RUNNING now, unless it was cancelled. One statement on
-    PostgreSQL, four queries elsewhere, for any number of turns; none for summary jobs, which
-    are no turns and leave their task's status alone.
+    PostgreSQL for any number of turns; none for summary jobs, which are no turns and leave
+    their task's status alone.
 
-    `along`: a statement (SQL, parameters) writing rows of the claim, such as the dispatch's
-    prompt reports (`sql.insert_statement`), committed with the events: on PostgreSQL a
-    data-modifying part of the same statement (a round trip and a commit fewer on every
-    dispatch), elsewhere the first statement of the same transaction."""
+    `along`: new rows of one model written by the claim, such as the dispatch's prompt
+    reports, inserted first in the same transaction: they commit with the events, or
+    neither does."""
     by_task: dict[int, list[Subtask]] = {}
     for turn in sorted(turns, key=lambda turn: (turn.task_id, turn.message_id)):
         if turn.kind == SubtaskKind.TURN:
             by_task.setdefault(turn.task_id, []).append(turn)
-    if not by_task:
-        if along is not None:
-            with connection.cursor() as cursor:
-                cursor.execute(along[0], list(along[1]))
-        return
-    if connection.vendor == "postgresql":
-        _record_claims_in_one_statement(by_task, along=along)
-        return
-    with transaction.atomic():
-        if along is not None:
-            with connection.cursor() as cursor:
-                cursor.execute(along[0], list(along[1]))
-        ids = [turn.pk for claimed in by_task.values() for turn in claimed]
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"SELECT id FROM {Subtask._meta.db_table} "  # noqa: S608
-                f"WHERE id IN ({sql.placeholders(ids)}) AND status = %s",
-                [*ids, SubtaskStatus.RUNNING.value],
-            )
-            running = {row[0] for row in cursor.fetchall()}
+    with transaction.atomic() if along and by_task else nullcontext():
+        if along:
+            type(along[0])._default_manager.bulk_create(along)
+        if not by_task:
+            return
+        if connection.vendor == "postgresql":
+            _record_claims_statement(by_task)
+        else:
+            _record_claims_with_orm(by_task)
+
+
+def _record_claims_statement(by_task: dict[int, list[Subtask]]) -> None:
+    """PostgreSQL: `record_claims` as the one statement `record_claims`
+    (`backend/queries/tasks.sql`)."""
+    turns = [turn for claimed in by_task.values() for turn in claimed]
+    queries.fetch(
+        "record_claims",
+        {
+            "task_ids": [turn.task_id for turn in turns],
+            "subtask_ids": [turn.pk for turn in turns],
+            "message_ids": [turn.message_id for turn in turns],
+            "data": [json.dumps(turn_data(turn)) for turn in turns],
+            "now": timezone.now(),
+            "channel": EVENTS_CHANNEL,
+        },
+        {
+            "turn_running": SubtaskStatus.RUNNING.value,
+            "task_running": TaskStatus.RUNNING.value,
+            "task_cancelled": TaskStatus.CANCELLED.value,
+            "claimed_event": TURN_CLAIMED,
+        },
+    )
+
+
+def _record_claims_with_orm(by_task: dict[int, list[Subtask]]) -> None:
+    """`record_claims` with the ORM: SQLite's path, and the oracle of `record_claims`."""
+    # Joins the transaction of the rows written along, if any.
+    with transaction.atomic(savepoint=False):
+        running = set(
+            Subtask.objects.filter(
+                pk__in=[turn.pk for claimed in by_task.values() for turn in claimed],
+                status=SubtaskStatus.RUNNING,
+            ).values_list("pk", flat=True)
+        )
         still_running = {
             task_id: [turn for turn in claimed if turn.pk in running]
             for task_id, claimed in by_task.items()
         }
         # Exactly as many numbers as events: a task whose claimed turns all stopped meanwhile
         # reserves none (a task deleted meanwhile is not in `firsts`: it has no log left).
-        firsts = _allocate_many(
-            counts={task_id: len(claimed) for task_id, claimed in still_running.items() if claimed}
+        firsts = _reserve_numbers(
+            counts={task_id: len(claimed) for task_id, claimed in still_running.items() if claimed},
+            start=True,
         )
-        if firsts:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"UPDATE {Task._meta.db_table} SET status = %s, updated_at = %s "  # noqa: S608
-                    f"WHERE id IN ({sql.placeholders(list(firsts))}) AND status <> %s",
-                    [
-                        TaskStatus.RUNNING.value,
-                        sql.when(timezone.now()),
-                        *sorted(firsts),
-                        TaskStatus.CANCELLED.value,
-                    ],
-                )
-        sql.insert(
-            [
-                TaskEvent(
-                    task_id=task_id,
-                    seq=first + offset,
-                    type=TURN_CLAIMED,
-                    subtask_id=turn.pk,
-                    data=turn_data(turn),
-                )
-                for task_id, first in firsts.items()
-                for offset, turn in enumerate(still_running[task_id])
-            ]
+        TaskEvent.objects.bulk_create(
+            TaskEvent(
+                task_id=task_id,
+                seq=first + offset,
+                type=TURN_CLAIMED,
+                subtask_id=turn.pk,
+                data=turn_data(turn),
+            )
+            for task_id, first in firsts.items()
+            for offset, turn in enumerate(still_running[task_id])
         )
         for task_id in firsts:
             announce_events(task_id=task_id)
-
-
-def _record_claims_in_one_statement(
-    by_task: dict[int, list[Subtask]], *, along: tuple[str, Sequence[Any]] | None
-) -> None:
-    """PostgreSQL: `record_claims` as one statement instead of a transaction of four and a
-    notification after it (every dispatch records its claims). Its parts run in this order,
-    each reading the one before: the tasks' rows locked (as `_allocate_many`'s update does),
-    the turns still RUNNING read under a share lock (a turn a cancel changed while this waited
-    for its task's lock is read as the cancel left it, not as the statement's snapshot saw
-    it) and counted per task, exactly that many of each task's numbers reserved and, unless
-    it was cancelled, its status set, its events inserted, numbered in message order, and the
-    tasks' streams notified when it commits. A task none of whose claimed turns still runs
-    reserves no number: its sequence stays without a hole. The status is set by the update
-    that reserves the numbers: one statement cannot change a row twice."""
-    turns = [turn for claimed in by_task.values() for turn in claimed]
-    values = ", ".join("(%s::bigint, %s::bigint, %s::bigint, %s::jsonb)" for _ in turns)
-    claimed_params: list[Any] = []
-    for turn in turns:
-        claimed_params += [turn.task_id, turn.pk, turn.message_id, json.dumps(turn_data(turn))]
-    tasks, subtasks = Task._meta.db_table, Subtask._meta.db_table
-    task_ids = sql.placeholders(list(by_task))
-    # A task with a claimed turn still RUNNING starts running, unless it was cancelled.
-    started = f"{tasks}.status <> {sql.literal(TaskStatus.CANCELLED.value)}"
-    now = sql.when(timezone.now())
-    # Only table names, constants and placeholders are formatted in.
-    # A data-modifying part runs whether or not the rest reads it.
-    first = f"along AS ({along[0]}), " if along is not None else ""
-    statement = (
-        f"WITH {first}locked AS (SELECT id FROM {tasks} WHERE id IN ({task_ids}) "  # noqa: S608
-        "FOR NO KEY UPDATE), "
-        f"running AS (SELECT turn.id, turn.task_id FROM {subtasks} AS turn "
-        "JOIN locked ON locked.id = turn.task_id "
-        f"WHERE turn.id IN ({sql.placeholders(turns)}) AND turn.status = %s FOR SHARE OF turn), "
-        "counted AS (SELECT task_id, COUNT(*) AS reserved FROM running GROUP BY task_id), "
-        f"numbered AS (UPDATE {tasks} SET next_event_seq = next_event_seq + counted.reserved, "
-        f"status = CASE WHEN {started} THEN %s ELSE {tasks}.status END, "
-        f"updated_at = CASE WHEN {started} THEN %s ELSE {tasks}.updated_at END "
-        f"FROM counted WHERE {tasks}.id = counted.task_id "
-        f"RETURNING {tasks}.id, {tasks}.next_event_seq, counted.reserved), "
-        f"claimed (task_id, subtask_id, message_id, data) AS (VALUES {values}), "
-        f"written AS (INSERT INTO {TaskEvent._meta.db_table} "
-        "(task_id, seq, type, subtask_id, data, created_at) "
-        "SELECT claimed.task_id, numbered.next_event_seq - numbered.reserved - 1 + ROW_NUMBER() "
-        "OVER (PARTITION BY claimed.task_id ORDER BY claimed.message_id), %s, "
-        "claimed.subtask_id, claimed.data, %s FROM claimed "
-        "JOIN numbered ON numbered.id = claimed.task_id "
-        "JOIN running ON running.id = claimed.subtask_id RETURNING task_id) "
-        "SELECT pg_notify(%s, CAST(task_id AS text)) FROM (SELECT DISTINCT task_id FROM written) "
-        "AS announced"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(
-            statement,
-            [
-                *(along[1] if along is not None else ()),
-                *by_task,
-                *(turn.pk for turn in turns),
-                SubtaskStatus.RUNNING.value,
-                TaskStatus.RUNNING.value,
-                now,
-                *claimed_params,
-                TURN_CLAIMED,
-                now,
-                EVENTS_CHANNEL,
-            ],
-        )
-
-
-def _allocate_many(*, counts: dict[int, int]) -> dict[int, int]:
-    """`_allocate` for several tasks in one statement: the first reserved number of each."""
-    if not counts:
-        return {}
-    table = Task._meta.db_table
-    added, params = sql.case_by_id(counts)
-    with connection.cursor() as cursor:
-        # Only the table's name and placeholders are formatted into the SQL.
-        cursor.execute(
-            f"UPDATE {table} SET next_event_seq = next_event_seq + {added} "  # noqa: S608
-            f"WHERE id IN ({sql.placeholders(list(counts))}) RETURNING id, next_event_seq",
-            [*params, *counts],
-        )
-        return {task_id: int(after) - counts[task_id] for task_id, after in cursor.fetchall()}
 
 
 def progress_event(

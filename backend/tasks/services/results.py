@@ -18,7 +18,6 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from backend import sql
 from backend.artifacts.services import (
     atomic_storing_artifacts,
     locked_stored_artifact,
@@ -172,67 +171,124 @@ def record_result(
     )
     check_text_size(text=text, limit=settings.BATON_MAX_RESULT_BYTES, field="result")
     with atomic_storing_artifacts() if locked is None else nullcontext():
-        if locked is None:
-            task = lock_task(task_id=subtask.task_id)
-            subtask.refresh_from_db()
-        else:
-            task = locked
-        if subtask.status not in ACTIVE_SUBTASK_STATUSES:
-            raise Conflict(
-                f"Turn {subtask.message_id} of task {task.pk} is already {subtask.status}."
-            )
+        task = _locked_active_turn(subtask=subtask, locked=locked)
         now = timezone.now()
-        if value_upload:
-            assert result is not None  # result_with_uploaded_value made one
-            ingested = _ingest_uploaded_value(sha256=value_upload, task=task)
-            if ingested.artifact is None:
-                # Short enough to stay in the row, as the same value reported inline does.
-                result = {**result, "value": ingested.history_text}
-        else:
-            ingested = ingest_text(text=text, task=task, serialized_json=serialized_json)
+        ingested, result = _ingest_result(
+            task=task,
+            result=result,
+            text=text,
+            serialized_json=serialized_json,
+            value_upload=value_upload,
+        )
         ingested_fields = _apply_ingestion(subtask, ingested, recorded_at=now)
-        subtask.status = status
-        subtask.result = result
-        subtask.result_value_in_artifact = False
-        if (
-            ingested.artifact is not None
-            and ingested.replaced_chars == 0
-            and not serialized_json
-            and status == SubtaskStatus.COMPLETED
-        ):
-            # The artifact holds exactly result["value"]; keep the row small.
-            assert result is not None  # a COMPLETED report has one (validated above)
-            subtask.result = {key: None if key == "value" else item for key, item in result.items()}
-            subtask.result_value_in_artifact = True
-        # PostgreSQL text cannot hold NUL or lone surrogates; an error message is diagnostic
-        # text, so those characters are shown as U+FFFD there.
-        subtask.error = replace_unstorable_chars(error)[0]
-        subtask.error_code = error_code if status == SubtaskStatus.FAILED else ""
-        subtask.usage = usage
-        subtask.native_session_id = native_session_id
-        # claimed_by and lease_owner stay: they name who delivered this result.
-        subtask.lease_expires_at = None
-        subtask.finished_at = now
+        _set_outcome(
+            subtask,
+            status=status,
+            result=result,
+            value_in_artifact=(
+                ingested.artifact is not None
+                and ingested.replaced_chars == 0
+                and not serialized_json
+                and status == SubtaskStatus.COMPLETED
+            ),
+            error=error,
+            error_code=error_code,
+            usage=usage,
+            native_session_id=native_session_id,
+            now=now,
+        )
         if subtask.kind == SubtaskKind.SUMMARY:
             _finish_summary(subtask=subtask, task=task)
             return subtask
-        # Every result report writes it: the statement is written out (see `backend.sql`).
-        sql.update(subtask, [*ingested_fields, *_RESULT_FIELDS])
-        finished = [subtask, *_advance_pipeline(subtask=subtask, task=task, now=now)]
-        task_events.record(
-            task_id=task.pk, events=[task_events.finished_event(turn) for turn in finished]
-        )
-        status_now = refresh_task_status(task=task)
-        announce_ended_turns(task=task, turns=finished, occurred_at=now)
-        if (
-            task.transcript_id is not None
-            and status_now in IDLE_TASK_STATUSES
-            and may_be_in_parts(turns=task.next_message_id - 1)
-        ):
-            # The next message's dispatch points to this history: store it now (see
-            # `store_next_transcript`), once the result is committed.
-            transaction.on_commit(lambda: store_next_transcript(task=task))
+        subtask.save(update_fields=[*ingested_fields, *_RESULT_FIELDS])
+        _after_turn_finished(subtask=subtask, task=task, now=now)
     return subtask
+
+
+def _ingest_result(
+    *,
+    task: Task,
+    result: dict[str, Any] | None,
+    text: str,
+    serialized_json: bool,
+    value_upload: str,
+) -> tuple[IngestedText, dict[str, Any] | None]:
+    """The turn's history text ingested (from the report, or from the uploaded value named by
+    `value_upload`), and the result to store: an uploaded value short enough to stay in the
+    row is put in it, as the same value reported inline is."""
+    if not value_upload:
+        return ingest_text(text=text, task=task, serialized_json=serialized_json), result
+    assert result is not None  # result_with_uploaded_value made one
+    ingested = _ingest_uploaded_value(sha256=value_upload, task=task)
+    if ingested.artifact is None:
+        result = {**result, "value": ingested.history_text}
+    return ingested, result
+
+
+def _locked_active_turn(*, subtask: Subtask, locked: Task | None) -> Task:
+    """The turn's task, locked (and the turn read again under the lock) unless the caller
+    holds the lock already (`locked`); Conflict when the turn has finished."""
+    if locked is None:
+        task = lock_task(task_id=subtask.task_id)
+        subtask.refresh_from_db()
+    else:
+        task = locked
+    if subtask.status not in ACTIVE_SUBTASK_STATUSES:
+        raise Conflict(f"Turn {subtask.message_id} of task {task.pk} is already {subtask.status}.")
+    return task
+
+
+def _set_outcome(
+    subtask: Subtask,
+    *,
+    status: str,
+    result: dict[str, Any] | None,
+    value_in_artifact: bool,
+    error: str,
+    error_code: str,
+    usage: dict[str, Any] | None,
+    native_session_id: str,
+    now: datetime,
+) -> None:
+    """Set the result's columns (`_RESULT_FIELDS`) on the turn, unsaved. `value_in_artifact`:
+    the turn's artifact holds exactly `result["value"]`, which the row then leaves out."""
+    subtask.status = status
+    subtask.result = result
+    subtask.result_value_in_artifact = False
+    if value_in_artifact:
+        # The artifact holds exactly result["value"]; keep the row small.
+        assert result is not None  # a COMPLETED report has one (validated)
+        subtask.result = {key: None if key == "value" else item for key, item in result.items()}
+        subtask.result_value_in_artifact = True
+    # PostgreSQL text cannot hold NUL or lone surrogates; an error message is diagnostic
+    # text, so those characters are shown as U+FFFD there.
+    subtask.error = replace_unstorable_chars(error)[0]
+    subtask.error_code = error_code if status == SubtaskStatus.FAILED else ""
+    subtask.usage = usage
+    subtask.native_session_id = native_session_id
+    # claimed_by and lease_owner stay: they name who delivered this result.
+    subtask.lease_expires_at = None
+    subtask.finished_at = now
+
+
+def _after_turn_finished(*, subtask: Subtask, task: Task, now: datetime) -> None:
+    """What follows a turn's stored result: the pipeline's next step, the finished turns'
+    events, the task's status, the ended turns announced and, once the task is idle, the next
+    message's transcript stored after the commit."""
+    finished = [subtask, *_advance_pipeline(subtask=subtask, task=task, now=now)]
+    task_events.record(
+        task_id=task.pk, events=[task_events.finished_event(turn) for turn in finished]
+    )
+    status_now = refresh_task_status(task=task)
+    announce_ended_turns(task=task, turns=finished, occurred_at=now)
+    if (
+        task.transcript_id is not None
+        and status_now in IDLE_TASK_STATUSES
+        and may_be_in_parts(turns=task.next_message_id - 1)
+    ):
+        # The next message's dispatch points to this history: store it now (see
+        # `store_next_transcript`), once the result is committed.
+        transaction.on_commit(lambda: store_next_transcript(task=task))
 
 
 # The statuses of a task whose every turn has finished: the next turn answers a new message.

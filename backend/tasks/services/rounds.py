@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import connection
+from django.db.models import F
 from django.utils import timezone
 
-from backend import sql
 from backend.errors import NotFound
 from backend.prompting import Role
 from backend.tasks import task_events
@@ -39,17 +38,13 @@ def allocate_message_ids(*, task_id: int, count: int) -> int:
     range; the lock is held until the caller's transaction ends, which also makes the caller's
     later checks of the task's turns consistent.
     """
-    with connection.cursor() as cursor:
-        # Every message and every task runs it: one statement, written out (see `backend.sql`).
-        cursor.execute(
-            f"UPDATE {Task._meta.db_table} SET next_message_id = next_message_id + %s, "  # noqa: S608
-            "updated_at = %s WHERE id = %s RETURNING next_message_id",
-            [count, sql.when(timezone.now()), task_id],
-        )
-        row = cursor.fetchone()
-    if row is None:
+    reserved = Task.objects.filter(pk=task_id).update(
+        next_message_id=F("next_message_id") + count, updated_at=timezone.now()
+    )
+    if not reserved:
         raise NotFound(f"Task {task_id} does not exist.")
-    return int(row[0]) - count
+    after = Task.objects.filter(pk=task_id).values_list("next_message_id", flat=True).get()
+    return int(after) - count
 
 
 def lock_task(*, task_id: int) -> Task:

@@ -6,10 +6,9 @@ When that round has finished and a message is queued, the queued message's round
 
 from __future__ import annotations
 
-from django.db import connection
+from django.db.models import BooleanField, CharField, Subquery, Value
 from django.utils import timezone
 
-from backend import sql
 from backend.prompting import Role
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
@@ -42,38 +41,26 @@ def refresh_task_status(*, task: Task) -> str:
         status = TaskStatus.COMPLETED
     if status != task.status:
         task.status, task.updated_at = status, timezone.now()
-        with connection.cursor() as cursor:
-            # Every result report runs it: its SQL is written out (see `backend.sql`).
-            cursor.execute(
-                f"UPDATE {Task._meta.db_table} SET status = %s, updated_at = %s "  # noqa: S608
-                "WHERE id = %s",
-                [str(status), sql.when(task.updated_at), task.pk],
-            )
+        Task.objects.filter(pk=task.pk).update(status=status, updated_at=task.updated_at)
     return status
 
 
 def _latest_round_statuses(*, task: Task) -> tuple[set[str], bool]:
     """The statuses of the turns answering the task's latest USER message, and whether a
-    message is queued, in one statement (every result report asks: its SQL is written out, see
-    `backend.sql`)."""
-    table, queue = Subtask._meta.db_table, QueuedMessage._meta.db_table
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT DISTINCT status, 0 FROM {table} WHERE task_id = %s "  # noqa: S608
-            f"AND role = %s AND parent_message_id = (SELECT message_id FROM {table} "
-            "WHERE task_id = %s AND role = %s ORDER BY message_id DESC LIMIT 1) "
-            f"UNION ALL SELECT '', 1 WHERE EXISTS (SELECT 1 FROM {queue} WHERE task_id = %s "
-            "AND status = %s)",
-            [
-                task.pk,
-                Role.ASSISTANT.value,
-                task.pk,
-                Role.USER.value,
-                task.pk,
-                QueuedMessageStatus.QUEUED.value,
-            ],
-        )
-        rows = cursor.fetchall()
+    message is queued, in one query (every result report asks)."""
+    latest = (
+        Subtask.objects.filter(task_id=task.pk, role=Role.USER)
+        .order_by("-message_id")
+        .values("message_id")[:1]
+    )
+    turns = Subtask.objects.filter(
+        task_id=task.pk, role=Role.ASSISTANT, parent_message_id=Subquery(latest)
+    ).values_list("status", Value(False, output_field=BooleanField()))
+    # A part of a UNION has no order of its own (the models' default ordering is cleared).
+    queued = QueuedMessage.objects.filter(
+        task_id=task.pk, status=QueuedMessageStatus.QUEUED
+    ).values_list(Value("", output_field=CharField()), Value(True, output_field=BooleanField()))
+    rows = list(turns.order_by().union(queued.order_by(), all=True))
     return {status for status, marker in rows if not marker}, any(marker for _, marker in rows)
 
 
@@ -81,15 +68,9 @@ def start_next_queued(*, task: Task) -> list[Subtask]:
     """Start the round of the task's oldest queued message (its message_ids are allocated
     now, after every turn before it); none when nothing is queued. The caller holds the task's
     lock and has checked that no turn of the task is active."""
-    found = sql.rows_of(
-        QueuedMessage,
-        f"SELECT {sql.columns(QueuedMessage)} FROM {QueuedMessage._meta.db_table} "  # noqa: S608
-        "WHERE task_id = %s AND status = %s ORDER BY id LIMIT 1",
-        [task.pk, QueuedMessageStatus.QUEUED.value],
-    )
-    if not found:
+    queued = task.queued_messages.filter(status=QueuedMessageStatus.QUEUED).order_by("id").first()
+    if queued is None:
         return []
-    queued = found[0]
     turns = _create_round(task=task, message=queued.message, sender=queued.sender)
     queued.status = QueuedMessageStatus.SENT
     queued.subtask = turns[0]
