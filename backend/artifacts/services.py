@@ -24,7 +24,6 @@ from typing import Protocol
 
 from django.db import transaction
 
-from backend import sql
 from backend.artifacts.models import Artifact, ArtifactPart
 from backend.artifacts.retention import remove_unowned_file
 from backend.artifacts.storage import (
@@ -115,10 +114,10 @@ def store_artifacts(texts: Sequence[ArtifactText]) -> list[Artifact]:
     Texts must be valid Unicode (see `storage.content_address`). The task is recorded as the
     producer only when the artifact is new: identical text stored later shares the first row.
     Must run inside the caller's transaction (`atomic_storing_artifacts()`): every row stays
-    locked until it ends (a row inserted now is the transaction's own, one that existed is
-    locked), so a concurrent prune waits for it and then sees the caller's new references. One
-    query for the batch when every text is new, two when some existed, plus the file writes:
-    `store_artifacts_and_composites` with no composites.
+    locked until it ends (every row is locked once inserted or found), so a concurrent prune
+    waits for it and then sees the caller's new references. Two queries for the batch (the
+    insert, the lock), plus the file writes: `store_artifacts_and_composites` with no
+    composites.
     """
     return store_artifacts_and_composites(texts, [])[0]
 
@@ -128,11 +127,10 @@ def store_artifacts_and_composites(
     composites: Sequence[tuple[Sequence[Stored], str, int | None]],
 ) -> tuple[list[Artifact], list[Artifact]]:
     """`store_artifacts(texts)` and `store_composites(composites)` at once, in fewer
-    statements: the rows of both inserted together, only the rows that existed already locked,
-    and the part rows of the composites that are new. A composite's part may be one of the
-    texts or another composite of the batch. Runs inside the caller's transaction, like
-    `store_artifacts`. Three queries for the batch (two when every row is new), plus the file
-    writes; a long transcript's dispatch stores its newest piece and the composites naming the
+    statements: the rows of both inserted together and locked together, then the composites'
+    part rows. A composite's part may be one of the texts or another composite of the batch.
+    Runs inside the caller's transaction, like `store_artifacts`. Three queries for the batch,
+    plus the file writes; a long transcript's dispatch stores its newest piece and the composites naming the
     whole this way."""
     addresses = [item.address() for item in texts]
     wanted = _wanted(texts, addresses)
@@ -145,24 +143,23 @@ def store_artifacts_and_composites(
         if rows.setdefault(row.pk, row) is row:
             parts_of[row.pk] = parts
     locked: dict[str, Artifact] = {}
-    inserted: set[str] = set()
     missing = sorted(rows)
     while missing:
         # Inserted now, a row is this transaction's own until it ends; one that existed is
         # locked. One that existed when inserting but is gone when locking was pruned in
         # between: it is inserted again.
-        new = sql.insert([rows[artifact_id] for artifact_id in missing], ignore_conflicts=True)
-        inserted |= new
-        existing = [artifact_id for artifact_id in missing if artifact_id not in new]
-        found = _locked(existing) if existing else {}
+        Artifact.objects.bulk_create(
+            [rows[artifact_id] for artifact_id in missing], ignore_conflicts=True
+        )
+        found = _locked(missing)
         locked.update(found)
-        missing = [artifact_id for artifact_id in existing if artifact_id not in found]
-    locked.update({artifact_id: rows[artifact_id] for artifact_id in inserted})
-    sql.insert(
+        missing = [artifact_id for artifact_id in missing if artifact_id not in found]
+    # A composite's parts follow from its id (its parts' content in order), so the part rows
+    # of one that existed are these same rows, and inserting them again changes nothing.
+    ArtifactPart.objects.bulk_create(
         [
             ArtifactPart(composite_id=artifact_id, part_id=part.pk, position=position)
             for artifact_id, parts in parts_of.items()
-            if artifact_id in inserted
             for position, part in enumerate(parts)
         ],
         ignore_conflicts=True,
