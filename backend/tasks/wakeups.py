@@ -20,6 +20,8 @@ from typing import Protocol
 
 from django.db import connection, transaction
 
+from backend import queries
+
 # The PostgreSQL channels; a notification's payload is one executor kind, or one task's id.
 PENDING_CHANNEL = "baton_turn_pending"
 EVENTS_CHANNEL = "baton_task_events"
@@ -106,9 +108,8 @@ def _wake(kinds: list[str]) -> None:
         BELL.ring(kinds)
         return
     # Every process's listener, this one's too, rings its bell once per notification.
-    with connection.cursor() as cursor:
-        for kind in kinds:
-            cursor.execute("SELECT pg_notify(%s, %s)", [PENDING_CHANNEL, kind])
+    for kind in kinds:
+        queries.fetch("notify", {"channel": PENDING_CHANNEL, "payload": kind})
 
 
 class Flag(Protocol):
@@ -170,5 +171,4 @@ def _wake_streams(task_id: int) -> None:
     if connection.vendor != "postgresql":
         EVENT_BELL.ring(task_id)
         return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_notify(%s, %s)", [EVENTS_CHANNEL, str(task_id)])
+    queries.fetch("notify", {"channel": EVENTS_CHANNEL, "payload": str(task_id)})
