@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,10 +11,6 @@ from rest_framework.settings import api_settings
 
 from backend.api.errors import RequestBodyNotAnObject
 
-# Per thread, the fields of each input serializer class used as a whole body (see
-# `StrictInput.get_fields`).
-_reused_fields = threading.local()
-
 
 class StrictInput(serializers.Serializer[Any]):
     """An input serializer that refuses fields it does not declare.
@@ -23,28 +18,6 @@ class StrictInput(serializers.Serializer[Any]):
     Used as a whole request body (not nested), it refuses a body that is not a JSON object
     before looking at any field (`RequestBodyNotAnObject`).
     """
-
-    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
-        """As a whole body, the fields this thread made for the class the first time, bound
-        to this instance again (`fields` binds them), instead of a deep copy of every declared
-        field per request: that copy was most of a request's validation (every executor
-        call's body is validated here). Reusable because no input serializer changes its
-        fields, nor do fields keep anything of a validation but their binding (the nested
-        serializers among them included, each made once with its parent); per thread, so no
-        two requests share them at once. Nested, as DRF does."""
-        if self.parent is not None:
-            return super().get_fields()
-        by_class: dict[type, tuple[dict[str, Any], dict[str, str | None]]]
-        by_class = _reused_fields.__dict__.setdefault("by_class", {})
-        if type(self) not in by_class:
-            fields = super().get_fields()
-            # Each field's `source` as declared: binding sets it, and refuses to bind a field
-            # whose source already names it.
-            by_class[type(self)] = fields, {name: field.source for name, field in fields.items()}
-        fields, sources = by_class[type(self)]
-        for name, field in fields.items():
-            field.source = sources[name]
-        return fields
 
     def run_validation(self, data: Any = empty) -> Any:
         if self.parent is None and not isinstance(data, Mapping):
