@@ -49,7 +49,10 @@ def _configuration_reads(statements: list[str]) -> list[str]:
         statement
         for statement in statements
         if statement.lstrip().startswith("SELECT")
-        and any(f"FROM {table}" in statement for table in CONFIGURATION_TABLES)
+        and any(
+            f"FROM {table}" in statement or f'FROM "{table}"' in statement
+            for table in CONFIGURATION_TABLES
+        )
     ]
 
 
