@@ -1,21 +1,25 @@
-"""PostgreSQL's claim statement is compiled once per shape, with stand-in values: filled in
-with a dispatch's own values, it picks exactly the turns the ORM's query of that dispatch
-picks (backoff, session affinity, kinds, order and limit)."""
+"""The dispatch path's statements (`backend/queries/dispatch.sql`) on PostgreSQL: the claim
+picks exactly the turns the ORM's query of that dispatch picks (backoff, session affinity,
+kinds, order and limit), skips the turns another claim holds locked, and finds a lease run
+out; it returns the claimed rows as the ORM reads them."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from backend.dispatch import claims, leases
+from backend import queries
+from backend.dispatch import claims
 from backend.dispatch.models import ConfigurationVersion, PromptReport
+from backend.dispatch.payload import CLAIMED_FIELDS
 from backend.dispatch.sessions import native_sessions_for
-from backend.tasks.models import NativeSession, Subtask, SubtaskStatus
+from backend.tasks.models import NativeSession, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, create_task
 from tests.conftest import make_worker
 
@@ -90,7 +94,7 @@ def pending_turns(shipped_bots):
         (["codex"], "w1", 1),
     ],
 )
-def test_the_compiled_claim_picks_what_the_query_of_the_dispatch_picks(kinds, worker_id, limit):
+def test_the_claim_picks_what_the_query_of_the_dispatch_picks(kinds, worker_id, limit):
     now = timezone.now()
     expected = list(
         claims._candidates(kinds=kinds, worker_id=worker_id, now=now).values_list("id", flat=True)[
@@ -118,13 +122,14 @@ def test_the_compiled_claim_picks_what_the_query_of_the_dispatch_picks(kinds, wo
         stored = Subtask.objects.select_related("task").get(pk=row.pk)
         assert row.status == SubtaskStatus.RUNNING and row.attempts == stored.attempts
         assert (row.lease_owner, row.lease_expires_at) == (worker_id, stored.lease_expires_at)
-        assert row.task.task_type == stored.task.task_type
-        assert row.task.pipeline == stored.task.pipeline
+        # Every column, each converted as the ORM converts it.
+        assert _values(row, CLAIMED_FIELDS) == _values(stored, CLAIMED_FIELDS)
+        assert _values(row.task) == _values(stored.task)
     # Each with its bot's native session in its task, as the payload would read them: the
     # held turns have one.
     assert set(sessions) == {row.pk for row in claimed if row.session_worker}
-    assert {turn: (row.pk, row.session_id) for turn, row in sessions.items()} == {
-        turn: (row.pk, row.session_id) for turn, row in native_sessions_for(claimed).items()
+    assert {turn: _values(row) for turn, row in sessions.items()} == {
+        turn: _values(row) for turn, row in native_sessions_for(claimed).items()
     }
     # With the configuration version, read in the claim's snapshot, and no lease run out.
     assert version == ConfigurationVersion.objects.get().value
@@ -133,14 +138,78 @@ def test_the_compiled_claim_picks_what_the_query_of_the_dispatch_picks(kinds, wo
     assert sorted(running.values_list("id", flat=True)) == sorted(expected)
 
 
-def test_the_claim_is_compiled_once_per_shape(settings):
-    claims._picking.cache_clear()
-    claims._picking(1, 1, settings.BATON_SESSION_AFFINITY_SECONDS)
-    claims._picking(1, 1, settings.BATON_SESSION_AFFINITY_SECONDS)
-    assert claims._picking.cache_info().misses == 1
-    claims._picking(2, 1, settings.BATON_SESSION_AFFINITY_SECONDS)
-    claims._picking(1, 5, settings.BATON_SESSION_AFFINITY_SECONDS)
-    assert claims._picking.cache_info().misses == 3
+def _values(row, names=None) -> dict[str, object]:
+    fields = type(row)._meta.concrete_fields
+    return {
+        field.attname: getattr(row, field.attname)
+        for field in fields
+        if names is None or field.name in names
+    }
+
+
+def _columns(model, names=None) -> list[str]:
+    return [
+        field.column
+        for field in model._meta.concrete_fields
+        if names is None or field.name in names
+    ]
+
+
+def _listed(between: str, until: str) -> list[str]:
+    """The columns the claim statement lists after `between`, up to `until`."""
+    text = queries.text("claim_turns")
+    listed = text[text.index(between) + len(between) : text.index(until)]
+    return [column.strip().split(".")[-1] for column in listed.split(",") if column.strip()]
+
+
+def test_the_claim_returns_the_columns_the_payload_reads_in_the_models_order():
+    """The payload reads the claimed rows by position (`payload.claimed_rows`), and the
+    sessions by the model's field order: a column added to a model must be added here."""
+    assert _listed("RETURNING", "\n)\nSELECT") == _columns(Subtask, CLAIMED_FIELDS)
+    selected = _listed("\nSELECT\n", "(SELECT value")
+    claimed = len(CLAIMED_FIELDS)
+    tasks = len(Task._meta.concrete_fields)
+    assert selected[:claimed] == _columns(Subtask, CLAIMED_FIELDS)
+    assert selected[claimed : claimed + tasks] == _columns(Task)
+    assert selected[claimed + tasks :] == _columns(NativeSession)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_skips_a_turn_another_transaction_holds_locked(shipped_bots):
+    owner = get_user_model().objects.create_user(username="owner")
+    for title in ("first", "second", "third"):
+        create_task(
+            owner=owner,
+            title=title,
+            task_type="code",
+            message=title,
+            pipeline=[PipelineStep(executor="codex")],
+        )
+    first = Subtask.objects.filter(status=SubtaskStatus.PENDING).order_by("pending_since", "id")[0]
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                Subtask.objects.select_for_update().get(pk=first.pk)
+                locked.set()
+                release.wait(timeout=30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(timeout=30)
+        worker = make_worker("worker-1")
+        claimed = claims.claim_turns(worker=worker, worker_id="w", kinds=["codex"], limit=5)
+        assert [turn.task.title for turn in claimed] == ["second", "third"]
+    finally:
+        release.set()
+        holder.join()
+    # Once the lock is gone, the turn it held is claimed as usual.
+    [turn] = claims.claim_turns(worker=worker, worker_id="w", kinds=["codex"], limit=5)
+    assert turn.subtask.pk == first.pk
 
 
 def _plans(statement_start: str) -> tuple[int, int]:
@@ -190,29 +259,8 @@ def test_the_claim_and_its_lease_check_are_planned_once_not_on_every_dispatch(se
         with CaptureQueriesContext(connection) as dispatch:
             assert claims.claim_turns(worker=worker, worker_id="w", kinds=["codex"], limit=1) == []
         assert len(dispatch) == 1
-    generic, custom = _plans("WITH claimed AS (UPDATE tasks_subtask")
+    generic, custom = _plans("WITH claimed AS (")
     assert generic > 0 and custom <= 5, (generic, custom)
-
-
-def test_the_lease_check_can_read_the_index_of_running_leases_in_a_generic_plan():
-    """The claim statement's lease check, planned once for every dispatch, can read a partial
-    index of running turns: its status is in the text, not a parameter (a generic plan cannot
-    know that a parameter matches an index's predicate)."""
-    check = leases.expired_lease_exists().replace("%s", "$1")
-    with connection.cursor() as cursor:
-        cursor.execute("SET plan_cache_mode = force_generic_plan")
-        cursor.execute("SET enable_seqscan = off")  # the index, wherever it can be read
-        cursor.execute(f"PREPARE lease_check (timestamptz) AS SELECT {check}")
-        try:
-            cursor.execute("EXPLAIN EXECUTE lease_check (now())")
-            plan = "\n".join(line for (line,) in cursor.fetchall())
-        finally:
-            cursor.execute("DEALLOCATE lease_check")
-            cursor.execute("RESET enable_seqscan")
-            cursor.execute("RESET plan_cache_mode")
-    # The running leases' index, or the one of active turns (PENDING or RUNNING), whichever
-    # the planner's statistics favour: a partial index, not the whole table.
-    assert "Seq Scan" not in plan and "Index Scan using subtask_" in plan, plan
 
 
 def test_a_lease_run_out_is_reclaimed_and_its_turn_claimed_by_the_same_dispatch():

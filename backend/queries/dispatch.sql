@@ -1,0 +1,95 @@
+-- name: claim_turns
+-- Claim up to %(limit)s of the oldest PENDING assistant turns (and summary jobs) of these
+-- executor kinds that this worker may take now, in one round trip: the subquery locks the
+-- rows it picks and skips those another claim has locked (FOR UPDATE SKIP LOCKED), and the
+-- UPDATE changes exactly those, so each turn goes to one caller. The picking is the ORM's
+-- `claims._candidates` (its test oracle): past any retry backoff, and not held for the
+-- worker of the bot's native session unless that hold is over.
+-- Returns, oldest first, each claimed turn as the payload reads it (`payload.CLAIMED_FIELDS`
+-- in the model's field order, then every column of its task, then every column of its bot's
+-- native session in the task, for a turn, not a summary job), the configuration version and
+-- whether a RUNNING turn's lease ran out before %(now)s; on one row of NULL turn columns
+-- when nothing was claimed (the claimed rows are LEFT JOINed to one row).
+-- Statuses and roles are written in: a generic plan reads the partial indexes
+-- `subtask_dispatch_order` and `subtask_running_lease` only when their predicates'
+-- constants are in the text.
+-- Kept written out: a claim, a configuration read, a session read and the lease check in
+-- one round trip on every dispatch, which the ORM would send as four statements.
+WITH claimed AS (
+    UPDATE {subtask}
+    SET status = {running},
+        claimed_by_id = %(claimed_by_id)s::integer,
+        lease_owner = %(worker_id)s::text,
+        lease_expires_at = %(lease_expires_at)s::timestamptz,
+        started_at = %(now)s::timestamptz,
+        updated_at = %(now)s::timestamptz,
+        not_before = NULL,
+        attempts = attempts + 1
+    WHERE id IN (
+        SELECT id
+        FROM {subtask}
+        WHERE status = {pending}
+          AND role = {assistant}
+          AND pending_since IS NOT NULL
+          AND executor = ANY(%(kinds)s::text[])
+          AND (not_before IS NULL OR not_before <= %(now)s::timestamptz)
+          AND (
+              session_worker = ''
+              OR session_worker = %(worker_id)s::text
+              OR pending_since <= %(affinity_over)s::timestamptz
+          )
+        ORDER BY pending_since, id
+        LIMIT %(limit)s::integer
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING
+        id, task_id, kind, message_id, parent_message_id, role, status, sender, bot,
+        pipeline_step, executor, context_passing, error, error_code, usage,
+        native_session_id, pending_since, claimed_by_id, lease_owner, lease_expires_at,
+        attempts, releases, not_before, token_cap, context_overflows, session_worker,
+        progress_events, partial_text, progress_updated_at, history_text_tokens,
+        history_text_tokens_o200k, history_chars, history_bytes, history_lines,
+        history_tokens, history_tokens_estimated, history_replaced_chars, artifact_id,
+        history_is_preview, result_value_in_artifact, recorded_at, summary_first_message_id,
+        summary_last_message_id, summary_previous_id, created_at, updated_at, started_at,
+        finished_at, stop_confirmed_at
+)
+SELECT
+    claimed.id, claimed.task_id, claimed.kind, claimed.message_id,
+    claimed.parent_message_id, claimed.role, claimed.status, claimed.sender, claimed.bot,
+    claimed.pipeline_step, claimed.executor, claimed.context_passing, claimed.error,
+    claimed.error_code, claimed.usage, claimed.native_session_id, claimed.pending_since,
+    claimed.claimed_by_id, claimed.lease_owner, claimed.lease_expires_at, claimed.attempts,
+    claimed.releases, claimed.not_before, claimed.token_cap, claimed.context_overflows,
+    claimed.session_worker, claimed.progress_events, claimed.partial_text,
+    claimed.progress_updated_at, claimed.history_text_tokens,
+    claimed.history_text_tokens_o200k, claimed.history_chars, claimed.history_bytes,
+    claimed.history_lines, claimed.history_tokens, claimed.history_tokens_estimated,
+    claimed.history_replaced_chars, claimed.artifact_id, claimed.history_is_preview,
+    claimed.result_value_in_artifact, claimed.recorded_at, claimed.summary_first_message_id,
+    claimed.summary_last_message_id, claimed.summary_previous_id, claimed.created_at,
+    claimed.updated_at, claimed.started_at, claimed.finished_at, claimed.stop_confirmed_at,
+    task.id, task.owner_id, task.title, task.task_type, task.is_group_chat, task.status,
+    task.follow_up_strategy, task.pipeline, task.next_message_id, task.next_event_seq,
+    task.transcript_id, task.turn_index_id, task.created_at, task.updated_at,
+    task.summary_id,
+    session.id, session.task_id, session.bot, session.executor, session.session_id,
+    session.worker_id, session.seen_through_message_id, session.seen_message_ids,
+    session.context_tokens, session.turns, session.created_at, session.updated_at,
+    (SELECT value FROM {configurationversion} WHERE id = 1) AS configuration_version,
+    EXISTS (
+        SELECT 1
+        FROM {subtask}
+        WHERE status = {running} AND lease_expires_at < %(now)s::timestamptz
+    ) AS lease_ran_out
+FROM (VALUES (1)) AS one
+LEFT JOIN (
+    claimed
+    JOIN {task} AS task ON task.id = claimed.task_id
+    LEFT JOIN {nativesession} AS session
+        ON session.task_id = claimed.task_id
+        AND session.bot = claimed.bot
+        AND session.executor = claimed.executor
+        AND claimed.kind = {turn}
+) ON true
+ORDER BY claimed.pending_since, claimed.id;
