@@ -244,7 +244,7 @@ def _session_of(values: Sequence[Any]) -> NativeSession | None:
         column = field.get_col(NativeSession._meta.db_table)
         for converter in [
             *connection.ops.get_db_converters(column),
-            *field.get_db_converters(connection),
+            *column.get_db_converters(connection),
         ]:
             value = converter(value, column, connection)
         converted.append(value)

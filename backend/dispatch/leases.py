@@ -34,11 +34,10 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import connection, transaction
-from django.db.models import F
+from django.db import transaction
+from django.db.models import F, Subquery
 from django.utils import timezone
 
-from backend import sql
 from backend.dispatch.models import PromptReport
 from backend.errors import Conflict, LeaseLost, NotFound, TurnCancelled
 from backend.events import log_event
@@ -187,33 +186,15 @@ def requeue(
     refresh_task_status(task=Task.objects.get(pk=subtask.task_id))
 
 
-def _ran_out() -> str:
-    """The predicate of a RUNNING turn whose lease ran out before its one parameter (the
-    moment): an index range of the partial index of running leases, the status written in
-    for a prepared statement's plan to read that index (`sql.literal`). Only the table's name
-    and the status are formatted in."""
-    return (
-        f"FROM {Subtask._meta.db_table} "  # noqa: S608
-        f"WHERE status = {sql.literal(SubtaskStatus.RUNNING.value)} AND lease_expires_at < %s"
-    )
-
-
-def expired_lease_exists() -> str:
-    """SQL asking whether a RUNNING turn's lease ran out before its one parameter (the
-    moment), over the index range `_expired_lease_ids` reads."""
-    return f"EXISTS (SELECT 1 {_ran_out()})"
-
-
 def _expired_lease_ids(*, now: datetime) -> list[int]:
-    """The RUNNING turns whose lease ran out before `now`, soonest expired first. Every
-    dispatch on SQLite asks, and on PostgreSQL any whose claim found one (`claims`): one
-    index range read, its SQL written out instead of built by the ORM on each call."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id {_ran_out()} ORDER BY lease_expires_at LIMIT %s",
-            [sql.when(now), RECLAIM_BATCH],
-        )
-        return [row[0] for row in cursor.fetchall()]
+    """The RUNNING turns whose lease ran out before `now`, soonest expired first (a range of
+    the index of running leases). Every dispatch on SQLite asks, and on PostgreSQL one whose
+    claim found a lease run out (`claims`)."""
+    return list(
+        Subtask.objects.filter(status=SubtaskStatus.RUNNING, lease_expires_at__lt=now)
+        .order_by("lease_expires_at")
+        .values_list("id", flat=True)[:RECLAIM_BATCH]
+    )
 
 
 def claimed_turn(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
@@ -233,30 +214,20 @@ def claimed_turn(*, worker: User, worker_id: str, attempt: int, subtask_id: int)
     ):
         task = _locked_task_of(subtask_id=subtask_id, claimed_by=None)
     if task is not None:
-        found = sql.rows_of(
-            Subtask,
-            f"SELECT {sql.columns(Subtask)} FROM {Subtask._meta.db_table} "  # noqa: S608
-            f"WHERE id = %s{sql.locking()}",
-            [subtask_id],
-        )
-        if found:
-            found[0].task = task  # the locked row, read under the lock
-            return found[0]
+        found = Subtask.objects.select_for_update().filter(pk=subtask_id).first()
+        if found is not None:
+            found.task = task  # the locked row, read under the lock
+            return found
     raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
 
 
 def _locked_task_of(*, subtask_id: int, claimed_by: User | None) -> Task | None:
     """The task of the ASSISTANT turn `subtask_id` (held by `claimed_by`, when given), its row
     locked (see `lock_task`)."""
-    held = "" if claimed_by is None else " AND claimed_by_id = %s"
-    found = sql.rows_of(
-        Task,
-        f"SELECT {sql.columns(Task)} FROM {Task._meta.db_table} WHERE id = "  # noqa: S608
-        f"(SELECT task_id FROM {Subtask._meta.db_table} WHERE id = %s AND role = %s{held})"
-        f"{sql.locking()}",
-        [subtask_id, Role.ASSISTANT.value, *([] if claimed_by is None else [claimed_by.pk])],
-    )
-    return found[0] if found else None
+    turn = Subtask.objects.filter(pk=subtask_id, role=Role.ASSISTANT)
+    if claimed_by is not None:
+        turn = turn.filter(claimed_by=claimed_by)
+    return Task.objects.select_for_update().filter(pk=Subquery(turn.values("task_id"))).first()
 
 
 def _held_before(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> bool:

