@@ -35,6 +35,7 @@ from backend.dispatch.payload import (
     claimed_rows,
     record_dispatch,
 )
+from backend.dispatch.rows import instance_of
 from backend.dispatch.summaries import schedule_summaries
 from backend.errors import InvalidInput
 from backend.prompting import Role
@@ -234,21 +235,8 @@ def _claim_in_one_statement(
 
 
 def _session_of(values: Sequence[Any]) -> NativeSession | None:
-    """The native session of the claim statement's columns of one (None: no session), each
-    value converted as the ORM converts it (`Model.from_db`)."""
-    if values[0] is None:
-        return None
-    fields = NativeSession._meta.concrete_fields
-    converted = []
-    for field, value in zip(fields, values, strict=True):
-        column = field.get_col(NativeSession._meta.db_table)
-        for converter in [
-            *connection.ops.get_db_converters(column),
-            *column.get_db_converters(connection),
-        ]:
-            value = converter(value, column, connection)
-        converted.append(value)
-    return NativeSession.from_db(connection.alias, [field.attname for field in fields], converted)
+    """The native session of the claim statement's columns of one (None: no session)."""
+    return None if values[0] is None else instance_of(NativeSession, values)
 
 
 def _candidates(*, kinds: Sequence[str], worker_id: str, now: datetime) -> QuerySet[Subtask]:

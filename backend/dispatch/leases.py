@@ -34,11 +34,13 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Subquery
 from django.utils import timezone
 
+from backend import queries
 from backend.dispatch.models import PromptReport
+from backend.dispatch.rows import instance_of
 from backend.errors import Conflict, LeaseLost, NotFound, TurnCancelled
 from backend.events import log_event
 from backend.prompting import Role
@@ -207,27 +209,51 @@ def claimed_turn(*, worker: User, worker_id: str, attempt: int, subtask_id: int)
     writer of a task's turns uses (follow-ups, cancel, results), so concurrent writers queue
     instead of deadlocking.
     """
-    # The usual case, the account holding the claim, finds and locks the task in one query.
-    task = _locked_task_of(subtask_id=subtask_id, claimed_by=worker)
-    if task is None and _held_before(
+    # The usual case first: the account holding the claim.
+    found = _locked_turn_of(subtask_id=subtask_id, claimed_by=worker)
+    if found is None and _held_before(
         worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
     ):
-        task = _locked_task_of(subtask_id=subtask_id, claimed_by=None)
-    if task is not None:
-        found = Subtask.objects.select_for_update().filter(pk=subtask_id).first()
-        if found is not None:
-            found.task = task  # the locked row, read under the lock
-            return found
-    raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
+        found = _locked_turn_of(subtask_id=subtask_id, claimed_by=None)
+    if found is None:
+        raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
+    return found
 
 
-def _locked_task_of(*, subtask_id: int, claimed_by: User | None) -> Task | None:
-    """The task of the ASSISTANT turn `subtask_id` (held by `claimed_by`, when given), its row
-    locked (see `lock_task`)."""
+def _locked_turn_of(*, subtask_id: int, claimed_by: User | None) -> Subtask | None:
+    """The ASSISTANT turn `subtask_id` (held by `claimed_by`, when given) with its task, the
+    task's row locked, then the turn's (see `lock_task`). On PostgreSQL one statement
+    (`lock_claimed_turn`)."""
+    if connection.vendor == "postgresql":
+        rows = queries.fetch(
+            "lock_claimed_turn",
+            {
+                "subtask_id": subtask_id,
+                "claimed_by_id": None if claimed_by is None else claimed_by.pk,
+            },
+            {"assistant": Role.ASSISTANT.value},
+        )
+        if not rows:
+            return None
+        split = len(Subtask._meta.concrete_fields)
+        found = instance_of(Subtask, rows[0][:split])
+        found.task = instance_of(Task, rows[0][split:])
+        return found
+    return _locked_turn_by_orm(subtask_id=subtask_id, claimed_by=claimed_by)
+
+
+def _locked_turn_by_orm(*, subtask_id: int, claimed_by: User | None) -> Subtask | None:
+    """`_locked_turn_of` by the ORM: the task locked by one query, then the turn by another."""
     turn = Subtask.objects.filter(pk=subtask_id, role=Role.ASSISTANT)
     if claimed_by is not None:
         turn = turn.filter(claimed_by=claimed_by)
-    return Task.objects.select_for_update().filter(pk=Subquery(turn.values("task_id"))).first()
+    task = Task.objects.select_for_update().filter(pk=Subquery(turn.values("task_id"))).first()
+    if task is None:
+        return None
+    found = Subtask.objects.select_for_update().filter(pk=subtask_id).first()
+    if found is not None:
+        found.task = task  # the locked row, read under the lock
+    return found
 
 
 def _held_before(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> bool:

@@ -108,3 +108,39 @@ SET sent = (kind = %(sent_kind)s::text),
                          ELSE resume_reason END
 WHERE subtask_id = %(subtask_id)s::bigint AND attempt = %(attempt)s::integer
 RETURNING kind, included_message_ids;
+
+-- name: lock_claimed_turn
+-- A report's turn and its task, both rows locked, in one round trip: the ASSISTANT turn
+-- %(subtask_id)s, held by the worker account %(claimed_by_id)s (any account when NULL, for a
+-- claim its dispatch's PromptReport names). Returns every column of the turn, then every
+-- column of its task, each in the model's field order; no row when no such turn.
+-- `FOR UPDATE OF task, turn` locks the task row first, then the turn: the order every writer
+-- of a task's turns uses (`leases.claimed_turn`), so concurrent writers queue instead of
+-- deadlocking. The ORM's two locking reads of the same rows are `leases.claimed_turn`'s
+-- SQLite path and this statement's test oracle.
+-- Kept written out: every heartbeat, progress and result report runs it (the hottest path).
+SELECT
+    turn.id, turn.task_id, turn.kind, turn.message_id, turn.parent_message_id, turn.role,
+    turn.status, turn.sender, turn.bot, turn.pipeline_step, turn.executor,
+    turn.context_passing, turn.message, turn.result, turn.error, turn.error_code,
+    turn.usage, turn.native_session_id, turn.pending_since, turn.claimed_by_id,
+    turn.lease_owner, turn.lease_expires_at, turn.attempts, turn.releases, turn.not_before,
+    turn.token_cap, turn.context_overflows, turn.session_worker, turn.progress_events,
+    turn.partial_text, turn.progress_updated_at, turn.history_text,
+    turn.history_text_tokens, turn.history_text_tokens_o200k, turn.preview_head,
+    turn.preview_tail, turn.preview_layout, turn.history_chars, turn.history_bytes,
+    turn.history_lines, turn.history_tokens, turn.history_tokens_estimated,
+    turn.history_replaced_chars, turn.artifact_id, turn.history_is_preview,
+    turn.result_value_in_artifact, turn.recorded_at, turn.summary_first_message_id,
+    turn.summary_last_message_id, turn.summary_previous_id, turn.created_at,
+    turn.updated_at, turn.started_at, turn.finished_at, turn.stop_confirmed_at,
+    task.id, task.owner_id, task.title, task.task_type, task.is_group_chat, task.status,
+    task.follow_up_strategy, task.pipeline, task.next_message_id, task.next_event_seq,
+    task.transcript_id, task.turn_index_id, task.created_at, task.updated_at,
+    task.summary_id
+FROM {subtask} AS turn
+JOIN {task} AS task ON task.id = turn.task_id
+WHERE turn.id = %(subtask_id)s::bigint
+  AND turn.role = {assistant}
+  AND (%(claimed_by_id)s::integer IS NULL OR turn.claimed_by_id = %(claimed_by_id)s::integer)
+FOR UPDATE OF task, turn;

@@ -10,16 +10,17 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.db import connection, connections, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from backend import queries
-from backend.dispatch import claims, sessions
+from backend.dispatch import claims, leases, sessions
 from backend.dispatch.models import ConfigurationVersion, PromptReport
 from backend.dispatch.payload import CLAIMED_FIELDS
 from backend.dispatch.sessions import native_sessions_for
+from backend.prompting import Role
 from backend.tasks.models import NativeSession, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, create_task
 from tests.conftest import make_worker
@@ -334,3 +335,84 @@ def test_marking_the_prompt_sent_does_what_the_orm_does(resumed):
     assert marked == _reports_as_stored(subtask.pk)
     assert sorted(held) == sorted(reports.values_list("kind", "included_message_ids"))
     assert dict(held)[sessions.RESUME] == [7, 9]
+
+
+def _listed_in(name: str, between: str, until: str) -> list[str]:
+    text = queries.text(name)
+    listed = text[text.index(between) + len(between) : text.index(until)]
+    return [column.strip().split(".")[-1] for column in listed.split(",") if column.strip()]
+
+
+def test_the_claimed_turn_returns_every_column_of_the_turn_then_its_task_in_the_models_order():
+    """`leases._locked_turn_of` builds the turn and its task by position: a column added to
+    either model must be added here."""
+    selected = _listed_in("lock_claimed_turn", "\nSELECT\n", "\nFROM")
+    assert selected == _columns(Subtask) + _columns(Task)
+
+
+def _claimed_turns() -> tuple[Subtask, object, object]:
+    """A turn claimed by one worker account, and that account and another."""
+    owner = get_user_model().objects.create_user(username="owner")
+    create_task(
+        owner=owner,
+        title="t",
+        task_type="code",
+        message="m",
+        pipeline=[PipelineStep(executor="codex")],
+    )
+    holder, other = make_worker("worker-1"), make_worker("worker-2")
+    [turn] = claims.claim_turns(worker=holder, worker_id="w", kinds=["codex"], limit=1)
+    return turn.subtask, holder, other
+
+
+def test_the_claimed_turn_is_read_as_the_orm_reads_it():
+    subtask, holder, other = _claimed_turns()
+    Subtask.objects.filter(pk=subtask.pk).update(
+        usage={"input_tokens": 3}, progress_events=2, partial_text="so far"
+    )
+    asked_by = [
+        (subtask.pk, holder),
+        (subtask.pk, None),
+        (subtask.pk, other),  # not the account holding it
+        (Subtask.objects.get(task_id=subtask.task_id, role=Role.USER).pk, None),  # no turn
+        (subtask.pk + 1000, None),  # no such turn
+    ]
+    for subtask_id, claimed_by in asked_by:
+        with transaction.atomic():
+            found = leases._locked_turn_of(subtask_id=subtask_id, claimed_by=claimed_by)
+        with transaction.atomic():
+            expected = leases._locked_turn_by_orm(subtask_id=subtask_id, claimed_by=claimed_by)
+        assert (found is None) == (expected is None), (subtask_id, claimed_by)
+        if expected is not None:
+            assert found is not None
+            assert _values(found) == _values(expected)
+            assert _values(found.task) == _values(expected.task)
+            assert found._state.adding is False and found._state.db == expected._state.db
+    assert leases._locked_turn_of(subtask_id=subtask.pk, claimed_by=other) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claimed_turn_holds_the_lock_of_its_task_and_of_the_turn(shipped_bots):
+    subtask, holder, _ = _claimed_turns()
+    refused: list[str] = []
+
+    def try_to_lock() -> None:
+        try:
+            for model, pk in ((Task, subtask.task_id), (Subtask, subtask.pk)):
+                try:
+                    with transaction.atomic():
+                        model.objects.select_for_update(nowait=True).get(pk=pk)
+                except DatabaseError:
+                    refused.append(model.__name__)
+        finally:
+            connections.close_all()
+
+    with transaction.atomic():
+        found = leases.claimed_turn(
+            worker=holder, worker_id="w", attempt=subtask.attempts, subtask_id=subtask.pk
+        )
+        assert (found.pk, found.task.pk) == (subtask.pk, subtask.task_id)
+        other = threading.Thread(target=try_to_lock)
+        other.start()
+        other.join()
+    assert refused == ["Task", "Subtask"]
