@@ -27,6 +27,7 @@ from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value,
 
 from backend import queries
 from backend.dispatch.models import PromptReport
+from backend.dispatch.rows import instance_of
 from backend.prompting.inputs import PromptInput
 from backend.prompting.policy import PromptPolicy
 from backend.tasks.models import NativeSession, Subtask, SubtaskKind, SubtaskStatus
@@ -178,6 +179,17 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+def session_of(*, task_id: int, bot: str, executor: str) -> NativeSession | None:
+    """The native session of `bot` on `executor` in the task, if any. On PostgreSQL a named
+    statement (`native_session_of`)."""
+    if connection.vendor == "postgresql":
+        rows = queries.fetch(
+            "native_session_of", {"task_id": task_id, "bot": bot, "executor": executor}
+        )
+        return instance_of(NativeSession, rows[0]) if rows else None
+    return NativeSession.objects.filter(task_id=task_id, bot=bot, executor=executor).first()
+
+
 # What `record_session` writes of a session it found (`updated_at` is set on save).
 _SESSION_WRITES = (
     "session_id",
@@ -217,9 +229,7 @@ def record_session(
         assert subtask.parent_message_id is not None  # an ASSISTANT turn answers a message
         seen_now.add(subtask.parent_message_id + subtask.pipeline_step)  # the previous step
     context_tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
-    existing = NativeSession.objects.filter(
-        task_id=subtask.task_id, bot=subtask.bot, executor=subtask.executor
-    ).first()
+    existing = session_of(task_id=subtask.task_id, bot=subtask.bot, executor=subtask.executor)
     if resumed and existing is not None and existing.session_id == session_id:
         existing.seen_message_ids = sorted(set(existing.seen_message_ids) | seen_now)
         existing.turns += 1

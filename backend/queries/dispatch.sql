@@ -144,3 +144,18 @@ WHERE turn.id = %(subtask_id)s::bigint
   AND turn.role = {assistant}
   AND (%(claimed_by_id)s::integer IS NULL OR turn.claimed_by_id = %(claimed_by_id)s::integer)
 FOR UPDATE OF task, turn;
+
+-- name: native_session_of
+-- The native session of bot %(bot)s on executor %(executor)s in task %(task_id)s (at most one
+-- row: a task holds one session per bot and executor), every column in the model's field
+-- order. The ORM's read of the same row is `sessions.record_session`'s SQLite path and this
+-- statement's test oracle.
+-- Kept written out: every result report naming a session runs it.
+SELECT
+    session.id, session.task_id, session.bot, session.executor, session.session_id,
+    session.worker_id, session.seen_through_message_id, session.seen_message_ids,
+    session.context_tokens, session.turns, session.created_at, session.updated_at
+FROM {nativesession} AS session
+WHERE session.task_id = %(task_id)s::bigint
+  AND session.bot = %(bot)s::text
+  AND session.executor = %(executor)s::text;

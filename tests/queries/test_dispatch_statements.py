@@ -416,3 +416,44 @@ def test_the_claimed_turn_holds_the_lock_of_its_task_and_of_the_turn(shipped_bot
         other.start()
         other.join()
     assert refused == ["Task", "Subtask"]
+
+
+def test_the_session_read_returns_every_column_in_the_models_order():
+    assert _listed_in("native_session_of", "\nSELECT\n", "\nFROM") == _columns(NativeSession)
+
+
+def test_the_session_read_finds_what_the_orm_finds():
+    subtask, _, _ = _claimed_turns()
+    NativeSession.objects.create(
+        task_id=subtask.task_id,
+        bot=subtask.bot,
+        executor=subtask.executor,
+        session_id="s-1",
+        worker_id="w",
+        seen_through_message_id=2,
+        seen_message_ids=[1, 2],
+        context_tokens=40,
+        turns=3,
+    )
+    NativeSession.objects.create(
+        task_id=subtask.task_id,
+        bot=subtask.bot,
+        executor="agno",
+        session_id="s-2",
+        seen_through_message_id=1,
+    )
+    for bot, executor in [
+        (subtask.bot, subtask.executor),
+        (subtask.bot, "agno"),
+        (subtask.bot, "claude_code"),  # none
+        ("somebody", subtask.executor),  # none
+    ]:
+        found = sessions.session_of(task_id=subtask.task_id, bot=bot, executor=executor)
+        expected = NativeSession.objects.filter(
+            task_id=subtask.task_id, bot=bot, executor=executor
+        ).first()
+        assert (found is None) == (expected is None), (bot, executor)
+        if expected is not None:
+            assert found is not None
+            assert _values(found) == _values(expected)
+            assert found._state.adding is False
