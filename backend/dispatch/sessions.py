@@ -24,6 +24,7 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
+from django.utils import timezone
 
 from backend import queries
 from backend.dispatch.models import PromptReport
@@ -244,7 +245,29 @@ def record_session(
     existing.worker_id = worker_id
     existing.seen_through_message_id = subtask.message_id
     existing.context_tokens = context_tokens
-    if existing.pk is None:
-        existing.save(force_insert=True)
+    _write_session(existing)
+
+
+def _write_session(session: NativeSession) -> None:
+    """Insert the session, or update the row it was read from. On PostgreSQL one statement
+    (`record_native_session`) either way."""
+    if connection.vendor == "postgresql":
+        queries.execute(
+            "record_native_session",
+            {
+                "task_id": session.task_id,
+                "bot": session.bot,
+                "executor": session.executor,
+                "session_id": session.session_id,
+                "worker_id": session.worker_id,
+                "seen_through_message_id": session.seen_through_message_id,
+                "seen_message_ids": json.dumps(session.seen_message_ids),
+                "context_tokens": session.context_tokens,
+                "turns": session.turns,
+                "now": timezone.now(),
+            },
+        )
+    elif session.pk is None:
+        session.save(force_insert=True)
     else:
-        existing.save(update_fields=_SESSION_WRITES)
+        session.save(update_fields=_SESSION_WRITES)

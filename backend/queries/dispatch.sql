@@ -159,3 +159,29 @@ FROM {nativesession} AS session
 WHERE session.task_id = %(task_id)s::bigint
   AND session.bot = %(bot)s::text
   AND session.executor = %(executor)s::text;
+
+-- name: record_native_session
+-- After a result: write what the native session of bot %(bot)s on executor %(executor)s in
+-- task %(task_id)s has now seen, inserting the session or updating the task's one row of
+-- that bot and executor (`native_session_per_bot`). Runs under the task's lock, after
+-- `native_session_of` read the row. The ORM's insert or update of the one row
+-- (`sessions._write_session`) is the SQLite path and this statement's test oracle.
+-- Kept written out: every result report naming a session runs it.
+INSERT INTO {nativesession} AS session (
+    task_id, bot, executor, session_id, worker_id, seen_through_message_id, seen_message_ids,
+    context_tokens, turns, created_at, updated_at
+)
+VALUES (
+    %(task_id)s::bigint, %(bot)s::text, %(executor)s::text, %(session_id)s::text,
+    %(worker_id)s::text, %(seen_through_message_id)s::integer, %(seen_message_ids)s::jsonb,
+    %(context_tokens)s::integer, %(turns)s::integer, %(now)s::timestamptz,
+    %(now)s::timestamptz
+)
+ON CONFLICT (task_id, bot, executor) DO UPDATE
+SET session_id = EXCLUDED.session_id,
+    worker_id = EXCLUDED.worker_id,
+    seen_through_message_id = EXCLUDED.seen_through_message_id,
+    seen_message_ids = EXCLUDED.seen_message_ids,
+    context_tokens = EXCLUDED.context_tokens,
+    turns = EXCLUDED.turns,
+    updated_at = EXCLUDED.updated_at;

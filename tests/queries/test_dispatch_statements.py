@@ -457,3 +457,44 @@ def test_the_session_read_finds_what_the_orm_finds():
             assert found is not None
             assert _values(found) == _values(expected)
             assert found._state.adding is False
+
+
+def _session_as_stored(task_id: int) -> list[dict[str, object]]:
+    return [
+        {name: value for name, value in _values(row).items() if name not in _WRITTEN_AT}
+        for row in NativeSession.objects.filter(task_id=task_id).order_by("bot", "executor")
+    ]
+
+
+_WRITTEN_AT = {"id", "created_at", "updated_at"}
+
+
+def test_writing_a_session_does_what_the_orm_does():
+    subtask, _, _ = _claimed_turns()
+    task_id, bot = subtask.task_id, subtask.bot
+    NativeSession.objects.create(
+        task_id=task_id, bot=bot, executor="agno", session_id="s-0", seen_through_message_id=1
+    )
+    fresh = {"task_id": task_id, "bot": bot, "executor": "codex", "session_id": "s-1"}
+    written = {"worker_id": "w", "seen_through_message_id": 2, "seen_message_ids": [1, 2]}
+    for session in [
+        NativeSession(**fresh, **written, context_tokens=40, turns=1),  # inserted
+        NativeSession(**fresh, **written, context_tokens=None, turns=2),  # then updated
+    ]:
+        with transaction.atomic():
+            sessions._write_session(session)
+            by_statement = _session_as_stored(task_id)
+            transaction.set_rollback(True)
+        with transaction.atomic():
+            # The oracle: the ORM's insert, or its update of the row read.
+            stored = sessions.session_of(task_id=task_id, bot=bot, executor="codex")
+            if stored is None:
+                session.save(force_insert=True)
+            else:
+                for name in ("session_id", *written, "context_tokens", "turns"):
+                    setattr(stored, name, getattr(session, name))
+                stored.save(update_fields=sessions._SESSION_WRITES)
+            assert by_statement == _session_as_stored(task_id)
+        # The ORM's write stays: the next case updates it.
+    [row] = NativeSession.objects.filter(task_id=task_id, executor="codex")
+    assert (row.turns, row.context_tokens, row.seen_message_ids) == (2, None, [1, 2])
