@@ -1,7 +1,9 @@
 """The dispatch path's statements (`backend/queries/dispatch.sql`) on PostgreSQL: the claim
 picks exactly the turns the ORM's query of that dispatch picks (backoff, session affinity,
 kinds, order and limit), skips the turns another claim holds locked, and finds a lease run
-out; it returns the claimed rows as the ORM reads them."""
+out; it returns the claimed rows as the ORM reads them. A report's turn and its task are
+locked and read as the ORM's locking reads read them, and a native session is read and
+written as the ORM reads and writes it."""
 
 from __future__ import annotations
 
