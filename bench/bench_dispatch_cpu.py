@@ -40,9 +40,17 @@ from bench.bench_dispatch import seed  # noqa: E402
 Send = Callable[[str, dict[str, Any] | None], tuple[int, Any]]
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """User + system CPU seconds of each of the processes `pids` still running (a backend
+    whose connection closed has none)."""
+    seconds = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        seconds[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds
 
 
 def _backends(*, other_than_mine: bool) -> list[int]:
@@ -162,11 +170,14 @@ def main() -> None:
             def measure(name: str, work: Callable[[], None]) -> None:
                 for _ in range(args.blocks):
                     python = server_cpu()
-                    database = sum(_cpu_seconds(pid) for pid in backends)
+                    before = _cpu_seconds(backends)
                     for _ in range(per_block):
                         work()
                     python = (server_cpu() - python) / per_block * 1000
-                    database = (sum(_cpu_seconds(pid) for pid in backends) - database) / per_block
+                    # Only the backends that served the whole block count.
+                    after = _cpu_seconds(backends)
+                    spent = sum(after[pid] - before[pid] for pid in after.keys() & before.keys())
+                    database = spent / per_block
                     rows.append((name, python, database * 1000))
 
             what = "cycle (dispatch + report)" if args.report else "dispatch"

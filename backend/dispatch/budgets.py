@@ -36,7 +36,6 @@ from typing import Any
 
 from django.db.models import F, Q
 
-from backend import sql
 from backend.configuration_cache import CONFIGURATION
 from backend.dispatch.models import PromptReport
 from backend.events import log_event
@@ -192,15 +191,7 @@ def model_windows_for(
             for row in CONFIGURATION.read(
                 version=configuration_version,
                 key=("models", listed),
-                load=lambda: tuple(
-                    sql.rows_of(
-                        LanguageModel,
-                        f"SELECT {sql.columns(LanguageModel)} "  # noqa: S608
-                        f"FROM {LanguageModel._meta.db_table} "
-                        f"WHERE name IN ({sql.placeholders(listed)})",
-                        listed,
-                    )
-                ),
+                load=lambda: tuple(LanguageModel.objects.filter(name__in=listed)),
             )
         }
         if listed

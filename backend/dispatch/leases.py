@@ -35,11 +35,12 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import F, Subquery
 from django.utils import timezone
 
-from backend import sql
+from backend import queries
 from backend.dispatch.models import PromptReport
+from backend.dispatch.rows import instance_of
 from backend.errors import Conflict, LeaseLost, NotFound, TurnCancelled
 from backend.events import log_event
 from backend.prompting import Role
@@ -187,33 +188,15 @@ def requeue(
     refresh_task_status(task=Task.objects.get(pk=subtask.task_id))
 
 
-def _ran_out() -> str:
-    """The predicate of a RUNNING turn whose lease ran out before its one parameter (the
-    moment): an index range of the partial index of running leases, the status written in
-    for a prepared statement's plan to read that index (`sql.literal`). Only the table's name
-    and the status are formatted in."""
-    return (
-        f"FROM {Subtask._meta.db_table} "  # noqa: S608
-        f"WHERE status = {sql.literal(SubtaskStatus.RUNNING.value)} AND lease_expires_at < %s"
-    )
-
-
-def expired_lease_exists() -> str:
-    """SQL asking whether a RUNNING turn's lease ran out before its one parameter (the
-    moment), over the index range `_expired_lease_ids` reads."""
-    return f"EXISTS (SELECT 1 {_ran_out()})"
-
-
 def _expired_lease_ids(*, now: datetime) -> list[int]:
-    """The RUNNING turns whose lease ran out before `now`, soonest expired first. Every
-    dispatch on SQLite asks, and on PostgreSQL any whose claim found one (`claims`): one
-    index range read, its SQL written out instead of built by the ORM on each call."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id {_ran_out()} ORDER BY lease_expires_at LIMIT %s",
-            [sql.when(now), RECLAIM_BATCH],
-        )
-        return [row[0] for row in cursor.fetchall()]
+    """The RUNNING turns whose lease ran out before `now`, soonest expired first (a range of
+    the index of running leases). Every dispatch on SQLite asks, and on PostgreSQL one whose
+    claim found a lease run out (`claims`)."""
+    return list(
+        Subtask.objects.filter(status=SubtaskStatus.RUNNING, lease_expires_at__lt=now)
+        .order_by("lease_expires_at")
+        .values_list("id", flat=True)[:RECLAIM_BATCH]
+    )
 
 
 def claimed_turn(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
@@ -226,37 +209,51 @@ def claimed_turn(*, worker: User, worker_id: str, attempt: int, subtask_id: int)
     writer of a task's turns uses (follow-ups, cancel, results), so concurrent writers queue
     instead of deadlocking.
     """
-    # The usual case, the account holding the claim, finds and locks the task in one query.
-    task = _locked_task_of(subtask_id=subtask_id, claimed_by=worker)
-    if task is None and _held_before(
+    # The usual case first: the account holding the claim.
+    found = _locked_turn_of(subtask_id=subtask_id, claimed_by=worker)
+    if found is None and _held_before(
         worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id
     ):
-        task = _locked_task_of(subtask_id=subtask_id, claimed_by=None)
-    if task is not None:
-        found = sql.rows_of(
-            Subtask,
-            f"SELECT {sql.columns(Subtask)} FROM {Subtask._meta.db_table} "  # noqa: S608
-            f"WHERE id = %s{sql.locking()}",
-            [subtask_id],
+        found = _locked_turn_of(subtask_id=subtask_id, claimed_by=None)
+    if found is None:
+        raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
+    return found
+
+
+def _locked_turn_of(*, subtask_id: int, claimed_by: User | None) -> Subtask | None:
+    """The ASSISTANT turn `subtask_id` (held by `claimed_by`, when given) with its task, the
+    task's row locked, then the turn's (see `lock_task`). On PostgreSQL one statement
+    (`lock_claimed_turn`)."""
+    if connection.vendor == "postgresql":
+        rows = queries.fetch(
+            "lock_claimed_turn",
+            {
+                "subtask_id": subtask_id,
+                "claimed_by_id": None if claimed_by is None else claimed_by.pk,
+            },
+            {"assistant": Role.ASSISTANT.value},
         )
-        if found:
-            found[0].task = task  # the locked row, read under the lock
-            return found[0]
-    raise NotFound(f"Turn {subtask_id} is not claimed by this worker.")
+        if not rows:
+            return None
+        split = len(Subtask._meta.concrete_fields)
+        found = instance_of(Subtask, rows[0][:split])
+        found.task = instance_of(Task, rows[0][split:])
+        return found
+    return _locked_turn_by_orm(subtask_id=subtask_id, claimed_by=claimed_by)
 
 
-def _locked_task_of(*, subtask_id: int, claimed_by: User | None) -> Task | None:
-    """The task of the ASSISTANT turn `subtask_id` (held by `claimed_by`, when given), its row
-    locked (see `lock_task`)."""
-    held = "" if claimed_by is None else " AND claimed_by_id = %s"
-    found = sql.rows_of(
-        Task,
-        f"SELECT {sql.columns(Task)} FROM {Task._meta.db_table} WHERE id = "  # noqa: S608
-        f"(SELECT task_id FROM {Subtask._meta.db_table} WHERE id = %s AND role = %s{held})"
-        f"{sql.locking()}",
-        [subtask_id, Role.ASSISTANT.value, *([] if claimed_by is None else [claimed_by.pk])],
-    )
-    return found[0] if found else None
+def _locked_turn_by_orm(*, subtask_id: int, claimed_by: User | None) -> Subtask | None:
+    """`_locked_turn_of` by the ORM: the task locked by one query, then the turn by another."""
+    turn = Subtask.objects.filter(pk=subtask_id, role=Role.ASSISTANT)
+    if claimed_by is not None:
+        turn = turn.filter(claimed_by=claimed_by)
+    task = Task.objects.select_for_update().filter(pk=Subquery(turn.values("task_id"))).first()
+    if task is None:
+        return None
+    found = Subtask.objects.select_for_update().filter(pk=subtask_id).first()
+    if found is not None:
+        found.task = task  # the locked row, read under the lock
+    return found
 
 
 def _held_before(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> bool:

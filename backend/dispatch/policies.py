@@ -28,7 +28,6 @@ from django.db import transaction
 from django.db.models import F
 from pydantic import ValidationError
 
-from backend import sql
 from backend.configuration_cache import CONFIGURATION
 from backend.dispatch.models import DEFAULT_TASK_TYPE, HistoryPolicy
 from backend.errors import InvalidInput
@@ -204,15 +203,7 @@ def policy_rows(
     rows = CONFIGURATION.read(
         version=configuration_version,
         key=("policies", wanted),
-        load=lambda: tuple(
-            sql.rows_of(
-                HistoryPolicy,
-                f"SELECT {sql.columns(HistoryPolicy)} "  # noqa: S608
-                f"FROM {HistoryPolicy._meta.db_table} "
-                f"WHERE task_type IN ({sql.placeholders(wanted)})",
-                wanted,
-            )
-        ),
+        load=lambda: tuple(HistoryPolicy.objects.filter(task_type__in=wanted)),
     )
     return {row.task_type: row for row in rows}
 

@@ -18,11 +18,17 @@ resume is forgotten (`forget_session`): the turn runs again in a fresh one (see 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from backend import executor_kinds, sql
+from django.db import connection
+from django.db.models import BooleanField, Case, ExpressionWrapper, F, Q, Value, When
+from django.utils import timezone
+
+from backend import executor_kinds, queries
 from backend.dispatch.models import PromptReport
+from backend.dispatch.rows import instance_of
 from backend.prompting.inputs import PromptInput
 from backend.prompting.policy import PromptPolicy
 from backend.tasks.models import NativeSession, Subtask, SubtaskKind, SubtaskStatus
@@ -36,12 +42,7 @@ def native_sessions_for(subtasks: Sequence[Subtask]) -> dict[int, NativeSession]
         return {}
     task_ids = sorted({subtask.task_id for subtask in subtasks})
     # A task holds one session per bot and executor: its few rows are matched here.
-    rows = sql.rows_of(
-        NativeSession,
-        f"SELECT {sql.columns(NativeSession)} FROM {NativeSession._meta.db_table} "  # noqa: S608
-        f"WHERE task_id IN ({sql.placeholders(task_ids)})",
-        task_ids,
-    )
+    rows = NativeSession.objects.filter(task_id__in=task_ids)
     by_key = {(row.task_id, row.bot, row.executor): row for row in rows}
     found = {}
     for subtask in subtasks:
@@ -142,6 +143,52 @@ def resume_input(full_input: PromptInput, *, seen_through: int) -> PromptInput:
     return PromptInput(**data)
 
 
+def _mark_sent(
+    *, subtask: Subtask, sent_kind: str, resumed: bool
+) -> Iterable[tuple[str, list[int]]]:
+    """Mark which prompt of the claim's dispatch was sent (`sent_kind`) and why a resume
+    prompt was or was not; each prompt's kind and the turns it held (the one sent is what
+    the session has now seen). On PostgreSQL one statement (`record_prompt_sent`)."""
+    resume_reason = "resumed" if resumed else "resume_failed"
+    if connection.vendor == "postgresql":
+        rows = queries.fetch(
+            "record_prompt_sent",
+            {
+                "sent_kind": sent_kind,
+                "resume_reason": resume_reason,
+                "subtask_id": subtask.pk,
+                "attempt": subtask.attempts,
+            },
+            {"resume": RESUME},
+        )
+        return [(kind, _json(included)) for kind, included in rows]
+    reports = PromptReport.objects.filter(subtask_id=subtask.pk, attempt=subtask.attempts)
+    reports.update(
+        sent=ExpressionWrapper(Q(kind=sent_kind), output_field=BooleanField()),
+        resume_reason=Case(
+            When(kind=RESUME, then=Value(resume_reason)), default=F("resume_reason")
+        ),
+    )
+    # Read only if iterated: when a session is to be recorded.
+    return reports.values_list("kind", "included_message_ids")
+
+
+def _json(value: Any) -> Any:
+    """A JSON column's value as the ORM reads it (the driver hands Django's text over)."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def session_of(*, task_id: int, bot: str, executor: str) -> NativeSession | None:
+    """The native session of `bot` on `executor` in the task, if any. On PostgreSQL a named
+    statement (`native_session_of`)."""
+    if connection.vendor == "postgresql":
+        rows = queries.fetch(
+            "native_session_of", {"task_id": task_id, "bot": bot, "executor": executor}
+        )
+        return instance_of(NativeSession, rows[0]) if rows else None
+    return NativeSession.objects.filter(task_id=task_id, bot=bot, executor=executor).first()
+
+
 # What `record_session` writes of a session it found (`updated_at` is set on save).
 _SESSION_WRITES = (
     "session_id",
@@ -168,43 +215,20 @@ def record_session(
     session: its session may hold a half-finished exchange, so the next turn starts fresh.
     """
     sent_kind = RESUME if resumed else "full"
-    table = PromptReport._meta.db_table
-    # Every result report runs it: its SQL is written out (see `backend.sql`). The reports
-    # come back with the turns each prompt held: the one sent is what the session has seen.
-    reports = sql.values_of(
-        PromptReport,
-        ("kind", "included_message_ids"),
-        f"UPDATE {table} SET sent = (kind = %s), "  # noqa: S608
-        "resume_reason = CASE WHEN kind = %s THEN %s ELSE resume_reason END "
-        "WHERE subtask_id = %s AND attempt = %s "
-        f"RETURNING {sql.value_columns(PromptReport, ('kind', 'included_message_ids'))}",
-        [
-            sent_kind,
-            RESUME,
-            "resumed" if resumed else "resume_failed",
-            subtask.pk,
-            subtask.attempts,
-        ],
-    )
+    held = _mark_sent(subtask=subtask, sent_kind=sent_kind, resumed=resumed)
     if (
         not session_id
         or subtask.status != SubtaskStatus.COMPLETED
         or subtask.kind != SubtaskKind.TURN
     ):
         return  # a summary job's session is of no use to the task's turns
-    sent = next((included for kind, included in reports if kind == sent_kind), None)
+    sent = next((included for kind, included in held if kind == sent_kind), None)
     seen_now = {*(sent or []), subtask.parent_message_id, subtask.message_id}
     if subtask.pipeline_step:
         assert subtask.parent_message_id is not None  # an ASSISTANT turn answers a message
         seen_now.add(subtask.parent_message_id + subtask.pipeline_step)  # the previous step
     context_tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
-    found = sql.rows_of(
-        NativeSession,
-        f"SELECT {sql.columns(NativeSession)} FROM {NativeSession._meta.db_table} "  # noqa: S608
-        "WHERE task_id = %s AND bot = %s AND executor = %s",
-        [subtask.task_id, subtask.bot, subtask.executor],
-    )
-    existing = found[0] if found else None
+    existing = session_of(task_id=subtask.task_id, bot=subtask.bot, executor=subtask.executor)
     if resumed and existing is not None and existing.session_id == session_id:
         existing.seen_message_ids = sorted(set(existing.seen_message_ids) | seen_now)
         existing.turns += 1
@@ -219,7 +243,29 @@ def record_session(
     existing.worker_id = worker_id
     existing.seen_through_message_id = subtask.message_id
     existing.context_tokens = context_tokens
-    if existing.pk is None:
-        sql.insert([existing])
+    _write_session(existing)
+
+
+def _write_session(session: NativeSession) -> None:
+    """Insert the session, or update the row it was read from. On PostgreSQL one statement
+    (`record_native_session`) either way."""
+    if connection.vendor == "postgresql":
+        queries.execute(
+            "record_native_session",
+            {
+                "task_id": session.task_id,
+                "bot": session.bot,
+                "executor": session.executor,
+                "session_id": session.session_id,
+                "worker_id": session.worker_id,
+                "seen_through_message_id": session.seen_through_message_id,
+                "seen_message_ids": json.dumps(session.seen_message_ids),
+                "context_tokens": session.context_tokens,
+                "turns": session.turns,
+                "now": timezone.now(),
+            },
+        )
+    elif session.pk is None:
+        session.save(force_insert=True)
     else:
-        sql.update(existing, _SESSION_WRITES)
+        session.save(update_fields=_SESSION_WRITES)

@@ -1,0 +1,53 @@
+"""Model instances from the columns a named statement (`backend.queries`) returns.
+
+A statement lists a model's columns in the model's field order; each value is converted as
+the ORM converts what it reads (the backend's converters, then the field's, such as a JSON
+column's) and the instance is built by `Model.from_db`, so it is the row the ORM would load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any, TypeVar
+
+from django.db import connection
+from django.db.models import Model
+from django.db.models.expressions import Col
+
+M = TypeVar("M", bound=Model)
+
+Converter = Callable[[Any, Any, Any], Any]
+
+
+def instance_of(model: type[M], values: Sequence[Any]) -> M:
+    """The `model` instance of `values`, one per concrete field in the model's field order."""
+    names, converters = _converters(model, connection.alias)
+    converted = []
+    for (column, field_converters), value in zip(converters, values, strict=True):
+        for converter in field_converters:
+            value = converter(value, column, connection)
+        converted.append(value)
+    return model.from_db(connection.alias, names, converted)
+
+
+@cache
+def _converters(
+    model: type[Model], alias: str
+) -> tuple[list[str], list[tuple[Col, list[Converter]]]]:
+    """Each concrete field's attribute name, and its column with the converters of its values
+    (the same for every row: found once per model and database)."""
+    names, converters = [], []
+    for field in model._meta.concrete_fields:
+        column = field.get_col(model._meta.db_table)
+        names.append(field.attname)
+        converters.append(
+            (
+                column,
+                [
+                    *connection.ops.get_db_converters(column),
+                    *column.get_db_converters(connection),
+                ],
+            )
+        )
+    return names, converters
