@@ -130,8 +130,8 @@ def store_artifacts_and_composites(
     statements: the rows of both inserted together and locked together, then the composites'
     part rows. A composite's part may be one of the texts or another composite of the batch.
     Runs inside the caller's transaction, like `store_artifacts`. Three queries for the batch,
-    plus the file writes; a long transcript's dispatch stores its newest piece and the composites naming the
-    whole this way."""
+    plus the file writes; a long transcript's dispatch stores its newest piece and the
+    composites naming the whole this way."""
     addresses = [item.address() for item in texts]
     wanted = _wanted(texts, addresses)
     rows = {artifact_id: _new_row(item, address) for artifact_id, (item, address) in wanted.items()}

@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 from django.contrib.auth.models import User
 from django.db.models import Prefetch, prefetch_related_objects
 
-from backend import sql
 from backend.artifacts.models import Artifact
 from backend.artifacts.selectors import ManifestEntry, ManifestPart
 from backend.dispatch.budgets import TokenBudget, effective_max_tokens, model_windows_for
@@ -42,6 +41,7 @@ from backend.dispatch.prompts import (
     transcript_request,
     with_transcript,
 )
+from backend.dispatch.rows import instance_of
 from backend.dispatch.sessions import (
     RESUME,
     native_sessions_for,
@@ -195,9 +195,17 @@ CLAIMED_FIELDS = tuple(
 
 
 def claimed_rows(rows: Sequence[Sequence[Any]]) -> list[Subtask]:
-    """The claimed turns with their tasks, from rows that select `sql.columns(Subtask,
-    CLAIMED_FIELDS, …)` then `sql.columns(Task)` (and any columns after those)."""
-    return sql.models_of(Subtask, rows, fields=CLAIMED_FIELDS, joined=("task", None))
+    """The claimed turns with their tasks, from rows that list the turn's `CLAIMED_FIELDS`
+    then every column of its task, in the models' field order (and any columns after those):
+    the instances `_read_claimed` loads."""
+    width = len(CLAIMED_FIELDS)
+    tasks = len(Task._meta.concrete_fields)
+    claimed = []
+    for row in rows:
+        subtask = instance_of(Subtask, row[:width], CLAIMED_FIELDS)
+        subtask.task = instance_of(Task, row[width : width + tasks])
+        claimed.append(subtask)
+    return claimed
 
 
 def _read_claimed(ids: list[int]) -> list[Subtask]:

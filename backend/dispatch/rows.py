@@ -20,9 +20,10 @@ M = TypeVar("M", bound=Model)
 Converter = Callable[[Any, Any, Any], Any]
 
 
-def instance_of(model: type[M], values: Sequence[Any]) -> M:
-    """The `model` instance of `values`, one per concrete field in the model's field order."""
-    names, converters = _converters(model, connection.alias)
+def instance_of(model: type[M], values: Sequence[Any], fields: tuple[str, ...] | None = None) -> M:
+    """The `model` instance of `values`, one per concrete field in the model's field order
+    (`fields` only, when named: the rest deferred, as `only()` leaves them)."""
+    names, converters = _converters(model, connection.alias, fields)
     converted = []
     for (column, field_converters), value in zip(converters, values, strict=True):
         for converter in field_converters:
@@ -33,12 +34,15 @@ def instance_of(model: type[M], values: Sequence[Any]) -> M:
 
 @cache
 def _converters(
-    model: type[Model], alias: str
+    model: type[Model], alias: str, fields: tuple[str, ...] | None
 ) -> tuple[list[str], list[tuple[Col, list[Converter]]]]:
-    """Each concrete field's attribute name, and its column with the converters of its values
-    (the same for every row: found once per model and database)."""
+    """Each concrete field's attribute name (of `fields` only, when named), and its column
+    with the converters of its values (the same for every row: found once per model, fields
+    and database)."""
     names, converters = [], []
     for field in model._meta.concrete_fields:
+        if fields is not None and field.name not in fields:
+            continue
         column = field.get_col(model._meta.db_table)
         names.append(field.attname)
         converters.append(
