@@ -62,9 +62,10 @@ FIXED_QUERIES = 3
 # When a prompt leaves history out: the transcripts' sealed parts (none here: the histories
 # are shorter than a part) and the turns after them; in their own transaction (here a
 # savepoint and its release) inserting the artifacts (transcripts, turn indexes, the turn
-# files of turns without an artifact) and locking their rows, pointing the tasks to their transcript and index and linking the new turn files to their
-# turns; and reading the manifest (which a batch without pointer lines skips). Every claim
-# here has new turn files: the rounds they answer were recorded since the last claim.
+# files of turns without an artifact) and locking their rows, pointing the tasks to their
+# transcript and index and linking the new turn files to their turns; and reading the
+# manifest (which a batch without pointer lines skips). Every claim here has new turn files:
+# the rounds they answer were recorded since the last claim.
 TRANSCRIPT_QUERIES = 9
 
 
