@@ -84,3 +84,27 @@ written AS (
 )
 SELECT pg_notify(%(channel)s, CAST(task_id AS text))
 FROM (SELECT DISTINCT task_id FROM written) AS announced
+
+-- name: latest_round_statuses
+-- The statuses of the turns answering the task's latest USER message (marker false), and a
+-- row with marker true when a message of the task is queued: every result report asks.
+-- Measured in process on PostgreSQL (bench/bench_dispatch_cpu.py --report --native-sessions
+-- --dispatches 200 --blocks 1, under cProfile): the ORM's UNION of a Subquery and a queued
+-- part cost 1.11 s of 221 reports against 0.06 s for this statement.
+SELECT DISTINCT turn.status, false AS marker
+FROM {subtask} AS turn
+WHERE turn.task_id = %(task_id)s
+  AND turn.role = {assistant_role}
+  AND turn.parent_message_id = (
+    SELECT latest.message_id
+    FROM {subtask} AS latest
+    WHERE latest.task_id = %(task_id)s AND latest.role = {user_role}
+    ORDER BY latest.message_id DESC
+    LIMIT 1
+  )
+UNION ALL
+SELECT '', true
+WHERE EXISTS (
+  SELECT 1 FROM {queuedmessage} AS queued
+  WHERE queued.task_id = %(task_id)s AND queued.status = {queued}
+)

@@ -13,7 +13,7 @@ from django.db import transaction
 from backend.prompting import Role
 from backend.tasks import task_events
 from backend.tasks.models import Subtask, SubtaskStatus, Task, TaskEvent, TaskStatus
-from backend.tasks.services import PipelineStep, cancel_turn, create_task
+from backend.tasks.services import PipelineStep, cancel_turn, create_task, send_message
 
 pytestmark = [
     pytest.mark.postgres_only,
@@ -127,3 +127,31 @@ def test_record_claims_numbers_only_the_turns_still_running_as_the_orm_does(user
     assert sorted(claimed) == sorted([first.pk, in_cancelled.pk, alone.pk])
     for (_, next_seq), written in by_statement.values():
         assert [seq for seq, *_ in written] == list(range(1, next_seq))
+
+
+def _latest_round(task: Task) -> tuple[set[str], bool]:
+    from backend.tasks.services import status
+
+    by_statement = status._latest_round_statuses(task=task)
+    rows = status._latest_round_rows_by_orm(task=task)
+    by_orm = {state for state, marker in rows if not marker}, any(marker for _, marker in rows)
+    assert by_statement == by_orm
+    return by_statement
+
+
+def test_latest_round_statuses_reads_what_the_orm_reads(user):
+    task = create_task(
+        owner=user,
+        title="t",
+        task_type="code",
+        message="Fix the build.",
+        pipeline=[PipelineStep(executor="codex"), PipelineStep(executor="claude_code")],
+    )
+    assert _latest_round(task) == ({SubtaskStatus.PENDING}, False)
+    first, second = task.subtasks.filter(role=Role.ASSISTANT).order_by("message_id")
+    Subtask.objects.filter(pk=first.pk).update(status=SubtaskStatus.COMPLETED)
+    assert _latest_round(task) == ({SubtaskStatus.COMPLETED, SubtaskStatus.PENDING}, False)
+    Subtask.objects.filter(pk=second.pk).update(status=SubtaskStatus.RUNNING)
+    # A message sent while a turn runs waits in the queue (the default strategy, enqueue).
+    send_message(task=task, message="Also the docs.")
+    assert _latest_round(task) == ({SubtaskStatus.COMPLETED, SubtaskStatus.RUNNING}, True)

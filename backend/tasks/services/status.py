@@ -6,9 +6,11 @@ When that round has finished and a message is queued, the queued message's round
 
 from __future__ import annotations
 
+from django.db import connection
 from django.db.models import BooleanField, CharField, Subquery, Value
 from django.utils import timezone
 
+from backend import queries
 from backend.prompting import Role
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
@@ -47,7 +49,25 @@ def refresh_task_status(*, task: Task) -> str:
 
 def _latest_round_statuses(*, task: Task) -> tuple[set[str], bool]:
     """The statuses of the turns answering the task's latest USER message, and whether a
-    message is queued, in one query (every result report asks)."""
+    message is queued, in one query (every result report asks): on PostgreSQL the named
+    statement `latest_round_statuses`, elsewhere the ORM's query."""
+    if connection.vendor == "postgresql":
+        rows = queries.fetch(
+            "latest_round_statuses",
+            {"task_id": task.pk},
+            {
+                "assistant_role": Role.ASSISTANT.value,
+                "user_role": Role.USER.value,
+                "queued": QueuedMessageStatus.QUEUED.value,
+            },
+        )
+    else:
+        rows = _latest_round_rows_by_orm(task=task)
+    return {status for status, marker in rows if not marker}, any(marker for _, marker in rows)
+
+
+def _latest_round_rows_by_orm(*, task: Task) -> list[tuple[str, bool]]:
+    """`latest_round_statuses`' rows, by the ORM: SQLite's path and the statement's oracle."""
     latest = (
         Subtask.objects.filter(task_id=task.pk, role=Role.USER)
         .order_by("-message_id")
@@ -60,8 +80,7 @@ def _latest_round_statuses(*, task: Task) -> tuple[set[str], bool]:
     queued = QueuedMessage.objects.filter(
         task_id=task.pk, status=QueuedMessageStatus.QUEUED
     ).values_list(Value("", output_field=CharField()), Value(True, output_field=BooleanField()))
-    rows = list(turns.order_by().union(queued.order_by(), all=True))
-    return {status for status, marker in rows if not marker}, any(marker for _, marker in rows)
+    return list(turns.order_by().union(queued.order_by(), all=True))
 
 
 def start_next_queued(*, task: Task) -> list[Subtask]:
