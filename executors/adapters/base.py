@@ -18,6 +18,18 @@ from typing import ClassVar, Protocol
 
 from executors.events import Event, Outcome
 
+# The longest error text an adapter reports of a failed run.
+MAX_ERROR_CHARS = 4000
+
+
+def bounded_error(text: str) -> str:
+    """At most MAX_ERROR_CHARS of `text`, keeping its start (where an executor says what
+    failed)."""
+    text = text.strip()
+    if len(text) <= MAX_ERROR_CHARS:
+        return text
+    return text[: MAX_ERROR_CHARS - 1] + "…"
+
 
 class ExecutorUnavailable(RuntimeError):
     """The executor this worker was asked to serve is not installed or cannot run here."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from executors.adapters.base import MAX_ERROR_CHARS, bounded_error
 from executors.adapters.context_overflow import mentions_context_overflow
 from executors.adapters.session_usage import SessionUsageStore
 from executors.events import (
@@ -42,7 +43,6 @@ from executors.events import (
 )
 
 USAGE_STATE_DIR = "baton-session-usage"  # in the state dir: each session's last totals
-MAX_ERROR_CHARS = 4000
 # What Claude Code prints in `result.errors` when `--resume` names a session it does not have:
 # a UUID it has no transcript for, or (the second) anything else that matches no session title.
 MISSING_SESSION_PHRASES = (
@@ -214,14 +214,6 @@ def _count(value: Any) -> int:
     return number if number is not None and number > 0 else 0
 
 
-def _bounded(text: str) -> str:
-    """At most MAX_ERROR_CHARS of `text`, keeping its start (where Claude Code says what failed)."""
-    text = text.strip()
-    if len(text) <= MAX_ERROR_CHARS:
-        return text
-    return text[: MAX_ERROR_CHARS - 1] + "…"
-
-
 def _bounded_tail(text: str, limit: int) -> str:
     """At most `limit` characters of `text`, keeping its end (a crash's last words)."""
     text = text.strip()
@@ -357,7 +349,7 @@ class ClaudeCodeStreamParser:
         status = OutcomeStatus.RETRYABLE if code in RETRYABLE_CODES else OutcomeStatus.FAILED
         return Outcome(
             status=status,
-            error=_bounded(self._error_text(result, exit_code)),
+            error=bounded_error(self._error_text(result, exit_code)),
             error_code=code,
             usage=usage,
             session_id=session_id,

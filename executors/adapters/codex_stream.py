@@ -21,6 +21,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from executors.adapters.base import bounded_error
 from executors.adapters.context_overflow import mentions_context_overflow
 from executors.adapters.session_usage import SessionUsageStore
 from executors.events import (
@@ -40,7 +41,6 @@ from executors.events import (
 )
 
 USAGE_STATE_DIR = "baton-thread-usage"
-MAX_ERROR_CHARS = 4000
 # What Codex prints (exit 1, stderr) when asked to resume a thread it has no rollout file for.
 MISSING_SESSION_PHRASES = ("no rollout found for thread id", "no rollout found for conversation id")
 # Codex 0.163 rewrites an HTTP 500 into this text; match without the apostrophe (U+2019 today).
@@ -158,13 +158,6 @@ def is_missing_session(outcome_or_stderr: Outcome | str) -> bool:
         text = outcome_or_stderr
     lowered = text.lower()
     return any(phrase in lowered for phrase in MISSING_SESSION_PHRASES)
-
-
-def _bounded(text: str) -> str:
-    text = text.strip()
-    if len(text) <= MAX_ERROR_CHARS:
-        return text
-    return text[: MAX_ERROR_CHARS - 1] + "…"
 
 
 def _stderr_error(stderr_tail: str, exit_code: int) -> str:
@@ -286,7 +279,7 @@ class CodexStreamParser:
         status = OutcomeStatus.RETRYABLE if code in RETRYABLE_CODES else OutcomeStatus.FAILED
         return Outcome(
             status=status,
-            error=_bounded(error),
+            error=bounded_error(error),
             error_code=code,
             session_id=self.session_id,
             commands=tuple(self._commands),

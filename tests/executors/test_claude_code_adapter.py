@@ -30,6 +30,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from executors.adapters.base import (
+    MAX_ERROR_CHARS,
     BotConfig,
     ExecutorUnavailable,
     ModelEndpoint,
@@ -37,7 +38,6 @@ from executors.adapters.base import (
 )
 from executors.adapters.claude_code import INSTRUCTIONS_FILE, ClaudeCodeAdapter
 from executors.adapters.claude_code_stream import (
-    MAX_ERROR_CHARS,
     ClaudeCodeStreamParser,
     classify_error,
     is_missing_session,

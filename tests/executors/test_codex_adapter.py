@@ -29,6 +29,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from executors.adapters.base import (
+    MAX_ERROR_CHARS,
     BotConfig,
     ExecutorUnavailable,
     Launch,
@@ -37,7 +38,6 @@ from executors.adapters.base import (
 )
 from executors.adapters.codex import API_KEY_VARIABLE, CodexAdapter, toml_string
 from executors.adapters.codex_stream import (
-    MAX_ERROR_CHARS,
     CodexStreamParser,
     classify_error,
     is_missing_session,
