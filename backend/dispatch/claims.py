@@ -35,10 +35,10 @@ from backend.dispatch.payload import (
     claimed_rows,
     record_dispatch,
 )
-from backend.dispatch.rows import instance_of
 from backend.dispatch.summaries import schedule_summaries
 from backend.errors import InvalidInput
 from backend.prompting import Role
+from backend.queries.rows import instance_of
 from backend.tasks.models import (
     NativeSession,
     Subtask,

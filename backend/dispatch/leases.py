@@ -40,10 +40,10 @@ from django.utils import timezone
 
 from backend import queries
 from backend.dispatch.models import PromptReport
-from backend.dispatch.rows import instance_of
 from backend.errors import Conflict, LeaseLost, NotFound, TurnCancelled
 from backend.events import log_event
 from backend.prompting import Role
+from backend.queries.rows import instance_of
 from backend.tasks import task_events
 from backend.tasks.ingestion import replace_unstorable_chars
 from backend.tasks.models import (

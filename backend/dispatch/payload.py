@@ -41,7 +41,6 @@ from backend.dispatch.prompts import (
     transcript_request,
     with_transcript,
 )
-from backend.dispatch.rows import instance_of
 from backend.dispatch.sessions import (
     RESUME,
     native_sessions_for,
@@ -51,6 +50,7 @@ from backend.dispatch.sessions import (
 from backend.dispatch.summaries import SUMMARY_JOB, summary_job_prompts
 from backend.events import log_event
 from backend.prompting.inputs import PromptInput
+from backend.queries.rows import instance_of
 from backend.tasks import task_events
 from backend.tasks.history import prompt_input_for, prompt_inputs_for
 from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskKind, Task

@@ -28,9 +28,9 @@ from django.utils import timezone
 
 from backend import executor_kinds, queries
 from backend.dispatch.models import PromptReport
-from backend.dispatch.rows import instance_of
 from backend.prompting.inputs import PromptInput
 from backend.prompting.policy import PromptPolicy
+from backend.queries.rows import instance_of
 from backend.tasks.models import NativeSession, Subtask, SubtaskKind, SubtaskStatus
 
 RESUME = "resume"
