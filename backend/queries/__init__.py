@@ -11,9 +11,13 @@ A statement's text is SQL as PostgreSQL reads it, with two kinds of holes:
 - `%(name)s`: a parameter, sent apart from the text (every value from a request or a row);
 - `{name}`: composed into the text with `psycopg.sql` before the statement first runs. A
   model's name in lower case (`{subtask}`, `{nativesession}`) is that model's table, as an
-  identifier; any other name is a constant of Baton's code given by the caller (a status, a
-  role), as a literal: PostgreSQL can match a partial index's predicate only against a
-  constant in the statement's text, never against a parameter.
+  identifier; a name ending in `_table` (`{along_table}`) is a model the caller gives, as its
+  table; one ending in `_count` (`{request_count}`) a number the caller gives, as a literal;
+  any other name is a constant of Baton's code given by the caller (a status, a role), as a
+  literal. PostgreSQL can match a partial index's predicate only against a constant in the
+  statement's text, never against a parameter; and the plan it keeps for a prepared
+  statement (made once, for any parameters) counts the elements of an array parameter as 100
+  unless a count in the text bounds them.
 
 A statement is composed once per process and set of constants, and the same text is then sent
 on every call, so psycopg prepares it on the server after a few runs.
@@ -29,6 +33,7 @@ from typing import Any
 
 from django.apps import apps
 from django.db import connection
+from django.db.models import Model
 from psycopg import sql as psycopg_sql
 
 _HERE = Path(__file__).parent
@@ -83,21 +88,25 @@ def _tables() -> dict[str, str]:
     return tables
 
 
-def compose(name: str, constants: Mapping[str, str] | None = None) -> str:
+# What a caller gives a `{…}` hole: a constant (a literal) or a model (its table).
+Constant = str | int | type[Model]
+
+
+def compose(name: str, constants: Mapping[str, Constant] | None = None) -> str:
     """The statement `name` as sent to PostgreSQL: its `{…}` holes filled (see the module's
     docstring) and its `%(…)s` parameters left for the driver."""
-    return _compose(name, tuple(sorted((constants or {}).items())))
+    return _compose(name, tuple(sorted((constants or {}).items(), key=lambda item: item[0])))
 
 
 @cache
-def _compose(name: str, constants: tuple[tuple[str, str], ...]) -> str:
+def _compose(name: str, constants: tuple[tuple[str, Constant], ...]) -> str:
     given = dict(constants)
     tables = _tables()
     statement = _without_comments(text(name))
     holes: dict[str, psycopg_sql.Composable] = {}
     for hole in _holes(statement):
         if hole in given:
-            holes[hole] = psycopg_sql.Literal(str(given.pop(hole)))
+            holes[hole] = _given(name, hole, given.pop(hole))
         elif tables.get(hole):
             holes[hole] = psycopg_sql.Identifier(tables[hole])
         else:
@@ -107,6 +116,20 @@ def _compose(name: str, constants: tuple[tuple[str, str], ...]) -> str:
     composed = psycopg_sql.SQL(statement).format(**holes)
     connection.ensure_connection()
     return composed.as_string(connection.connection)
+
+
+def _given(name: str, hole: str, value: Constant) -> psycopg_sql.Composable:
+    """What the caller's `value` for `{hole}` composes to: a `*_table` hole's model as its
+    table, a `*_count` hole's number and any other hole's constant as a literal."""
+    kind = "table" if hole.endswith("_table") else "count" if hole.endswith("_count") else ""
+    is_model = isinstance(value, type) and issubclass(value, Model)
+    is_count = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    wanted = {"table": "a model", "count": "a number"}.get(kind, "a constant")
+    if (kind == "table") != is_model or (kind == "count") != is_count:
+        raise TypeError(f"statement {name!r}: {{{hole}}} takes {wanted}, not {value!r}")
+    if isinstance(value, type):
+        return psycopg_sql.Identifier(value._meta.db_table)
+    return psycopg_sql.Literal(value)
 
 
 _COMMENT_LINE = re.compile(r"^\s*--.*\n?", re.MULTILINE)
@@ -126,7 +149,7 @@ def _holes(statement: str) -> set[str]:
 
 
 def fetch(
-    name: str, params: Mapping[str, Any], constants: Mapping[str, str] | None = None
+    name: str, params: Mapping[str, Any], constants: Mapping[str, Constant] | None = None
 ) -> list[tuple[Any, ...]]:
     """Run the statement `name` with its parameters and return its rows."""
     _require_postgresql(name)
@@ -136,7 +159,7 @@ def fetch(
 
 
 def execute(
-    name: str, params: Mapping[str, Any], constants: Mapping[str, str] | None = None
+    name: str, params: Mapping[str, Any], constants: Mapping[str, Constant] | None = None
 ) -> int:
     """Run the statement `name`, which returns no rows, and say how many rows it changed."""
     _require_postgresql(name)

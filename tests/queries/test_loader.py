@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 
 from backend import queries
+from backend.tasks.models import Task
 
 ROOT = Path(__file__).resolve().parents[2]
 _PARAMETER = re.compile(r"%\((\w+)\)s")
@@ -62,7 +63,11 @@ def test_postgresql_parses_each_statement(name):
     """Every statement composes (each `{hole}` a table or a constant its caller gives) and
     PostgreSQL prepares it: its tables, columns and the types of its parameters exist."""
     statement = queries.text(name)
-    constants = {hole: "x" for hole in queries._holes(statement) if not queries._tables().get(hole)}
+    constants = {
+        hole: Task if hole.endswith("_table") else 1 if hole.endswith("_count") else "x"
+        for hole in queries._holes(queries._without_comments(statement))
+        if not queries._tables().get(hole)
+    }
     composed = queries.compose(name, constants)
     numbered: dict[str, int] = {}
     prepared = _PARAMETER.sub(
@@ -81,6 +86,8 @@ def test_a_statement_is_composed_with_tables_as_identifiers_and_constants_as_lit
     (tmp_path / "sample.sql").write_text(
         "-- name: sample\n-- A comment goes, with its {brace} and 100% sign.\n"
         "SELECT id FROM {task} WHERE status = {running} AND id = %(id)s AND '{{}}' <> ''\n"
+        "-- name: given_table\nSELECT id FROM {given_table}\n"
+        "-- name: given_count\nSELECT id FROM {task} LIMIT {row_count}\n"
     )
     monkeypatch.setattr(queries, "_HERE", tmp_path)
     queries._statements.cache_clear()
@@ -96,6 +103,21 @@ def test_a_statement_is_composed_with_tables_as_identifiers_and_constants_as_lit
             queries.compose("sample")
         with pytest.raises(KeyError, match="no hole"):
             queries.compose("sample", {"running": "x", "other": "y"})
+        with pytest.raises(TypeError, match="takes a constant"):
+            queries.compose("sample", {"running": Task})
+        assert queries.compose("given_table", {"given_table": Task}) == (
+            'SELECT id FROM "tasks_task"\n'
+        )
+        with pytest.raises(TypeError, match="takes a model"):
+            queries.compose("given_table", {"given_table": "tasks_task"})
+        assert queries.compose("given_count", {"row_count": 3}) == (
+            'SELECT id FROM "tasks_task" LIMIT 3\n'
+        )
+        for wrong in ("3", -1, True, Task):
+            with pytest.raises(TypeError, match="takes a number"):
+                queries.compose("given_count", {"row_count": wrong})
+        with pytest.raises(TypeError, match="takes a constant"):
+            queries.compose("sample", {"running": 3})
     finally:
         queries._statements.cache_clear()
         queries._compose.cache_clear()
