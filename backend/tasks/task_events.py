@@ -31,6 +31,7 @@ from django.db.models import Case, F, Model, Q, Value, When
 from django.utils import timezone
 
 from backend import queries
+from backend.queries.rows import document
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskEvent, TaskStatus
 from backend.tasks.wakeups import EVENTS_CHANNEL, announce_events
 
@@ -173,24 +174,25 @@ def record_claims(*, turns: Sequence[Subtask], along: Sequence[Model] = ()) -> N
     their task's status alone.
 
     `along`: new rows of one model written by the claim, such as the dispatch's prompt
-    reports, inserted first in the same transaction: they commit with the events, or
-    neither does."""
+    reports: they commit with the events, or neither does (inserted by the same statement on
+    PostgreSQL, first in the same transaction with the ORM)."""
     by_task: dict[int, list[Subtask]] = {}
     for turn in sorted(turns, key=lambda turn: (turn.task_id, turn.message_id)):
         if turn.kind == SubtaskKind.TURN:
             by_task.setdefault(turn.task_id, []).append(turn)
+    if by_task and connection.vendor == "postgresql":
+        _record_claims_statement(by_task, along=along)
+        return
     with transaction.atomic() if along and by_task else nullcontext():
         if along:
             type(along[0])._default_manager.bulk_create(along)
-        if not by_task:
-            return
-        if connection.vendor == "postgresql":
-            _record_claims_statement(by_task)
-        else:
+        if by_task:
             _record_claims_with_orm(by_task)
 
 
-def _record_claims_statement(by_task: dict[int, list[Subtask]]) -> None:
+def _record_claims_statement(
+    by_task: dict[int, list[Subtask]], *, along: Sequence[Model] = ()
+) -> None:
     """PostgreSQL: `record_claims` as the one statement `record_claims`
     (`backend/queries/tasks.sql`)."""
     turns = [turn for claimed in by_task.values() for turn in claimed]
@@ -201,10 +203,12 @@ def _record_claims_statement(by_task: dict[int, list[Subtask]]) -> None:
             "subtask_ids": [turn.pk for turn in turns],
             "message_ids": [turn.message_id for turn in turns],
             "data": [json.dumps(turn_data(turn)) for turn in turns],
+            "along": document(along),
             "now": timezone.now(),
             "channel": EVENTS_CHANNEL,
         },
         {
+            "along_table": type(along[0]) if along else TaskEvent,
             "turn_running": SubtaskStatus.RUNNING.value,
             "task_running": TaskStatus.RUNNING.value,
             "task_cancelled": TaskStatus.CANCELLED.value,

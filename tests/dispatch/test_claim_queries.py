@@ -93,12 +93,12 @@ def history_queries(caps: dict) -> int:
 
 def event_queries() -> int:
     """The prompt reports, the `turn.claimed` events and the tasks' status, for any number of
-    tasks, in one transaction (here a savepoint and its release): the reports' insert, then
-    one statement on PostgreSQL (numbering the events on the tasks, which start running,
-    reading the turns still running, inserting the events, notifying the tasks' streams);
-    elsewhere four steps: the turns still running, the tasks' numbers read, then reserved
-    with their status, the events."""
-    return 4 if connection.vendor == "postgresql" else 7
+    tasks: on PostgreSQL one statement (`record_claims`: inserting the reports, reading the
+    turns still running, numbering the events on the tasks, which start running, inserting
+    the events, notifying the tasks' streams); elsewhere a transaction (here a savepoint and
+    its release) of the reports' insert and four steps: the turns still running, the tasks'
+    numbers read, then reserved with their status, the events."""
+    return 1 if connection.vendor == "postgresql" else 7
 
 
 def answered_tasks(user, *, executor: str, rounds: int) -> None:
