@@ -10,6 +10,10 @@
 -- (task, message) of `anchor_task_ids` / `anchor_message_ids` and each summary of
 -- `summary_ids` is an anchor. A row is a picked turn (`part` 'window' or 'anchor') with its
 -- artifact, or a task's totals ('totals'); a window turn's message is not sent.
+-- `{request_count}`, `{anchor_count}` and `{summary_count}` are the arrays' lengths, in the text so that the plan
+-- PostgreSQL keeps for the prepared statement counts the rows they give: told only of the
+-- arrays, it assumes 100 elements each, finds that plan dearer than one for the values given
+-- and plans again on every run (EXPLAIN: 0.57 ms planning against 0.12 ms running).
 -- The ORM's form (`_selected_by_orm`) is this statement's test oracle.
 WITH request AS (
     SELECT *
@@ -20,6 +24,7 @@ WITH request AS (
         %(max_chars)s::integer[],
         %(per_message_max_chars)s::integer[]
     ) AS request (task_id, current_id, max_messages, max_chars, per_message_max_chars)
+    LIMIT {request_count}
 ),
 picked AS (
     SELECT 'window' AS part, newest.id, request.task_id, 0 AS users, 0 AS assistants
@@ -100,16 +105,22 @@ picked AS (
     UNION ALL
 
     SELECT 'anchor', turn.id, turn.task_id, 0, 0
-    FROM unnest(%(anchor_task_ids)s::bigint[], %(anchor_message_ids)s::integer[])
-        AS anchor (task_id, message_id)
+    FROM (
+        SELECT *
+        FROM unnest(%(anchor_task_ids)s::bigint[], %(anchor_message_ids)s::integer[])
+            AS anchor (task_id, message_id)
+        LIMIT {anchor_count}
+    ) AS anchor
     JOIN {subtask} AS turn
         ON turn.task_id = anchor.task_id AND turn.message_id = anchor.message_id
 
     UNION ALL
 
     SELECT 'anchor', turn.id, turn.task_id, 0, 0
-    FROM {subtask} AS turn
-    WHERE turn.id = ANY(%(summary_ids)s::bigint[])
+    FROM (
+        SELECT * FROM unnest(%(summary_ids)s::bigint[]) AS summary (id) LIMIT {summary_count}
+    ) AS summary
+    JOIN {subtask} AS turn ON turn.id = summary.id
 )
 SELECT
     picked.part,

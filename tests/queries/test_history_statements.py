@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from backend.artifacts.services import store_artifact
@@ -217,3 +217,23 @@ def test_the_sealed_parts_replace_counting_their_turns(user, django_assert_num_q
     [turn] = pending(task)[:1]
     read = selection._selected_by_statement([selection.HistoryRequest(turn, task, CAPPED)])
     assert read.totals == {task.pk: (100 + 6, 200 + 6)}
+
+
+def test_postgresql_keeps_one_plan_for_the_statement(user):
+    """Prepared after a few runs, the statement is planned once and its plan reused: the plan
+    kept counts the rows of the array parameters from the counts in the text. (Told only of
+    the arrays, PostgreSQL assumes 100 rows each, finds that plan dearer than one for the
+    values of each run, and plans again on every run: most of the statement's cost.)"""
+    task = chat(user, 6, steps=2)
+    [turn] = pending(task)[:1]
+    batch = [selection.HistoryRequest(turn, task, SUMMARIES)]
+    for _ in range(15):
+        selection._selected_by_statement(batch)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE %s",
+            ["%LIMIT 1\n),\npicked AS%"],
+        )
+        [(generic, custom)] = cursor.fetchall()
+    assert generic >= 5, (generic, custom)

@@ -10,9 +10,9 @@ is what a prompt shows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from django.db import connection
 from django.db.models import Case, Count, F, Model, Q, RowRange, Sum, Value, When, Window
@@ -22,6 +22,7 @@ from backend import queries
 from backend.artifacts.models import Artifact
 from backend.prompting import Role
 from backend.prompting.policy import PromptPolicy
+from backend.queries.rows import instance_of
 from backend.tasks import transcript_spans
 from backend.tasks.history.rows import (
     FIRST_USER_MESSAGE_ID,
@@ -30,8 +31,6 @@ from backend.tasks.history.rows import (
     SUMMARY_FIELDS,
 )
 from backend.tasks.models import TURNS, Subtask, SubtaskKind, Task
-
-M = TypeVar("M", bound=Model)
 
 WINDOW_FIELDS = (*HISTORY_FIELDS, "task_id")
 ANCHOR_FIELDS = (*SUMMARY_FIELDS, "task_id", "message", "parent_message_id")
@@ -253,15 +252,31 @@ def _selected_by_statement(batch: Sequence[HistoryRequest]) -> Selection:
         if part == "totals":
             totals[task_id] = (int(users), int(assistants))
             continue
-        turn = dict(zip(_TURN_COLUMNS, row[4:turn_end], strict=True))
-        if part == "window":
-            turn = {name: value for name, value in turn.items() if name in _WINDOW_COLUMNS}
-        subtask = _instance(Subtask, turn)
-        if turn["artifact_id"] is not None:
-            artifact = dict(zip(_ARTIFACT_COLUMNS, row[turn_end:], strict=True))
-            subtask.artifact = _instance(Artifact, artifact)
+        fields, picked = _WINDOW_PICK if part == "window" else _ANCHOR_PICK
+        subtask = instance_of(Subtask, [row[4 + index] for index in picked], fields)
+        if subtask.artifact_id is not None:
+            fields, picked = _ARTIFACT_PICK
+            artifact = [row[turn_end + index] for index in picked]
+            subtask.artifact = instance_of(Artifact, artifact, fields)
         (window if part == "window" else anchors).append(subtask)
     return Selection(window=window, totals=totals, anchors=anchors)
+
+
+def _picked(
+    model: type[Model], columns: tuple[str, ...], kept: Iterable[str]
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The fields of `model` a part keeps (`kept`: attribute names) in the model's field
+    order, and where each is among the statement's `columns`: what `instance_of` takes."""
+    fields = [field for field in model._meta.concrete_fields if field.attname in set(kept)]
+    return (
+        tuple(field.name for field in fields),
+        tuple(columns.index(field.attname) for field in fields),
+    )
+
+
+_WINDOW_PICK = _picked(Subtask, _TURN_COLUMNS, _WINDOW_COLUMNS)
+_ANCHOR_PICK = _picked(Subtask, _TURN_COLUMNS, _TURN_COLUMNS)
+_ARTIFACT_PICK = _picked(Artifact, _ARTIFACT_COLUMNS, _ARTIFACT_COLUMNS)
 
 
 def _history_selection(batch: Sequence[HistoryRequest]) -> list[tuple[Any, ...]]:
@@ -271,6 +286,7 @@ def _history_selection(batch: Sequence[HistoryRequest]) -> list[tuple[Any, ...]]
     anchors = [
         (request.task.pk, message_id) for request in batch for message_id in request.anchor_ids
     ]
+    summaries = [request.summary_id for request in batch if request.summary_id is not None]
     return queries.fetch(
         "history_selection",
         {
@@ -283,33 +299,16 @@ def _history_selection(batch: Sequence[HistoryRequest]) -> list[tuple[Any, ...]]
             ],
             "anchor_task_ids": [task_id for task_id, _ in anchors],
             "anchor_message_ids": [message_id for _, message_id in anchors],
-            "summary_ids": [
-                request.summary_id for request in batch if request.summary_id is not None
-            ],
+            "summary_ids": summaries,
             "long_span": transcript_spans.TRANSCRIPT_PART_TURNS,
         },
         {
+            "request_count": len(with_history),
+            "anchor_count": len(anchors),
+            "summary_count": len(summaries),
             "turn_kind": SubtaskKind.TURN,
             **{status.lower(): status for status in HISTORY_STATUSES},
             "user_role": Role.USER,
             "assistant_role": Role.ASSISTANT,
         },
     )
-
-
-def _instance(model: type[M], columns: dict[str, Any]) -> M:
-    """A `model` instance loaded from the database with `columns` (attribute names; the rest
-    deferred), each value passed through its field's converters as a queryset would."""
-    meta = model._meta
-    fields = [field for field in meta.concrete_fields if field.attname in columns]
-    values = []
-    for field in fields:
-        value = columns[field.attname]
-        column = field.get_col(meta.db_table)
-        for converter in [
-            *connection.ops.get_db_converters(column),
-            *column.get_db_converters(connection),
-        ]:
-            value = converter(value, column, connection)
-        values.append(value)
-    return model.from_db(connection.alias, [field.attname for field in fields], values)
