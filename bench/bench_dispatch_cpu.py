@@ -100,6 +100,18 @@ def _over_http() -> Iterator[tuple[Send, Callable[[], float]]]:
             yield send, lambda: server_cpu_seconds(baton.server_pid)
 
 
+def _show_plans(connection: Any) -> None:
+    """Each statement prepared on the connection, with the plans PostgreSQL made for it: a
+    statement planned on every run ("custom") pays its planning each time."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT generic_plans, custom_plans, statement FROM pg_prepared_statements"
+            " ORDER BY custom_plans DESC"
+        )
+        for generic, custom, statement in cursor.fetchall():
+            print(f"  generic {generic:5} custom {custom:5}  {' '.join(statement.split())[:90]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--postgres", required=True, help="PostgreSQL server URL (on this host)")
@@ -111,6 +123,16 @@ def main() -> None:
         "--native-sessions",
         action="store_true",
         help="with --report: each report names a native session, as Codex's and Claude Code's do",
+    )
+    parser.add_argument(
+        "--show-statements",
+        action="store_true",
+        help="in process: print the start of each statement one dispatch (or cycle) sends",
+    )
+    parser.add_argument(
+        "--show-plans",
+        action="store_true",
+        help="in process: after the blocks, how often PostgreSQL planned each prepared statement",
     )
     args = parser.parse_args()
     warm_up = 20
@@ -163,6 +185,9 @@ def main() -> None:
                 with CaptureQueriesContext(connection) as queries:
                     cycle()
                 statements = len(queries.captured_queries)
+                if args.show_statements:
+                    for query in queries.captured_queries:
+                        print("  " + " ".join(query["sql"].split())[:150])
             else:
                 bare()
             backends = _backends(other_than_mine=args.http)
@@ -184,6 +209,8 @@ def main() -> None:
             measure(what, cycle)
             if args.http:
                 measure("bare view (2 queries)", bare)
+            elif args.show_plans:
+                _show_plans(connection)
 
     where = "over HTTP, gunicorn 1 sync worker" if args.http else "in process"
     counted = f"; {statements} statements a {what}" if statements is not None else ""
