@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -19,9 +20,11 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
+from django.db import connection
 from django.db.models import Q
 from django.urls import reverse
 
+from backend import queries
 from backend.errors import InvalidInput
 from backend.webhooks.addresses import is_public, literal_address, private_addresses_allowed
 from backend.webhooks.models import (
@@ -168,11 +171,7 @@ def enqueue_turn_events(
     hears the task (it may be a lazy generator over a query). An event already written for an
     endpoint is not written again.
     """
-    endpoints = list(
-        WebhookEndpoint.objects.filter(owner_id=owner_id, active=True)
-        .filter(Q(task_id__isnull=True) | Q(task_id=task_id))
-        .order_by("-created_at", "-id")
-    )
+    endpoints = _endpoints_hearing(owner_id=owner_id, task_id=task_id)
     if not endpoints:
         return 0
     deliveries = []
@@ -182,11 +181,11 @@ def enqueue_turn_events(
             continue
         payload = _payload(event=event, task_id=task_id, turn=turn, occurred_at=occurred_at)
         event_key = event_id(subtask_id=turn.subtask_id, event_type=event)
-        for endpoint in endpoints:
-            if event in endpoint.events:
+        for endpoint_id, events in endpoints:
+            if event in events:
                 deliveries.append(
                     WebhookDelivery(
-                        endpoint_id=endpoint.pk,
+                        endpoint_id=endpoint_id,
                         event_type=event,
                         event_id=event_key,
                         task_id=task_id,
@@ -199,3 +198,22 @@ def enqueue_turn_events(
     if deliveries:
         WebhookDelivery.objects.bulk_create(deliveries, ignore_conflicts=True)
     return len(deliveries)
+
+
+def _endpoints_hearing(*, owner_id: int, task_id: int) -> list[tuple[int, list[str]]]:
+    """The owner's active endpoints that hear the task, newest first: (id, events heard).
+    PostgreSQL runs the statement `endpoints_hearing_task`; SQLite the ORM's query."""
+    if connection.vendor == "postgresql":
+        rows = queries.fetch("endpoints_hearing_task", {"owner_id": owner_id, "task_id": task_id})
+        # jsonb arrives as its text (Django's loader leaves decoding to the model's field).
+        return [(endpoint_id, json.loads(events)) for endpoint_id, events in rows]
+    return _endpoints_by_orm(owner_id=owner_id, task_id=task_id)
+
+
+def _endpoints_by_orm(*, owner_id: int, task_id: int) -> list[tuple[int, list[str]]]:
+    return list(
+        WebhookEndpoint.objects.filter(owner_id=owner_id, active=True)
+        .filter(Q(task_id__isnull=True) | Q(task_id=task_id))
+        .order_by("-created_at", "-id")
+        .values_list("id", "events")
+    )
