@@ -102,7 +102,7 @@ def compose(name: str, constants: Mapping[str, Constant] | None = None) -> str:
 def _compose(name: str, constants: tuple[tuple[str, Constant], ...]) -> str:
     given = dict(constants)
     tables = _tables()
-    statement = _without_comments(text(name))
+    statement = _unindented(_without_comments(text(name)))
     holes: dict[str, psycopg_sql.Composable] = {}
     for hole in _holes(statement):
         if hole in given:
@@ -139,6 +139,16 @@ def _without_comments(statement: str) -> str:
     """The statement without its whole-line comments: they are for readers, and a brace or a
     percent sign in one would otherwise read as a hole or a parameter."""
     return _COMMENT_LINE.sub("", statement)
+
+
+_INDENT = re.compile(r"^[ \t]+", re.MULTILINE)
+
+
+def _unindented(statement: str) -> str:
+    """The statement without its lines' indentation, which only readers need: psycopg keeps
+    its parse of a statement's text (where the parameters are) only up to 4 KB
+    (`psycopg._queries.MAX_CACHED_STATEMENT_LENGTH`), and parses a longer one on every call."""
+    return _INDENT.sub("", statement)
 
 
 _HOLE = re.compile(r"(?<!\{)\{([a-z_][a-z0-9_]*)\}(?!\})")
