@@ -10,7 +10,7 @@ lease it finds run out. Progress also counts as a heartbeat.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -24,8 +24,8 @@ from backend.dispatch.leases import (
     RUNNING,
     LeaseState,
     fenced_turn,
-    heartbeat_interval_seconds,
     lease_ran_out,
+    lease_renewal_due,
     lease_state,
     lease_until,
     reclaim_expired_leases,
@@ -41,13 +41,15 @@ MAX_PROGRESS_EVENTS = 200
 
 
 def heartbeat(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
-    """Extend the lease on a turn the worker holds; a lease already run out stays lost."""
+    """Extend the lease on a turn the worker holds when it is due (`lease_renewal_due`); a
+    lease already run out stays lost."""
     now = timezone.now()
     with transaction.atomic():
         subtask, refusal = fenced_turn(
             worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id, now=now
         )
-        if refusal is None:
+        due = lease_renewal_due(lease_expires_at=subtask.lease_expires_at, now=now)
+        if refusal is None and due:
             subtask.lease_expires_at = lease_until(now=now)
             subtask.save(update_fields=["lease_expires_at", "updated_at"])
     if refusal is not None:
@@ -77,14 +79,13 @@ def heartbeat_claims(
         ).only("id", "status", "error_code", "lease_owner", "attempts", "lease_expires_at")
     }
     now = timezone.now()
-    renew_before = lease_until(now=now) - timedelta(seconds=heartbeat_interval_seconds())
     renewed_until = lease_until(now=now)
     to_renew = [
         subtask
         for subtask_id, subtask in rows.items()
         if lease_state(subtask=subtask, worker_id=worker_id, attempt=wanted[subtask_id], now=now)
         == RUNNING
-        and (subtask.lease_expires_at is None or subtask.lease_expires_at <= renew_before)
+        and lease_renewal_due(lease_expires_at=subtask.lease_expires_at, now=now)
     ]
     renewed: set[int] = set()
     if to_renew:
@@ -133,7 +134,8 @@ def record_progress(
     partial_text: str | None,
 ) -> Subtask:
     """Append streamed progress events (the latest MAX_PROGRESS_EVENTS are kept) and replace the
-    partial answer. Progress also counts as a heartbeat."""
+    partial answer. Progress also counts as a heartbeat: it extends the lease when that is
+    due, as a heartbeat would, so that most posts leave the row's indexed columns alone."""
     if partial_text is not None:
         check_text_size(
             text=partial_text, limit=settings.BATON_MAX_MESSAGE_BYTES, field="partial_text"
@@ -172,13 +174,8 @@ def _append_progress(
             ],
         )
     subtask.progress_updated_at = now
-    subtask.lease_expires_at = lease_until(now=now)
-    subtask.save(
-        update_fields=[
-            "progress_events",
-            "partial_text",
-            "progress_updated_at",
-            "lease_expires_at",
-            "updated_at",
-        ]
-    )
+    changed = ["progress_events", "partial_text", "progress_updated_at", "updated_at"]
+    if lease_renewal_due(lease_expires_at=subtask.lease_expires_at, now=now):
+        subtask.lease_expires_at = lease_until(now=now)
+        changed.append("lease_expires_at")
+    subtask.save(update_fields=changed)

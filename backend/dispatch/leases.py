@@ -91,6 +91,15 @@ def heartbeat_interval_seconds() -> int:
     return max(1, min(60, settings.BATON_LEASE_SECONDS // 4))
 
 
+def lease_renewal_due(*, lease_expires_at: datetime | None, now: datetime) -> bool:
+    """Whether a running claim's lease was last extended more than a heartbeat interval ago
+    (or never): heartbeats and progress posts extend it only then. `lease_expires_at` is
+    indexed, so an update that moves it writes every index entry of the row; one that leaves
+    it (and every other indexed column) alone can be a heap-only update."""
+    renew_before = lease_until(now=now) - timedelta(seconds=heartbeat_interval_seconds())
+    return lease_expires_at is None or lease_expires_at <= renew_before
+
+
 def attempts_used(*, subtask: Subtask) -> int:
     """Claims that count against BATON_MAX_ATTEMPTS: releases on shutdown do not, nor do the
     attempts whose prompt overflowed the model's context window (BATON_CONTEXT_OVERFLOW_RETRIES

@@ -8,6 +8,7 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from backend.artifacts.models import Artifact
@@ -187,6 +188,65 @@ def test_progress_appends_events_and_keeps_the_partial_text(api, worker_api):
     assert shown["status"] == "RUNNING"
     assert shown["partial_text"] == "working 2"
     assert [event["n"] for event in shown["progress_events"]] == [0, 1, 2]
+
+
+def _post_progress(worker_api, turn, text: str) -> None:
+    url = f"/api/executor/subtasks/{turn['subtask_id']}/progress/"
+    body = {"worker_id": "w1", "attempt": 1, "events": [], "partial_text": text}
+    assert worker_api.post(url, body, format="json").status_code == 200
+
+
+def test_progress_extends_the_lease_only_when_it_is_due(api, worker_api):
+    create(api)
+    [turn] = dispatch(worker_api)
+    claimed_until = Subtask.objects.get(pk=turn["subtask_id"]).lease_expires_at
+    # Just claimed: the lease is not due, the progress is stored and the lease left alone.
+    _post_progress(worker_api, turn, "working 1")
+    stored = Subtask.objects.get(pk=turn["subtask_id"])
+    assert (stored.partial_text, stored.lease_expires_at) == ("working 1", claimed_until)
+    # Nearly over: a progress post extends it, as a heartbeat would.
+    Subtask.objects.filter(pk=turn["subtask_id"]).update(
+        lease_expires_at=timezone.now() + timedelta(seconds=5)
+    )
+    _post_progress(worker_api, turn, "working 2")
+    stored = Subtask.objects.get(pk=turn["subtask_id"])
+    assert stored.partial_text == "working 2"
+    assert stored.lease_expires_at > timezone.now() + timedelta(seconds=60)
+
+
+def test_a_heartbeat_leaves_a_lease_that_is_not_due_alone(api, worker_api):
+    create(api)
+    [turn] = dispatch(worker_api)
+    claimed_until = Subtask.objects.get(pk=turn["subtask_id"]).lease_expires_at
+    response = worker_api.post(
+        f"/api/executor/subtasks/{turn['subtask_id']}/heartbeat/",
+        {"worker_id": "w1", "attempt": 1},
+        format="json",
+    )
+    assert response.status_code == 200
+    assert Subtask.objects.get(pk=turn["subtask_id"]).lease_expires_at == claimed_until
+
+
+@pytest.mark.postgres_only
+def test_a_progress_post_that_leaves_the_lease_is_a_heap_only_update(api, worker_api):
+    """No indexed column of the turn changes, so PostgreSQL writes no index entry for it."""
+    create(api)
+    [turn] = dispatch(worker_api)
+    before = _turn_updates()
+    _post_progress(worker_api, turn, "working")
+    updated, heap_only = (now - then for now, then in zip(_turn_updates(), before, strict=True))
+    assert (updated, heap_only) == (1, 1)
+
+
+def _turn_updates() -> tuple[int, int]:
+    """The turn table's updates and heap-only updates so far in this transaction."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = %s",
+            [Subtask._meta.db_table],
+        )
+        row = cursor.fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
 
 
 def test_bad_results_are_400_and_leave_the_claim_running(api, worker_api):
