@@ -24,6 +24,7 @@ from backend.prompting import (
 )
 from backend.prompting.addressing import content_pointer
 from backend.prompting.escaping import escape_content
+from backend.prompting.previews import recut_preview
 from backend.prompting.render import message_piece
 from tests.prompting.strategies import policies, prompt_inputs, token_policies
 
@@ -109,7 +110,9 @@ def test_output_is_within_every_cap_and_markers_are_exact(
         assert entry.removed_chars == entry.original_chars - entry.kept_chars > 0
         preview = None if message.failed and message.error is not None else message.preview
         if preview is not None and preview.elisions:  # a kind-aware preview, several markers
-            shown_preview = preview if cap is None else preview.recut(cap)
+            # Cut again the way its kind needs (its evidence first), as every stored preview is.
+            assert message.artifact is not None
+            shown_preview = recut_preview(preview, cap, message.artifact.kind)
             assert shown.content == shown_preview.text
             assert entry.kept_chars == shown_preview.kept_chars
             assert shown.markers == shown_preview.marker_spans
