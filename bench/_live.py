@@ -8,6 +8,7 @@ involve the worker start Baton under gunicorn (4 sync workers) and the worker
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -79,9 +80,15 @@ def _free_port() -> int:
 
 
 @contextmanager
-def live_baton(*, workers: int = 4, threads: int = 0) -> Iterator[LiveBaton]:
+def live_baton(
+    *, workers: int = 4, threads: int = 0, production: bool = False
+) -> Iterator[LiveBaton]:
     """Baton under gunicorn (`workers` sync workers, or with `threads` that many threads each)
-    on the database `bench_database` configured, with a product account and a worker account."""
+    on the database `bench_database` configured, with a product account and a worker account.
+
+    `production`: as `make serve` runs it, `BATON_ENV=production` with `backend/gunicorn_conf.py`
+    (gthread, `threads` request threads a process plus one per event stream it may serve, JSON
+    log lines, the access log; written to /dev/null here), plain HTTP on the loopback."""
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
 
@@ -93,12 +100,26 @@ def live_baton(*, workers: int = 4, threads: int = 0) -> Iterator[LiveBaton]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "ALLOWED_HOSTS": "127.0.0.1", "BATON_LOG_LEVEL": "WARNING"}
+    command = [sys.executable, "-m", "gunicorn", "backend.wsgi", "--workers", str(workers)]
+    if production:
+        env |= {
+            "BATON_ENV": "production",
+            "SECRET_KEY": secrets.token_urlsafe(50),
+            "BATON_SSL_REDIRECT": "false",
+            "BATON_LOG_LEVEL": "INFO",
+            "BATON_WEB_THREADS": str(threads or 8),
+        }
+        command += ["--config", "python:backend.gunicorn_conf"]
+    else:
+        command += ["--log-level", "warning"]
+        if threads:
+            command += ["--worker-class", "gthread", "--threads", str(threads)]
     server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "backend.wsgi", "--workers", str(workers)]
-        + (["--worker-class", "gthread", "--threads", str(threads)] if threads else [])
-        + ["--bind", f"127.0.0.1:{port}", "--log-level", "warning"],
+        [*command, "--bind", f"127.0.0.1:{port}"],
         cwd=REPO_ROOT,
         env=env,
+        stdout=subprocess.DEVNULL if production else None,
+        stderr=subprocess.DEVNULL if production else None,
     )
     try:
         deadline = time.monotonic() + 30

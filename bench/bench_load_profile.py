@@ -1,0 +1,514 @@
+"""The load profile: what a fleet of running agent turns and a product cost one server.
+
+Baton under gunicorn as `make serve` runs it (`BATON_ENV=production`, `backend/gunicorn_conf.py`,
+`--server-workers` processes of `--threads` request threads) on PostgreSQL, driven the way a
+fleet drives it, for each N of `--turns`:
+
+- N running turns, held by N / 4 workers (4 claims a worker, one worker account): each turn
+  posts progress once a second (a few events and its partial text, grown by `--text-step`
+  characters a post) and, after `--turn-seconds` (each turn's start spread over that time),
+  reports its result; its worker then dispatches the next pending turn;
+- each worker sends one batched heartbeat for its claims twice a second;
+- a product client creates a task and reads a task, each 5 times a second, and holds
+  `--streams` event streams of running tasks open;
+- a bare request (`/bench/ceiling/`, two small queries) 5 times a second: what any request
+  costs in the same server at the same moment.
+
+Client processes (`--clients`, asyncio + httpx) send on schedule whatever the answers' pace
+(a request not answered in 10 s is failed), so a server that cannot keep up shows as failed
+or late requests, not as a slower offer. After `--warmup` seconds, `--seconds` are measured:
+
+- per endpoint: requests answered per second, failed (not 2xx, or no answer), p50 and p95
+  latency, the server's CPU per request (the request thread's, from the first middleware in to
+  the response out: `bench/_load_settings.py`), that CPU over the bare request's, and its share
+  of all the server's CPU in the window (the rest: gunicorn, event streams, threads idle);
+- the server's CPU and PostgreSQL's (every backend of the database) per second, and the most
+  PostgreSQL connections open at once;
+- whether the server held N: every request accepted and the product's p95 under 100 ms.
+
+Run from the repository root:
+
+    .venv/bin/python bench/bench_load_profile.py \
+        --postgres postgres://postgres@127.0.0.1:5432/postgres --turns 50,100
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._django import bench_database  # noqa: E402
+from bench._live import live_baton, server_cpu_seconds  # noqa: E402
+
+PER_WORKER = 4
+HEARTBEAT_SECONDS = 0.5
+PROGRESS_SECONDS = 1.0
+PRODUCT_SECONDS = 0.1  # a create or a read, alternately
+BARE_SECONDS = 0.2
+TIMEOUT = 10.0
+PRODUCT = ("create task", "read task")
+WORDS = ("the", "agent", "reads", "the", "failing", "test", "and", "patches", "its", "fixture")
+
+
+@dataclass
+class Plan:
+    url: str
+    worker_token: str
+    product_token: str
+    start: float  # when every client begins (unix time)
+    window: tuple[float, float]  # what is measured
+    turn_seconds: float
+    text_step: int
+    workers: list[str] = field(default_factory=list)
+    stream_tasks: list[int] = field(default_factory=list)  # the first turns claimed
+    product: bool = False
+
+
+# What a client measured: per endpoint, the latencies of the requests answered in the window,
+# and how many were offered and failed there.
+Tally = dict[str, dict[str, Any]]
+
+
+def _tally() -> Tally:
+    return defaultdict(lambda: {"latencies": [], "offered": 0, "failed": 0})
+
+
+async def _send(
+    client: Any, tally: Tally, plan: Plan, name: str, method: str, path: str, body: Any = None
+) -> Any:
+    started = time.time()
+    inside = plan.window[0] <= started < plan.window[1]
+    answer = None
+    try:
+        response = await client.request(method, path, json=body, timeout=TIMEOUT)
+        ok = 200 <= response.status_code < 300
+        answer = response.json() if ok and response.content else None
+    except Exception:  # noqa: BLE001 - a failed request is counted, whatever failed
+        ok = False
+    if inside:
+        entry = tally[name]
+        entry["offered"] += 1
+        if ok:
+            entry["latencies"].append(time.time() - started)
+        else:
+            entry["failed"] += 1
+    return answer
+
+
+async def _every(seconds: float, plan: Plan, step: Any) -> None:
+    """Run `step` on schedule until the window ends, each run in its own task, so a slow
+    answer does not slow the offer."""
+    due = plan.start + random.uniform(0, seconds)
+    pending: set[asyncio.Task[Any]] = set()
+    while due < plan.window[1]:
+        await asyncio.sleep(max(0.0, due - time.time()))
+        task = asyncio.create_task(step())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        due += seconds
+    if pending:
+        await asyncio.wait(pending, timeout=TIMEOUT)
+
+
+async def _worker(client: Any, tally: Tally, plan: Plan, worker_id: str) -> None:
+    claims: dict[int, dict[str, Any]] = {}
+
+    async def dispatch(limit: int) -> None:
+        answer = await _send(
+            client,
+            tally,
+            plan,
+            "dispatch",
+            "POST",
+            "/api/executor/dispatch/",
+            {"worker_id": worker_id, "kinds": ["codex"], "limit": limit},
+        )
+        for turn in (answer or {}).get("turns", []):
+            claims[turn["subtask_id"]] = {
+                "attempt": turn["attempt"],
+                "text": "",
+                "ends": time.time() + random.uniform(0.2, 1.0) * plan.turn_seconds,
+            }
+
+    async def heartbeat() -> None:
+        turns = [{"subtask_id": key, "attempt": claim["attempt"]} for key, claim in claims.items()]
+        if turns:
+            await _send(
+                client,
+                tally,
+                plan,
+                "heartbeat (batched)",
+                "POST",
+                "/api/executor/heartbeat/",
+                {"worker_id": worker_id, "turns": turns},
+            )
+
+    async def progress_or_result(subtask_id: int, claim: dict[str, Any]) -> None:
+        base = f"/api/executor/subtasks/{subtask_id}"
+        if time.time() >= claim["ends"]:
+            del claims[subtask_id]
+            await _send(
+                client,
+                tally,
+                plan,
+                "result",
+                "POST",
+                f"{base}/result/",
+                {
+                    "worker_id": worker_id,
+                    "attempt": claim["attempt"],
+                    "status": "COMPLETED",
+                    "result": {"value": claim["text"] or "Done."},
+                },
+            )
+            await dispatch(1)
+            return
+        gained = " ".join(random.choices(WORDS, k=plan.text_step // 4))[: plan.text_step]
+        claim["text"] += gained
+        claim["busy"] = True
+        await _send(
+            client,
+            tally,
+            plan,
+            "progress",
+            "POST",
+            f"{base}/progress/",
+            {
+                "worker_id": worker_id,
+                "attempt": claim["attempt"],
+                "events": [
+                    {"type": "agent_message_delta", "text": gained},
+                    {"type": "tool_call", "name": "shell", "arguments": {"cmd": "pytest -x"}},
+                ],
+                "partial_text": claim["text"],
+            },
+        )
+        claim["busy"] = False
+
+    async def each_claim() -> None:
+        """Each claim's progress (or, once it is over, its result), at once; a claim whose
+        last post is still unanswered skips this one."""
+        await asyncio.gather(
+            *(
+                progress_or_result(subtask_id, claim)
+                for subtask_id, claim in list(claims.items())
+                if not claim.get("busy")
+            )
+        )
+
+    await asyncio.sleep(max(0.0, plan.start - time.time()))
+    await dispatch(PER_WORKER)
+    await asyncio.gather(
+        _every(HEARTBEAT_SECONDS, plan, heartbeat),
+        _every(PROGRESS_SECONDS, plan, each_claim),
+    )
+
+
+async def _product(client: Any, tally: Tally, plan: Plan) -> None:
+    created: list[int] = []
+    turn = [0]
+
+    async def create_or_read() -> None:
+        turn[0] += 1
+        if turn[0] % 2 or not created:
+            answer = await _send(
+                client,
+                tally,
+                plan,
+                PRODUCT[0],
+                "POST",
+                "/api/tasks/",
+                {
+                    "title": "load",
+                    "task_type": "code",
+                    "message": "Fix the test.",
+                    "executor": "codex",
+                },
+            )
+            if answer:
+                created.append(answer["id"])
+        else:
+            task_id = random.choice(created[-50:])
+            await _send(client, tally, plan, PRODUCT[1], "GET", f"/api/tasks/{task_id}/")
+
+    async def bare() -> None:
+        await _send(client, tally, plan, "bare view", "GET", "/bench/ceiling/")
+
+    async def stream(task_id: int) -> None:
+        path = f"/api/tasks/{task_id}/events/"
+        try:
+            async with client.stream("GET", path, timeout=None) as response:
+                async for _ in response.aiter_lines():
+                    if time.time() >= plan.window[1]:
+                        return
+        except Exception:  # noqa: BLE001 - a stream that breaks is counted
+            if plan.window[0] <= time.time() < plan.window[1]:
+                tally["event stream"]["failed"] += 1
+
+    await asyncio.sleep(max(0.0, plan.start - time.time()))
+    streams = [asyncio.create_task(stream(task_id)) for task_id in plan.stream_tasks]
+    await asyncio.gather(
+        _every(PRODUCT_SECONDS, plan, create_or_read), _every(BARE_SECONDS, plan, bare)
+    )
+    for task in streams:
+        task.cancel()
+
+
+def _client(plan: Plan, results: Any) -> None:
+    import httpx
+
+    async def run() -> Tally:
+        tally = _tally()
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        async with (
+            httpx.AsyncClient(
+                base_url=plan.url,
+                headers={"Authorization": f"Token {plan.worker_token}"},
+                limits=limits,
+            ) as workers,
+            httpx.AsyncClient(
+                base_url=plan.url,
+                headers={"Authorization": f"Token {plan.product_token}"},
+                limits=limits,
+            ) as product,
+        ):
+            jobs = [_worker(workers, tally, plan, worker_id) for worker_id in plan.workers]
+            if plan.product:
+                jobs.append(_product(product, tally, plan))
+            await asyncio.gather(*jobs)
+        return tally
+
+    results.put({name: dict(entry) for name, entry in asyncio.run(run()).items()})
+
+
+def _seed(tasks: int) -> list[int]:
+    """`tasks` tasks with a pending Codex turn each, as the product would have created them."""
+    from django.contrib.auth import get_user_model
+
+    from backend.tasks.services import PipelineStep, create_task
+
+    owner, _ = get_user_model().objects.get_or_create(username="bench-product")
+    return [
+        create_task(
+            owner=owner,
+            title=f"load {number}",
+            task_type="code",
+            message="Fix the flaky upload test.",
+            pipeline=[PipelineStep(executor="codex")],
+        ).pk
+        for number in range(tasks)
+    ]
+
+
+def _postgres_cpu() -> tuple[float, int]:
+    """CPU seconds of every backend of this database but this process's, and how many."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        pids = [row[0] for row in cursor.fetchall()]
+    seconds = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        seconds += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return seconds, len(pids)
+
+
+def _request_cpu(directory: Path, window: tuple[float, float]) -> dict[str, list[float]]:
+    """The server's CPU per request in the window, by endpoint (`bench/_load_settings.py`)."""
+    names = {
+        ("POST", "api/executor/dispatch/"): "dispatch",
+        ("POST", "api/executor/heartbeat/"): "heartbeat (batched)",
+        ("POST", "api/executor/subtasks/<id:subtask_id>/progress/"): "progress",
+        ("POST", "api/executor/subtasks/<id:subtask_id>/result/"): "result",
+        ("POST", "api/tasks/"): PRODUCT[0],
+        ("GET", "api/tasks/<id:task_id>/"): PRODUCT[1],
+        ("GET", "api/tasks/<id:task_id>/events/"): "event stream",
+        ("GET", "bench/ceiling/"): "bare view",
+    }
+    spent: dict[str, list[float]] = defaultdict(list)
+    for path in directory.glob("*.log"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            at, method, route, seconds = line.split(" ")
+            if window[0] <= float(at) < window[1]:
+                spent[names.get((method, route), f"{method} {route}")].append(float(seconds))
+    return spent
+
+
+def _profile(args: argparse.Namespace, turns: int) -> dict[str, Any]:
+    from backend.tasks.models import Task
+
+    cpu_dir = Path(tempfile.mkdtemp(prefix="baton-load-cpu-"))
+    os.environ["BENCH_CPU_DIR"] = str(cpu_dir)
+    os.environ["DJANGO_SETTINGS_MODULE"] = "bench._load_settings"  # the server's
+    total = args.seconds + args.warmup
+    finishing = turns * (total / args.turn_seconds) * 1.5 + turns
+    task_ids = _seed(int(finishing) + 10)
+    with live_baton(workers=args.server_workers, threads=args.threads, production=True) as baton:
+        start = time.time() + 2.0
+        window = (start + args.warmup, start + total)
+        workers = [f"load-{number}" for number in range(max(1, turns // PER_WORKER))]
+        plans = [
+            Plan(
+                url=baton.url,
+                worker_token=baton.worker_token,
+                product_token=baton.product_token,
+                start=start,
+                window=window,
+                turn_seconds=args.turn_seconds,
+                text_step=args.text_step,
+                workers=workers[index :: args.clients],
+                stream_tasks=task_ids[: args.streams] if index == 0 else [],
+                product=index == 0,
+            )
+            for index in range(args.clients)
+        ]
+        results: Any = multiprocessing.Queue()
+        clients = [multiprocessing.Process(target=_client, args=(plan, results)) for plan in plans]
+        for process in clients:
+            process.start()
+        time.sleep(max(0.0, window[0] - time.time()))
+        server_before = server_cpu_seconds(baton.server_pid)
+        postgres_before, _ = _postgres_cpu()
+        connections = 0
+        while time.time() < window[1]:
+            connections = max(connections, _postgres_cpu()[1])
+            time.sleep(0.5)
+        server_spent = server_cpu_seconds(baton.server_pid) - server_before
+        postgres_spent = _postgres_cpu()[0] - postgres_before
+        tallies = [results.get(timeout=total + 60) for _ in clients]
+        for process in clients:
+            process.join(timeout=30)
+    merged = _tally()
+    for tally in tallies:
+        for name, entry in tally.items():
+            merged[name]["latencies"] += entry["latencies"]
+            merged[name]["offered"] += entry["offered"]
+            merged[name]["failed"] += entry["failed"]
+    Task.objects.all().delete()
+    return {
+        "turns": turns,
+        "seconds": args.seconds,
+        "endpoints": dict(merged),
+        "request_cpu": _request_cpu(cpu_dir, window),
+        "server_cpu": server_spent,
+        "postgres_cpu": postgres_spent,
+        "connections": connections,
+    }
+
+
+def _report(profile: dict[str, Any]) -> dict[str, Any]:
+    seconds = profile["seconds"]
+    cpu = profile["request_cpu"]
+    bare = cpu.get("bare view") or [float("nan")]
+    bare_ms = statistics.median(bare) * 1000
+    rows = []
+    for name in sorted(set(profile["endpoints"]) | set(cpu)):
+        entry = profile["endpoints"].get(name, {"latencies": [], "offered": 0, "failed": 0})
+        spent = cpu.get(name, [])
+        latencies = sorted(entry["latencies"])
+        cpu_ms = statistics.median(spent) * 1000 if spent else float("nan")
+        rows.append(
+            {
+                "endpoint": name,
+                "per_second": len(latencies) / seconds,
+                "failed": entry["failed"],
+                "p50_ms": _quantile(latencies, 0.5) * 1000,
+                "p95_ms": _quantile(latencies, 0.95) * 1000,
+                "cpu_ms": cpu_ms,
+                "vs_bare": cpu_ms / bare_ms,
+                "share": sum(spent) / profile["server_cpu"] if profile["server_cpu"] else 0.0,
+            }
+        )
+    product = sorted(
+        latency
+        for name in PRODUCT
+        for latency in profile["endpoints"].get(name, {"latencies": []})["latencies"]
+    )
+    failed = sum(row["failed"] for row in rows)
+    product_p95 = _quantile(product, 0.95) * 1000
+    return {
+        "turns": profile["turns"],
+        "rows": rows,
+        "server_cpu_per_second": profile["server_cpu"] / seconds,
+        "postgres_cpu_per_second": profile["postgres_cpu"] / seconds,
+        "postgres_connections": profile["connections"],
+        "product_p95_ms": product_p95,
+        "failed": failed,
+        "held": failed == 0 and product_p95 < 100,
+    }
+
+
+def _quantile(values: list[float], fraction: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(fraction * len(values)))]
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(
+        f"\nN = {report['turns']} running turns: server CPU {report['server_cpu_per_second']:.2f}"
+        f" s/s, PostgreSQL {report['postgres_cpu_per_second']:.2f} s/s,"
+        f" {report['postgres_connections']} PostgreSQL connections at most;"
+        f" product p95 {report['product_p95_ms']:.0f} ms, {report['failed']} failed:"
+        f" {'held' if report['held'] else 'NOT held'}"
+    )
+    print(
+        f"  {'endpoint':<20} {'req/s':>7} {'failed':>6} {'p50 ms':>7} {'p95 ms':>7}"
+        f" {'CPU ms':>7} {'× bare':>6} {'share':>6}"
+    )
+    for row in report["rows"]:
+        print(
+            f"  {row['endpoint']:<20} {row['per_second']:7.1f} {row['failed']:6}"
+            f" {row['p50_ms']:7.1f} {row['p95_ms']:7.1f} {row['cpu_ms']:7.2f}"
+            f" {row['vs_bare']:6.1f} {row['share']:6.0%}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--postgres", required=True, help="PostgreSQL server URL (on this host)")
+    parser.add_argument("--turns", default="50,100", help="the Ns, comma-separated")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured per N")
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--clients", type=int, default=4, help="client processes")
+    parser.add_argument("--server-workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=40, help="request threads a process")
+    parser.add_argument("--turn-seconds", type=float, default=30.0, help="a turn's length, at most")
+    parser.add_argument("--text-step", type=int, default=200, help="characters a progress adds")
+    parser.add_argument("--streams", type=int, default=4, help="event streams held open")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    reports = []
+    with bench_database(args.postgres):
+        for turns in (int(value) for value in args.turns.split(",")):
+            reports.append(_report(_profile(args, turns)))
+            _print(reports[-1])
+    held = [report["turns"] for report in reports if report["held"]]
+    print(f"\nlargest N held: {max(held) if held else 'none'}")
+    if args.json:
+        args.json.write_text(json.dumps(reports, indent=2), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
