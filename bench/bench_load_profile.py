@@ -53,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._django import bench_database  # noqa: E402
 from bench._live import live_baton, server_cpu_seconds  # noqa: E402
+from bench.bench_dispatch import seed  # noqa: E402
 
 PER_WORKER = 4
 HEARTBEAT_SECONDS = 0.5
@@ -296,22 +297,16 @@ def _client(plan: Plan, results: Any) -> None:
 
 
 def _seed(tasks: int) -> list[int]:
-    """`tasks` tasks with a pending Codex turn each, as the product would have created them."""
+    """`tasks` tasks with a short history and a pending Codex turn each (`bench_dispatch.seed`),
+    owned by the product account whose token streams their events."""
     from django.contrib.auth import get_user_model
 
-    from backend.tasks.services import PipelineStep, create_task
+    from backend.tasks.models import Task
 
+    seed(tasks)
     owner, _ = get_user_model().objects.get_or_create(username="bench-product")
-    return [
-        create_task(
-            owner=owner,
-            title=f"load {number}",
-            task_type="code",
-            message="Fix the flaky upload test.",
-            pipeline=[PipelineStep(executor="codex")],
-        ).pk
-        for number in range(tasks)
-    ]
+    Task.objects.update(owner=owner)
+    return list(Task.objects.order_by("id").values_list("id", flat=True))
 
 
 def _postgres_cpu() -> tuple[float, int]:
