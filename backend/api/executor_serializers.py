@@ -14,7 +14,7 @@ from rest_framework import serializers
 from backend import executor_kinds
 from backend.api.artifact_serializers import ArtifactManifestEntryOutput
 from backend.api.links import artifact_download_urls
-from backend.api.serializers import ResultField, StrictInput, UsageFields
+from backend.api.serializers import ResultField, StrictInput, TextField, UsageFields
 from backend.artifacts.selectors import ManifestPart
 from backend.dispatch.claims import MAX_CLAIM_LIMIT
 from backend.dispatch.reports import REPORT_STATUSES
@@ -71,7 +71,7 @@ class HeartbeatInput(StrictInput):
 
 class ProgressInput(ClaimInput):
     events = serializers.ListField(child=serializers.DictField(), default=list, max_length=1000)
-    partial_text = serializers.CharField(
+    partial_text = TextField(
         required=False, allow_blank=True, trim_whitespace=False, allow_null=True
     )
 

@@ -4,9 +4,10 @@ and refuses a whole body that is not an object (`StrictInput`)."""
 from __future__ import annotations
 
 import pytest
+from rest_framework import serializers
 
 from backend.api.errors import RequestBodyNotAnObject
-from backend.api.executor_serializers import ResultInput
+from backend.api.executor_serializers import ProgressInput, ResultInput
 
 GOOD = {
     "worker_id": "w",
@@ -56,3 +57,32 @@ def test_only_the_whole_body_must_be_an_object():
     assert not valid and set(errors) == {"usage"}
     with pytest.raises(RequestBodyNotAnObject):
         ResultInput(data=[GOOD]).is_valid()
+
+
+@pytest.mark.parametrize(
+    ("text", "errors"),
+    [
+        ("plain", None),
+        ("", None),
+        ("astral 🦀 and CJK 漢字 are whole code points", None),
+        ("\ufffd a replacement character is text", None),
+        ("a lone \ud800 high surrogate", ["Surrogate characters are not allowed: U+D800."]),
+        ("first \udfff then \ud801", ["Surrogate characters are not allowed: U+DFFF."]),
+        ("x" * 100_000 + "\udc00", ["Surrogate characters are not allowed: U+DC00."]),
+    ],
+)
+def test_a_text_field_refuses_lone_surrogates_as_drf_does(text, errors):
+    """`TextField` answers what DRF's CharField answers, naming the first lone surrogate."""
+    body = {"worker_id": "w", "attempt": 1, "partial_text": text}
+    mine = ProgressInput(data=body)
+    drf = _DrfProgress(data=body)
+    assert mine.is_valid() is drf.is_valid() is (errors is None)
+    if errors is not None:
+        assert mine.errors == drf.errors == {"partial_text": errors}
+        assert mine.errors["partial_text"][0].code == "surrogate_characters_not_allowed"
+
+
+class _DrfProgress(ProgressInput):
+    partial_text = serializers.CharField(
+        required=False, allow_blank=True, trim_whitespace=False, allow_null=True
+    )

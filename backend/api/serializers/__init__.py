@@ -15,7 +15,7 @@ from backend.api.serializers.inputs import (
     label_name_field,
 )
 from backend.api.serializers.pages import PAGE_PARAMETERS, page_of
-from backend.api.serializers.strict import StrictInput, StrictQuery
+from backend.api.serializers.strict import StrictInput, StrictQuery, TextField
 from backend.api.serializers.tasks import (
     BotOutput,
     PipelineStepOutput,
@@ -53,6 +53,7 @@ __all__ = [
     "SpilledArtifactOutput",
     "SpilledTextOutput",
     "StrictInput",
+    "TextField",
     "StrictQuery",
     "SubtaskOutput",
     "TaskCreateInput",

@@ -9,7 +9,7 @@ from rest_framework.settings import api_settings
 
 from backend import executor_kinds
 from backend.api.pagination import TaskPagination, TurnPageQuery, TurnPagination
-from backend.api.serializers.strict import StrictInput, StrictQuery
+from backend.api.serializers.strict import StrictInput, StrictQuery, TextField
 from backend.dispatch.stops import DEFAULT_STOP_WAIT_SECONDS, MAX_STOP_WAIT_SECONDS
 from backend.errors import InvalidInput
 from backend.prompting.inputs import validate_name
@@ -78,7 +78,7 @@ class TaskCreateInput(StrictInput):
             "or digit (for example 'code' or 'chat')."
         },
     )
-    message = serializers.CharField(trim_whitespace=False)
+    message = TextField(trim_whitespace=False)
     executor = serializers.ChoiceField(choices=executor_kinds.CHOICES, required=False)
     bot = label_name_field(required=False)
     sender = label_name_field(required=False, default="")
@@ -116,7 +116,7 @@ class TaskCreateInput(StrictInput):
 
 
 class MessageInput(StrictInput):
-    message = serializers.CharField(trim_whitespace=False)
+    message = TextField(trim_whitespace=False)
     sender = label_name_field(required=False, default="")
     strategy = serializers.ChoiceField(
         choices=FollowUpStrategy.choices,

@@ -1,13 +1,16 @@
-"""The base of every input serializer: unknown fields and wrong JSON types are errors."""
+"""The base of every input serializer: unknown fields and wrong JSON types are errors; and
+the field for long texts."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from rest_framework import serializers
 from rest_framework.fields import empty
 from rest_framework.settings import api_settings
+from rest_framework.validators import ProhibitSurrogateCharactersValidator
 
 from backend.api.errors import RequestBodyNotAnObject
 
@@ -80,3 +83,29 @@ class StrictQuery(StrictInput):
         if isinstance(data, dict):
             data = {k: v for k, v in data.items() if k != api_settings.URL_FORMAT_OVERRIDE}
         return super().to_internal_value(data)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class TextField(serializers.CharField):
+    """A CharField for texts that may be long (a message, a partial answer): DRF's check that
+    no lone surrogate is in it, with DRF's error, done by one regular-expression search, where
+    DRF looks at every character in Python. A progress post in process, Python CPU: 8.45–8.85
+    ms with DRF's check and 5.71–6.31 ms with this one at a 100 KB partial text, 4.59–5.17
+    against 4.01–4.30 ms at 20 KB, the same at 2 KB (two runs each, alternated)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validators = [
+            validator
+            for validator in self.validators
+            if not isinstance(validator, ProhibitSurrogateCharactersValidator)
+        ] + [_no_lone_surrogate]
+
+
+def _no_lone_surrogate(value: str) -> None:
+    found = _SURROGATE.search(value)
+    if found is not None:
+        message = ProhibitSurrogateCharactersValidator.message.format(code_point=ord(found[0]))
+        raise serializers.ValidationError(message, code=ProhibitSurrogateCharactersValidator.code)
