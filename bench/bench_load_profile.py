@@ -4,7 +4,7 @@ Baton under gunicorn as `make serve` runs it (`BATON_ENV=production`, `backend/g
 `--server-workers` processes of `--threads` request threads) on PostgreSQL, driven the way a
 fleet drives it, for each N of `--turns`:
 
-- N running turns, held by N / 4 workers (4 claims a worker, one worker account): each turn
+- N running turns, held by N / 4 workers (`--claims-per-worker`, one worker account): each turn
   posts progress once a second (a few events and its partial text, grown by `--text-step`
   characters a post) and, after `--turn-seconds` (each turn's start spread over that time),
   reports its result; its worker then dispatches the next pending turn;
@@ -55,7 +55,6 @@ from bench._django import bench_database  # noqa: E402
 from bench._live import live_baton, server_cpu_seconds  # noqa: E402
 from bench.bench_dispatch import seed  # noqa: E402
 
-PER_WORKER = 4
 HEARTBEAT_SECONDS = 0.5
 PROGRESS_SECONDS = 1.0
 PRODUCT_SECONDS = 0.1  # a create or a read, alternately
@@ -74,6 +73,7 @@ class Plan:
     window: tuple[float, float]  # what is measured
     turn_seconds: float
     text_step: int
+    claims_per_worker: int
     workers: list[str] = field(default_factory=list)
     stream_tasks: list[int] = field(default_factory=list)  # the first turns claimed
     product: bool = False
@@ -212,7 +212,7 @@ async def _worker(client: Any, tally: Tally, plan: Plan, worker_id: str) -> None
         )
 
     await asyncio.sleep(max(0.0, plan.start - time.time()))
-    await dispatch(PER_WORKER)
+    await dispatch(plan.claims_per_worker)
     await asyncio.gather(
         _every(HEARTBEAT_SECONDS, plan, heartbeat),
         _every(PROGRESS_SECONDS, plan, each_claim),
@@ -362,7 +362,7 @@ def _profile(args: argparse.Namespace, turns: int) -> dict[str, Any]:
     with live_baton(workers=args.server_workers, threads=args.threads, production=True) as baton:
         start = time.time() + 2.0
         window = (start + args.warmup, start + total)
-        workers = [f"load-{number}" for number in range(max(1, turns // PER_WORKER))]
+        workers = [f"load-{number}" for number in range(max(1, turns // args.claims_per_worker))]
         plans = [
             Plan(
                 url=baton.url,
@@ -372,6 +372,7 @@ def _profile(args: argparse.Namespace, turns: int) -> dict[str, Any]:
                 window=window,
                 turn_seconds=args.turn_seconds,
                 text_step=args.text_step,
+                claims_per_worker=args.claims_per_worker,
                 workers=workers[index :: args.clients],
                 stream_tasks=task_ids[: args.streams] if index == 0 else [],
                 product=index == 0,
@@ -492,6 +493,9 @@ def main() -> None:
     parser.add_argument("--turn-seconds", type=float, default=30.0, help="a turn's length, at most")
     parser.add_argument("--text-step", type=int, default=200, help="characters a progress adds")
     parser.add_argument("--streams", type=int, default=4, help="event streams held open")
+    parser.add_argument(
+        "--claims-per-worker", type=int, default=4, help="turns a worker runs (its heartbeat's)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     reports = []
