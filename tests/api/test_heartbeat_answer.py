@@ -1,0 +1,48 @@
+"""The batched heartbeat's answer is `HeartbeatOutput`'s representation, written out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+from backend.api.executor_serializers import HeartbeatOutput
+from backend.api.executor_views import heartbeat_answer
+from backend.dispatch.leases import (
+    CANCELLED,
+    FINISHED,
+    LEASE_LOST,
+    RUNNING,
+    LeaseState,
+    heartbeat_interval_seconds,
+)
+
+STATES = [
+    LeaseState(7, 1, RUNNING, datetime(2026, 12, 4, 19, 0, 5, 123456, tzinfo=UTC)),
+    LeaseState(8, 2, RUNNING, datetime(2026, 12, 4, 21, 0, tzinfo=timezone(timedelta(hours=2)))),
+    LeaseState(9, 1, CANCELLED, datetime(2026, 12, 4, 19, 0, tzinfo=UTC)),
+    LeaseState(10, 3, LEASE_LOST, None),
+    LeaseState(11, 1, FINISHED, None),
+]
+
+
+def test_the_answer_is_what_the_serializer_represents():
+    answer = heartbeat_answer(STATES)
+    assert (
+        answer
+        == HeartbeatOutput(
+            {
+                "turns": [vars(state) for state in STATES],
+                "heartbeat_interval_seconds": heartbeat_interval_seconds(),
+            }
+        ).data
+    )
+    assert answer["turns"][0] == {
+        "subtask_id": 7,
+        "attempt": 1,
+        "state": "running",
+        "lease_expires_at": "2026-12-04T19:00:05.123456Z",
+    }
+    assert answer["turns"][1]["lease_expires_at"] == "2026-12-04T19:00:00Z"
+
+
+def test_no_claims_is_an_empty_list():
+    assert heartbeat_answer([])["turns"] == []
