@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -363,16 +363,20 @@ def _profile(args: argparse.Namespace, turns: int) -> dict[str, Any]:
         start = time.time() + 2.0
         window = (start + args.warmup, start + total)
         workers = [f"load-{number}" for number in range(max(1, turns // args.claims_per_worker))]
+        fleet = Plan(
+            baton.url,
+            baton.worker_token,
+            baton.product_token,
+            start,
+            window,
+            args.turn_seconds,
+            args.text_step,
+            args.claims_per_worker,
+        )
+        # Each client process drives its share of the workers; the first one, the product too.
         plans = [
-            Plan(
-                url=baton.url,
-                worker_token=baton.worker_token,
-                product_token=baton.product_token,
-                start=start,
-                window=window,
-                turn_seconds=args.turn_seconds,
-                text_step=args.text_step,
-                claims_per_worker=args.claims_per_worker,
+            replace(
+                fleet,
                 workers=workers[index :: args.clients],
                 stream_tasks=task_ids[: args.streams] if index == 0 else [],
                 product=index == 0,
