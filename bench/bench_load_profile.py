@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._django import bench_database  # noqa: E402
 from bench._live import live_baton, server_cpu_seconds  # noqa: E402
 from bench.bench_dispatch import seed  # noqa: E402
+from bench.bench_dispatch_cpu import _backends, _cpu_seconds  # noqa: E402
 
 HEARTBEAT_SECONDS = 0.5
 PROGRESS_SECONDS = 1.0
@@ -311,22 +312,8 @@ def _seed(tasks: int) -> list[int]:
 
 def _postgres_cpu() -> tuple[float, int]:
     """CPU seconds of every backend of this database but this process's, and how many."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        pids = [row[0] for row in cursor.fetchall()]
-    seconds = 0.0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        seconds += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return seconds, len(pids)
+    seconds = _cpu_seconds(_backends(other_than_mine=True))
+    return sum(seconds.values()), len(seconds)
 
 
 def _request_cpu(directory: Path, window: tuple[float, float]) -> dict[str, list[float]]:
