@@ -6,12 +6,18 @@ Run from the repository root (PostgreSQL is the target; SQLite works for compari
     .venv/bin/python bench/bench_dispatch_latency.py --postgres ... --sizes 10,10000 --rounds 50
 
 Baton runs under gunicorn (4 sync workers) on a throwaway database. For each `--sizes` entry,
-tasks are seeded with that many earlier turns (answered rounds, bulk-created with the fields
-ingestion stores: user messages of 80-1,200 chars, answers of 200-4,000, one answer in a
-hundred a ~24,000-char build log that spilled to an artifact and is stored as its preview), and
-their turn files are written, as the first dispatch that omits history writes them once in a
-task's life (`bench_history_files.py` measures that). On PostgreSQL the tables are then
-ANALYZEd, as a live database's are.
+tasks are seeded with that many earlier turns: user messages of 80-1,200 chars, answers of
+200-4,000, one answer in a hundred a ~24,000-char build log that spills to an artifact. With
+`--history api` (the default) each task is built the way a product and a worker build it, in
+this process through Django's test client: the task created over the API, then round after
+round its turn dispatched (`limit` 1), answered with a native session id (as Codex CLI's and
+Claude Code's workers report) and followed up, so the task has what real use leaves behind: a
+prompt report or two per dispatch, its events, its native session, its transcript's sealed
+parts and the artifacts each dispatch stored. That takes a while (about 5,000 cycles for a
+10,000-turn task). With `--history bulk` the turns are bulk-created with the fields ingestion
+stores and their turn files written once, as the first dispatch that omits history writes
+them (`bench_history_files.py` measures that): quick, but without the rows real use adds. On
+PostgreSQL the tables are then ANALYZEd, as a live database's are.
 
 One client (httpx, keep-alive) plays a product and an idle executor worker. Each round, for
 each size in turn, it sends a follow-up (`POST /api/tasks/{id}/messages/`: one pending turn),
@@ -41,16 +47,18 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._django import bench_database  # noqa: E402
-from bench._live import live_baton  # noqa: E402
+from bench._live import live_baton, server_cpu_seconds  # noqa: E402
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -158,6 +166,80 @@ def seed_history(*, owner: User, turns: int, rng: random.Random) -> int:
     return task.pk
 
 
+def seed_history_through_api(*, owner: User, turns: int, rng: random.Random) -> int:
+    """A task of `owner` with `turns` earlier turns built as a product and a worker build one
+    (see the module's docstring), every turn answered; returns its id. `turns` must be even.
+    The worker is the account `live_baton` gives the timed rounds."""
+    from django.test import Client
+    from rest_framework.authtoken.models import Token
+
+    from backend.dispatch.workers import ensure_worker_account
+
+    _, worker_token = ensure_worker_account(username="bench-worker")
+    product = Client(
+        headers={"Authorization": f"Token {Token.objects.get_or_create(user=owner)[0].key}"}
+    )
+    worker = Client(headers={"Authorization": f"Token {worker_token}"})
+
+    def answered(status: int, response: Any) -> Any:
+        if response.status_code != status:
+            raise SystemExit(f"seeding: HTTP {response.status_code}: {response.content[:300]!r}")
+        return response.json()
+
+    task = answered(
+        201,
+        product.post(
+            "/api/tasks/",
+            {
+                "title": f"{turns} turns of history, built over the API",
+                "task_type": "code",
+                "executor": "codex",
+                "message": text_of(rng, label="Message 0:", low=80, high=1200),
+            },
+            content_type="application/json",
+        ),
+    )
+    for number in range(turns // 2):
+        if number:
+            answered(
+                201,
+                product.post(
+                    f"/api/tasks/{task['id']}/messages/",
+                    {"message": text_of(rng, label=f"Message {number}:", low=80, high=1200)},
+                    content_type="application/json",
+                ),
+            )
+        [turn] = answered(
+            200,
+            worker.post(
+                "/api/executor/dispatch/",
+                {"worker_id": WORKER_ID, "kinds": ["codex"], "limit": 1},
+                content_type="application/json",
+            ),
+        )["turns"]
+        answered(
+            200,
+            worker.post(
+                f"/api/executor/subtasks/{turn['subtask_id']}/result/",
+                report_body(turn, answer=answer_of(rng, number), task_id=task["id"]),
+                content_type="application/json",
+            ),
+        )
+    return int(task["id"])
+
+
+def report_body(turn: dict[str, Any], *, answer: str, task_id: int) -> dict[str, Any]:
+    """A COMPLETED result for a dispatched turn, naming the task's native session as the
+    workers of Codex CLI and Claude Code do."""
+    return {
+        "worker_id": WORKER_ID,
+        "attempt": turn["attempt"],
+        "status": "COMPLETED",
+        "result": {"value": answer},
+        "native_session_id": f"bench-session-{task_id}",
+    }
+
+
 def write_turn_files(*, task_id: int, before_message_id: int) -> None:
     """Store the task's turn files and transcript as its first omitting dispatch would: a
     one-time cost in a task's life, not what a later dispatch pays (bench_history_files.py
@@ -179,7 +261,10 @@ class HistorySize:
 
     history: int
     task_ids: list[int]
+    # Whether its results name a native session (histories built through the API do).
+    native_sessions: bool = False
     dispatch: list[float] = field(default_factory=list)
+    dispatch_cpu: list[float] = field(default_factory=list)
     report: list[float] = field(default_factory=list)
     follow_up: list[float] = field(default_factory=list)
     response_bytes: list[int] = field(default_factory=list)
@@ -193,9 +278,17 @@ class HistorySize:
         return self.task_ids[number // self.rounds_per_task(self.history)]
 
 
-def seed_size(*, owner: User, history: int, rounds: int, rng: random.Random) -> HistorySize:
-    """Enough tasks of `history` earlier turns for `rounds` rounds, their turn files written."""
+def seed_size(
+    *, owner: User, history: int, rounds: int, rng: random.Random, through_api: bool
+) -> HistorySize:
+    """Enough tasks of `history` earlier turns for `rounds` rounds: built through the API, or
+    bulk-created with their turn files written."""
     count = math.ceil(rounds / HistorySize.rounds_per_task(history))
+    if through_api:
+        task_ids = [
+            seed_history_through_api(owner=owner, turns=history, rng=rng) for _ in range(count)
+        ]
+        return HistorySize(history=history, task_ids=task_ids, native_sessions=True)
     task_ids = [seed_history(owner=owner, turns=history, rng=rng) for _ in range(count)]
     for task_id in task_ids:
         write_turn_files(task_id=task_id, before_message_id=history + 1)
@@ -210,8 +303,11 @@ def one_round(
     rng: random.Random,
     number: int,
     timed: bool,
+    server_cpu: Callable[[], float],
 ) -> None:
-    """Follow-up, dispatch (timed), report, on the round's task of this size."""
+    """Follow-up, dispatch (timed, with the server's CPU: the one client waits for each
+    answer, so the server does nothing else meanwhile), report, on the round's task of this
+    size."""
     task_id = size.task_for(number)
     began = time.perf_counter()
     sent = product.post(
@@ -220,32 +316,34 @@ def one_round(
     )
     followed = time.perf_counter()
     sent.raise_for_status()
+    cpu_before = server_cpu()
     response = worker.post(
         "/api/executor/dispatch/",
         json={"worker_id": WORKER_ID, "kinds": ["codex"], "limit": 1},
     )
     dispatched = time.perf_counter()
+    dispatch_cpu = server_cpu() - cpu_before
     response.raise_for_status()
     [turn] = response.json()["turns"]
     if turn["task_id"] != task_id:
         raise SystemExit(f"claimed a turn of task {turn['task_id']}, not {task_id}")
-    reported = worker.post(
-        f"/api/executor/subtasks/{turn['subtask_id']}/result/",
-        json={
-            "worker_id": WORKER_ID,
-            "attempt": turn["attempt"],
-            "status": "COMPLETED",
-            "result": {"value": answer_of(rng, number)},
-        },
-    )
+    body = report_body(turn, answer=answer_of(rng, number), task_id=task_id)
+    if not size.native_sessions:
+        del body["native_session_id"]
+    reported = worker.post(f"/api/executor/subtasks/{turn['subtask_id']}/result/", json=body)
     finished = time.perf_counter()
     reported.raise_for_status()
     if timed:
         size.follow_up.append(followed - began)
         size.dispatch.append(dispatched - followed)
+        size.dispatch_cpu.append(dispatch_cpu)
         size.report.append(finished - dispatched)
         size.response_bytes.append(len(response.content))
-        size.manifest_entries.append(len(turn["artifacts"]))
+        size.manifest_entries.append(
+            len(turn["artifacts"])
+            + sum(len(entry["parts"] or ()) for entry in turn["artifacts"])
+            + len(turn["artifact_lists"])
+        )
 
 
 @dataclass(frozen=True)
@@ -334,15 +432,19 @@ def history_range(size: HistorySize, rounds: int) -> str:
 
 def print_http_table(sizes: list[HistorySize], *, rounds: int) -> None:
     base = statistics.median(sizes[0].dispatch)
+    base_cpu = statistics.mean(sizes[0].dispatch_cpu)
     print(
         f"{'history':>13} {'median':>10} {'p90':>10} {'min':>10} {'ratio':>6} "
+        f"{'CPU':>9} {'ratio':>6} "
         f"{'follow-up':>10} {'report':>10} {'response':>10} {'manifest':>9}"
     )
     for size in sizes:
         median = statistics.median(size.dispatch)
+        cpu = statistics.mean(size.dispatch_cpu)
         print(
             f"{history_range(size, rounds):>13} {ms(median):>10} {ms(p90(size.dispatch)):>10} "
             f"{ms(min(size.dispatch)):>10} {median / base:>5.2f}x "
+            f"{ms(cpu):>9} {cpu / base_cpu if base_cpu else float('nan'):>5.2f}x "
             f"{ms(statistics.median(size.follow_up)):>10} "
             f"{ms(statistics.median(size.report)):>10} "
             f"{statistics.median(size.response_bytes) / 1024:>6.0f} KiB "
@@ -368,6 +470,12 @@ def main() -> None:
     parser.add_argument("--postgres", help="PostgreSQL server URL (default: SQLite)")
     parser.add_argument(
         "--sizes", default="10,4000,10000", help="earlier turns per task, comma-separated"
+    )
+    parser.add_argument(
+        "--history",
+        choices=("api", "bulk"),
+        default="api",
+        help="build the earlier turns through the API (as products and workers do) or in bulk",
     )
     parser.add_argument("--rounds", type=int, default=200, help="timed dispatches per size")
     parser.add_argument("--warmup", type=int, default=4, help="untimed rounds first")
@@ -395,7 +503,13 @@ def main() -> None:
         owner, _ = get_user_model().objects.get_or_create(username="bench-product")
         seeding = time.perf_counter()
         sizes = [
-            seed_size(owner=owner, history=history, rounds=all_rounds, rng=rng)
+            seed_size(
+                owner=owner,
+                history=history,
+                rounds=all_rounds,
+                rng=rng,
+                through_api=args.history == "api",
+            )
             for history in histories
         ]
         if vendor == "postgresql":
@@ -422,6 +536,7 @@ def main() -> None:
                         rng=rng,
                         number=number,
                         timed=number >= args.warmup,
+                        server_cpu=partial(server_cpu_seconds, baton.server_pid),
                     )
             load_after = os.getloadavg()
             worker_token = baton.worker_token
@@ -440,7 +555,9 @@ def main() -> None:
     shutil.rmtree(os.environ["BATON_VAR_DIR"], ignore_errors=True)
 
     print(
-        f"database: {vendor}; gunicorn {args.server_workers} sync workers; one client; "
+        f"database: {vendor}; history built "
+        f"{'through the API' if args.history == 'api' else 'in bulk'}; "
+        f"gunicorn {args.server_workers} sync workers; one client; "
         f"{args.rounds} timed rounds per size after {args.warmup} untimed; "
         f"seeded in {seeded_in:.0f} s"
     )
@@ -450,7 +567,10 @@ def main() -> None:
         + "; after "
         + ", ".join(f"{value:.2f}" for value in load_after)
     )
-    print("dispatch over HTTP (POST /api/executor/dispatch/, limit 1), by earlier turns:")
+    print(
+        "dispatch over HTTP (POST /api/executor/dispatch/, limit 1), by earlier turns; CPU: "
+        "the server's, mean; manifest: entries, their parts and the lists of turn files:"
+    )
     print_http_table(sizes, rounds=http_rounds)
     print(f"in-process dispatch (Django test client), median of {args.profiles}:")
     print_query_table(profiles[len(sizes) :], sizes)
