@@ -9,8 +9,10 @@ import uuid
 
 import psycopg
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
+from psycopg_pool import PoolTimeout
 
+from backend.api.errors import pool_exhausted
 from backend.postgresql.base import DatabaseWrapper, _has_input
 
 pytestmark = [pytest.mark.django_db, pytest.mark.postgres_only]
@@ -179,3 +181,18 @@ def test_the_pool_keeps_what_its_connections_prepared(pooled_connection):
     with pooled_connection.cursor() as cursor:
         cursor.execute(statement, [probe])
         assert cursor.fetchone()[0] == 1
+
+
+def test_a_pool_with_no_free_connection_gives_up_after_its_timeout(pooled_connection):
+    pooled_connection.ensure_connection()  # the pool's only connection, held
+    other_thread = DatabaseWrapper(pooled_connection.settings_dict, "pool-probe")
+    started = time.monotonic()
+    with pytest.raises(OperationalError) as raised:
+        other_thread.ensure_connection()
+    assert 0.4 < time.monotonic() - started < 3
+    assert isinstance(raised.value.__cause__, PoolTimeout)
+    assert pool_exhausted(raised.value)
+
+    pooled_connection.close()
+    other_thread.ensure_connection()  # a connection handed back serves the next request
+    other_thread.close()
