@@ -10,8 +10,8 @@ waiters hand their connection back, so the pool's few serve everyone else. Witho
 thread would keep a connection of its own (up to 60 here); with waiters that kept theirs, the
 others would find no connection in the pool's 2 s and be answered 503.
 
-PostgreSQL only; the test runs on a transactional database, so the accounts it makes are
-committed and the server sees them.
+PostgreSQL only; the test runs on a transactional database (with the shipped bots again), so
+the accounts it makes are committed and the server sees them.
 """
 
 from __future__ import annotations
@@ -37,7 +37,12 @@ from tests.api.test_production import _free_port, production_env
 from tests.e2e.live import REPO_ROOT
 from tests.e2e.test_replicas import _test_database_url
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres_only, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.postgres_only,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("shipped_bots"),
+]
 
 PROCESSES = 2
 THREADS = 40
