@@ -31,6 +31,13 @@ PIPELINE_STEPS_CEILING = 32_768
 # The largest history cap: what a history policy's 32-bit integer columns hold (2**31 - 1), and
 # so the most `backend.prompting.PromptPolicy` accepts (its MAX_CAP).
 HISTORY_CAP_MAX = 2_147_483_647
+# Connections a server process's pool may open: `make serve`'s 2 processes hold at most 32 (and
+# a listener each), well inside PostgreSQL's default max_connections of 100, and each process
+# still has more than its BATON_WEB_THREADS (8) request threads can use at once.
+DATABASE_POOL_SIZE = 16
+# Connections a pool keeps open while idle: a management command or a quiet process holds one,
+# and a busy process opens more as its threads need them (closed again after 10 idle minutes).
+DATABASE_POOL_MIN_SIZE = 1
 
 
 class ConfigurationError(RuntimeError):
@@ -79,6 +86,18 @@ class BatonEnvironment(BaseModel):
     # mode that cannot keep prepared statements).
     database_prepare_threshold: int | None = Field(
         5, alias="BATON_DATABASE_PREPARE_THRESHOLD", ge=0, le=1000
+    )
+    # PostgreSQL: the most connections each server process opens (its request threads and its
+    # event reader take one from the pool while they query, and hand it back when their request
+    # ends or before they wait); `none`: no pool, each thread keeps a connection of its own for
+    # 60 s (for a deployment behind an external pooler such as PgBouncer).
+    database_pool_size: int | None = Field(
+        DATABASE_POOL_SIZE, alias="BATON_DATABASE_POOL_SIZE", ge=1, le=1000
+    )
+    # How long a request waits for a connection of a pool that has none free before it is
+    # answered 503 `busy` with Retry-After.
+    database_pool_timeout_seconds: float = Field(
+        5.0, alias="BATON_DATABASE_POOL_TIMEOUT_SECONDS", gt=0, le=300
     )
     var_dir: Path = Field(REPO_ROOT / "var", alias="BATON_VAR_DIR")
     max_message_bytes: int = Field(1024 * 1024, alias="BATON_MAX_MESSAGE_BYTES", gt=0)
@@ -222,6 +241,7 @@ class BatonEnvironment(BaseModel):
         "history_summary_max_chars",
         "history_summary_bot",
         "database_prepare_threshold",
+        "database_pool_size",
         mode="before",
     )
     @classmethod
@@ -406,7 +426,10 @@ class BatonEnvironment(BaseModel):
         if self.database_url is None:
             return sqlite_database(self.var_dir / "baton.sqlite3")
         return database_from_url(
-            self.database_url, prepare_threshold=self.database_prepare_threshold
+            self.database_url,
+            prepare_threshold=self.database_prepare_threshold,
+            pool_size=self.database_pool_size,
+            pool_timeout_seconds=self.database_pool_timeout_seconds,
         )
 
 
@@ -427,32 +450,48 @@ def sqlite_database(path: Path) -> dict[str, object]:
     }
 
 
-def database_from_url(url: str, *, prepare_threshold: int | None = None) -> dict[str, object]:
+def database_from_url(
+    url: str,
+    *,
+    prepare_threshold: int | None = None,
+    pool_size: int | None = None,
+    pool_timeout_seconds: float = 5.0,
+) -> dict[str, object]:
     parts = urlsplit(url)
     if parts.scheme in ("postgres", "postgresql", "pgsql"):
         name = unquote(parts.path.lstrip("/"))
         if not name:
             raise ConfigurationError("DATABASE_URL must name a database, e.g. postgres://u@h/db")
+        # Parameters bound on the server, so that a statement run often is prepared once per
+        # connection: most of PostgreSQL's work for Baton's short statements is parsing and
+        # planning them (docs/performance-history.md, "Prepared statements and a claim compiled
+        # once"). A pool keeps its connections, and so what they prepared.
+        options: dict[str, object] = (
+            {}
+            if prepare_threshold is None
+            else {"server_side_binding": True, "prepare_threshold": prepare_threshold}
+        )
+        if pool_size is not None:
+            # psycopg's pool, per server process: a thread takes a connection for its request
+            # and hands it back at the request's end (Django's pool needs CONN_MAX_AGE 0), so
+            # the connections follow the queries running at once, not the threads.
+            options["pool"] = {
+                "min_size": min(DATABASE_POOL_MIN_SIZE, pool_size),
+                "max_size": pool_size,
+                "timeout": pool_timeout_seconds,
+            }
         return {
             # Django's backend with a health check that needs no round trip on a quiet
-            # connection (backend/postgresql/base.py).
+            # connection, the pool's too (backend/postgresql/base.py).
             "ENGINE": "backend.postgresql",
             "NAME": name,
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),
             "HOST": parts.hostname or "",
             "PORT": str(parts.port or ""),
-            "CONN_MAX_AGE": 60,
+            "CONN_MAX_AGE": 0 if pool_size is not None else 60,
             "CONN_HEALTH_CHECKS": True,
-            # Parameters bound on the server, so that a statement run often is prepared once
-            # per connection: most of PostgreSQL's work for Baton's short statements is
-            # parsing and planning them (docs/performance-history.md, "Prepared statements and a
-            # claim compiled once").
-            "OPTIONS": (
-                {}
-                if prepare_threshold is None
-                else {"server_side_binding": True, "prepare_threshold": prepare_threshold}
-            ),
+            "OPTIONS": options,
         }
     if parts.scheme == "sqlite":
         return sqlite_database(Path(unquote(parts.path)))

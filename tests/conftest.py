@@ -49,6 +49,21 @@ def is_postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
+def pooled_connections_idle() -> int:
+    """Connections this process's database pool holds for the next thread that asks (0
+    without a pool): open on the server, but no thread's."""
+    pool = getattr(connection, "pool", None)
+    return 0 if pool is None else pool.get_stats()["pool_available"]
+
+
+def pooled_connections_held() -> int:
+    """Connections of this process's database pool that threads hold now."""
+    pool = connection.pool
+    assert pool is not None, "PostgreSQL's test settings pool their connections"
+    stats = pool.get_stats()
+    return stats["pool_size"] - stats["pool_available"]
+
+
 @pytest.fixture
 def user(db):
     return get_user_model().objects.create_user(username="alice", password="alice-password")

@@ -296,13 +296,87 @@ def test_an_incomplete_s3_configuration_refuses_to_start(environ, fragment):
         load_environment(environ)
 
 
+def _without_pool(options: dict[str, object]) -> dict[str, object]:
+    return {name: value for name, value in options.items() if name != "pool"}
+
+
 def test_postgresql_prepares_statements_unless_told_not_to():
     url = {"DATABASE_URL": "postgres://baton@db/baton"}
     options = load_environment(url).database()["OPTIONS"]
-    assert options == {"server_side_binding": True, "prepare_threshold": 5}
+    assert _without_pool(options) == {"server_side_binding": True, "prepare_threshold": 5}
     once = load_environment({**url, "BATON_DATABASE_PREPARE_THRESHOLD": "0"}).database()
-    assert once["OPTIONS"] == {"server_side_binding": True, "prepare_threshold": 0}
+    assert _without_pool(once["OPTIONS"]) == {"server_side_binding": True, "prepare_threshold": 0}
     text = load_environment({**url, "BATON_DATABASE_PREPARE_THRESHOLD": "none"}).database()
-    assert text["OPTIONS"] == {}
+    assert _without_pool(text["OPTIONS"]) == {}
     with pytest.raises(ConfigurationError, match="BATON_DATABASE_PREPARE_THRESHOLD"):
         load_environment({**url, "BATON_DATABASE_PREPARE_THRESHOLD": "-1"})
+
+
+POSTGRES_URL = {"DATABASE_URL": "postgres://baton@db/baton"}
+
+
+@pytest.mark.parametrize(
+    ("environ", "pool_size", "pool_timeout_seconds"),
+    [
+        ({}, 16, 5.0),
+        ({"BATON_DATABASE_POOL_SIZE": "1"}, 1, 5.0),
+        ({"BATON_DATABASE_POOL_SIZE": "40"}, 40, 5.0),
+        ({"BATON_DATABASE_POOL_SIZE": "none"}, None, 5.0),
+        ({"BATON_DATABASE_POOL_SIZE": ""}, None, 5.0),
+        ({"BATON_DATABASE_POOL_TIMEOUT_SECONDS": "0.5"}, 16, 0.5),
+        ({"BATON_DATABASE_POOL_TIMEOUT_SECONDS": "300"}, 16, 300.0),
+    ],
+)
+def test_the_database_pool_settings(environ, pool_size, pool_timeout_seconds):
+    env = load_environment(environ)
+    assert (env.database_pool_size, env.database_pool_timeout_seconds) == (
+        pool_size,
+        pool_timeout_seconds,
+    )
+
+
+@pytest.mark.parametrize(
+    ("environ", "fragment"),
+    [
+        ({"BATON_DATABASE_POOL_SIZE": "0"}, "BATON_DATABASE_POOL_SIZE"),
+        ({"BATON_DATABASE_POOL_SIZE": "1001"}, "BATON_DATABASE_POOL_SIZE"),
+        ({"BATON_DATABASE_POOL_SIZE": "many"}, "BATON_DATABASE_POOL_SIZE"),
+        ({"BATON_DATABASE_POOL_TIMEOUT_SECONDS": "0"}, "BATON_DATABASE_POOL_TIMEOUT_SECONDS"),
+        ({"BATON_DATABASE_POOL_TIMEOUT_SECONDS": "301"}, "BATON_DATABASE_POOL_TIMEOUT_SECONDS"),
+        ({"BATON_DATABASE_POOL_TIMEOUT_SECONDS": "none"}, "BATON_DATABASE_POOL_TIMEOUT_SECONDS"),
+    ],
+)
+def test_a_bad_database_pool_setting_refuses_to_start(environ, fragment):
+    with pytest.raises(ConfigurationError, match=fragment):
+        load_environment(environ)
+
+
+def test_postgresql_connections_come_from_a_pool_per_process():
+    database = load_environment(
+        {
+            **POSTGRES_URL,
+            "BATON_DATABASE_POOL_SIZE": "12",
+            "BATON_DATABASE_POOL_TIMEOUT_SECONDS": "2",
+        }
+    ).database()
+    # Django's pool needs connections that end with their request; the pool keeps them.
+    assert database["CONN_MAX_AGE"] == 0
+    assert database["OPTIONS"]["pool"] == {"min_size": 1, "max_size": 12, "timeout": 2.0}
+    # Statements are still prepared on the pool's connections.
+    assert database["OPTIONS"]["prepare_threshold"] == 5
+
+
+def test_without_a_pool_each_thread_keeps_its_postgresql_connection():
+    database = load_environment({**POSTGRES_URL, "BATON_DATABASE_POOL_SIZE": "none"}).database()
+    assert "pool" not in database["OPTIONS"]
+    assert database["CONN_MAX_AGE"] == 60
+    assert database["CONN_HEALTH_CHECKS"] is True
+
+
+def test_sqlite_has_no_pool(tmp_path):
+    database = load_environment(
+        {"BATON_VAR_DIR": str(tmp_path), "BATON_DATABASE_POOL_SIZE": "12"}
+    ).database()
+    assert database["ENGINE"] == "django.db.backends.sqlite3"
+    assert "pool" not in database["OPTIONS"]
+    assert "CONN_MAX_AGE" not in database

@@ -13,7 +13,9 @@ Errors that DRF does not answer get the same body under /api/: Django's error vi
 (`handler400`, `handler404` and `handler500` in `backend/urls.py`) answer a Host header that is
 not in ALLOWED_HOSTS with 400 `bad_request`, a URL no endpoint matches with 404 `not_found` and
 an unhandled exception with 500 `server_error` there, and with Django's own HTML pages
-everywhere else (the admin). A 500 says nothing of the exception, and is logged as an event
+everywhere else (the admin). A request that found every connection of its process's database
+pool in use for BATON_DATABASE_POOL_TIMEOUT_SECONDS is answered 503 `busy` with Retry-After,
+in a view or before one. A 500 says nothing of the exception, and is logged as an event
 with the exception's type only: its text may quote a message or a result (principle 7). A
 request body over its endpoint's limit is refused before any view runs, with 413 `too_large`
 naming the limit (`backend.api.body_limits`, through `json_error`).
@@ -28,6 +30,7 @@ from typing import Any
 from django.core.exceptions import BadRequest, DisallowedHost
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views import defaults
+from psycopg_pool import PoolTimeout
 from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
@@ -47,6 +50,8 @@ from backend.errors import (
 from backend.events import log_event, opaque_id
 
 API_PATH_PREFIX = "/api/"
+# What a client waits before it retries a request the database pool had no connection for.
+POOL_RETRY_AFTER_SECONDS = 1
 
 DOMAIN_STATUS = {
     InvalidInput: status.HTTP_400_BAD_REQUEST,
@@ -144,7 +149,27 @@ def _error_headers(exc: BatonError) -> dict[str, str] | None:
     return None
 
 
+def pool_exhausted(exc: BaseException | None) -> bool:
+    """Whether `exc` is a wait for a pooled connection that timed out: psycopg's PoolTimeout,
+    as Django raises it (an OperationalError caused by it)."""
+    while exc is not None:
+        if isinstance(exc, PoolTimeout):
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def _database_busy() -> Busy:
+    log_event("database_pool_exhausted", level=logging.WARNING)
+    return Busy(
+        "Every database connection of this server process is in use; retry in a second.",
+        retry_after_seconds=POOL_RETRY_AFTER_SECONDS,
+    )
+
+
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if pool_exhausted(exc):
+        exc = _database_busy()
     if isinstance(exc, BatonError):
         http_status = next(
             (code for kind, code in DOMAIN_STATUS.items() if isinstance(exc, kind)),
@@ -228,6 +253,14 @@ def server_error(request: HttpRequest) -> HttpResponse:
     if not is_api_request(request):
         return defaults.server_error(request)
     error = sys.exc_info()[1]
+    if pool_exhausted(error):  # before any view, in a middleware's query
+        busy = _database_busy()
+        response = json_error(
+            status.HTTP_503_SERVICE_UNAVAILABLE, detail=busy.message, code=busy.code
+        )
+        response["Retry-After"] = str(busy.retry_after_seconds)
+        response._has_been_logged = True  # type: ignore[attr-defined]
+        return response
     match = request.resolver_match
     log_event(
         "request_failed",

@@ -8,8 +8,9 @@ its own: woken by the task's bell (a NOTIFY the process's listener heard — see
 or every POLL_SECONDS where no NOTIFY comes (SQLite, or PostgreSQL while the listener is away),
 it reads the events after the newest it holds, renders each as an SSE frame once, and wakes
 every subscribed stream, which sends the frames after its own cursor. So a process with 200
-open streams holds one connection for them (besides the listener's), makes one query per task
-per wake-up and encodes each event once.
+open streams holds one connection for them (besides the listener's) — with a pool, only while
+it reads (it hands the connection back before each wait) —, makes one query per task per
+wake-up and encodes each event once.
 
 A feed keeps the last BUFFER_EVENTS frames it read. A stream whose cursor is older than what
 the feed holds (it joined with an older cursor, or fell far behind) reads the gap from storage
@@ -32,6 +33,7 @@ from contextlib import contextmanager
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, connection
 
+from backend.connections import release_while_waiting
 from backend.dispatch.waiting import LISTENER
 from backend.events import log_event
 from backend.tasks.models import Task, TaskEvent
@@ -196,6 +198,7 @@ class EventFeeds:
                 # task has numbered events past what they hold.
                 # (Rings for this process's own writes do not put the look off.)
                 notified = connection.vendor == "postgresql" and LISTENER.connected
+                release_while_waiting()
                 self._wake.wait(None if notified else max(next_look - time.monotonic(), 0.0))
                 self._wake.clear()
                 with self._lock:

@@ -36,6 +36,7 @@ from backend.api.errors import ErrorOutput
 from backend.api.event_feeds import FEEDS, Feed, read_after, sse_frame
 from backend.api.permissions import IsProductClient, authenticated_user
 from backend.api.renderers import BatonJSONRenderer
+from backend.connections import release_while_waiting
 from backend.dispatch.waiting import CLIENT_CHECK_SECONDS, LISTENER
 from backend.errors import Busy, InvalidInput
 from backend.tasks import selectors
@@ -141,6 +142,8 @@ class _EventStream:
                     feed = stack.enter_context(FEEDS.subscribe(task_id, cursor))
                     if listening:
                         _release_connection()
+                    else:
+                        release_while_waiting()  # with a pool, even while it reads
                     continue
                 if now >= deadline or not still_connected():
                     return

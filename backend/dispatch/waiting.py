@@ -15,7 +15,9 @@ How a waiter learns that a turn may be there:
 - SQLite, or PostgreSQL while the listener is not connected: every POLL_SECONDS a cheap
   EXISTS query (woken early by writes of the same process).
 A lease that runs out during a wait is reclaimed by the next dispatch call, as before: at
-the latest when some waiter's wait ends.
+the latest when some waiter's wait ends. With a connection pool a waiter hands its connection
+back before it waits (`backend.connections`), so idle waiters hold none; the listener's
+connection is its own, outside the pool (a `LISTEN` belongs to a session).
 
 A waiter whose client hung up (a worker that stopped) stops waiting and claims nothing: the
 API layer passes `still_connected`, which the waiter asks while it waits and right before each
@@ -34,6 +36,7 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.utils import timezone
 
+from backend.connections import release_while_waiting
 from backend.dispatch.claims import claim_turns, claimable_exists, next_ready_in_seconds
 from backend.dispatch.payload import ClaimedTurn
 from backend.events import log_event, opaque_id
@@ -100,6 +103,7 @@ def claim_or_wait(
                 pause = (
                     remaining if ready_in is None else min(remaining, max(ready_in, POLL_SECONDS))
                 )
+                release_while_waiting()
                 woken = _wait_at_bell(doorbell, pause, still_connected=still_connected)
             else:
                 woken = _poll_until_claimable(
@@ -137,6 +141,7 @@ def _poll_until_claimable(
     """Until a turn is claimable, the bell rings, the wait ends, the listener (re)connects or
     the client hangs up; True when the bell rang."""
     while (remaining := deadline - time.monotonic()) > 0:
+        release_while_waiting()
         if doorbell.wait(min(POLL_SECONDS, remaining)):
             return True
         if listening and LISTENER.connected:

@@ -20,6 +20,7 @@ from backend.dispatch.waiting import LISTENER
 from backend.tasks import task_events
 from backend.tasks.models import Task, TaskEvent
 from backend.tasks.wakeups import EVENT_BELL
+from tests.conftest import pooled_connections_idle
 from tests.dispatch.test_dispatch_api import PIPELINE, create, dispatch, report
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
@@ -335,11 +336,12 @@ def test_streams_of_a_task_share_one_reader_and_hold_no_database_connection(
     url = f"/api/tasks/{task['id']}/events/"
 
     def connections() -> int:
+        """Sessions on the test database that are not waiting idle in the process's pool."""
         with django_connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
             )
-            return cursor.fetchone()[0]
+            return cursor.fetchone()[0] - pooled_connections_idle()
 
     before = connections()
     listeners = 6

@@ -24,7 +24,7 @@ from backend.dispatch.waiting import LISTENER, claim_or_wait
 from backend.tasks.models import Subtask
 from backend.tasks.services import PipelineStep, create_task
 from backend.tasks.wakeups import BELL, PENDING_CHANNEL, announce_pending
-from tests.conftest import make_worker, token_client
+from tests.conftest import make_worker, pooled_connections_held, token_client
 
 DISPATCH = "/api/executor/dispatch/"
 # Long enough for a loaded machine to start every request before the turn is created.
@@ -105,6 +105,25 @@ def _waiting_dispatches(
             thread.join(timeout=wait_seconds + 60)
 
     return threads, answers, join
+
+
+@pytest.mark.postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_waiting_dispatches_hold_no_pooled_connection():
+    """A waiter hands its connection back to the process's pool while it waits at the bell,
+    so idle workers do not use up the pool: only the threads that query hold one."""
+    waiters = 6
+    threads, answers, join = _waiting_dispatches(waiters, wait_seconds=5)
+    connection.close()  # this thread's, back to the pool
+    deadline = time.monotonic() + 4
+    held = pooled_connections_held()
+    while held > 0 or len(BELL._doorbells) < waiters:
+        assert time.monotonic() < deadline, f"{held} waiting dispatches hold a connection"
+        time.sleep(0.02)
+        held = pooled_connections_held()
+    assert all(thread.is_alive() for thread in threads)  # still waiting
+    join()
+    assert answers == [{"status": 200, "turns": [], "next_ready_in_seconds": None}] * waiters
 
 
 def _new_task(number: int = 0) -> Subtask:
