@@ -253,25 +253,30 @@ def _record_claims_with_orm(by_task: dict[int, list[Subtask]]) -> None:
 
 
 def progress_event(
-    turn: Subtask, *, events: list[dict[str, Any]], text_before: str, text_after: str | None
+    turn: Subtask, *, events: list[dict[str, Any]], added: str | None, reset: bool = False
 ) -> Event:
     """A progress report as an event: its streamed events (bounded), and the text the partial
-    answer gained (`text`, bounded; `text_reset` when the answer was replaced, not extended)."""
+    answer gained (`text`, bounded; `text_reset` when the answer was replaced, not extended).
+    `added` None: the text did not change."""
     data = turn_data(turn)
     data["events"] = [_bounded(event) for event in events[-PROGRESS_EVENTS_MAX:]]
     if len(events) > PROGRESS_EVENTS_MAX:
         data["events_omitted"] = len(events) - PROGRESS_EVENTS_MAX
-    if text_after is not None and text_after != text_before:
-        if text_after.startswith(text_before):
-            added = text_after[len(text_before) :]
-        else:
-            added = text_after
+    if added is not None:
+        if reset:
             data["text_reset"] = True
         data["text"] = added[:PROGRESS_TEXT_CHARS]
         if len(added) > PROGRESS_TEXT_CHARS:
             data["text_omitted_chars"] = len(added) - PROGRESS_TEXT_CHARS
-        data["partial_text_chars"] = len(text_after)
+        data["partial_text_chars"] = turn.partial_text_chars
     return Event(type=TURN_PROGRESS, subtask_id=turn.pk, data=data)
+
+
+def prune_progress(*, subtask_ids: Sequence[int]) -> None:
+    """Delete the turns' `turn.progress` events, once their attempts ended: a running turn's
+    progress is for following it live, and what it wrote is in the turn. The numbers they had
+    stay unused: a stream resuming after one of them gets the events after it."""
+    TaskEvent.objects.filter(subtask_id__in=list(subtask_ids), type=TURN_PROGRESS).delete()
 
 
 def _bounded(value: Any) -> Any:

@@ -155,6 +155,15 @@ class TaskEvent(models.Model):
             # Also the index a stream reads by: a task's events after a number.
             models.UniqueConstraint(fields=["task", "seq"], name="task_event_seq_unique"),
         ]
+        indexes = [
+            # A turn's progress events, deleted when its attempt ends (`task_events`): only
+            # those rows, so the index stays as small as the progress of the running turns.
+            models.Index(
+                fields=["subtask_id"],
+                condition=Q(type="turn.progress"),
+                name="task_event_progress_turn",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"event {self.seq} of task {self.task_id}: {self.type}"
