@@ -277,3 +277,31 @@ def test_the_stored_text_is_what_the_buffer_last_delivered_whatever_fails(api, w
         buffer.deliver(last, send=_sender(worker_api, turn, "ok"))
     assert stored(turn) == text
     report(worker_api, turn, result={"value": text or "-"})
+
+
+def test_the_schema_describes_the_append_and_both_answers(api, worker_api, client):
+    document = json.loads(
+        client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").content
+    )
+    schemas = document["components"]["schemas"]
+    operation = document["paths"]["/api/executor/subtasks/{subtask_id}/progress/"]["post"]
+
+    def component(ref: dict) -> dict:
+        return schemas[ref["$ref"].rsplit("/", 1)[1]]
+
+    request = component(operation["requestBody"]["content"]["application/json"]["schema"])
+    assert {"partial_text", "partial_text_append", "partial_text_offset"} <= set(
+        request["properties"]
+    )
+    create(api)
+    [turn] = dispatch(worker_api)
+    for status, answer in (
+        (200, post(worker_api, turn, partial_text="abc")),
+        (409, post(worker_api, turn, partial_text_append="d", partial_text_offset=0)),
+    ):
+        assert answer.status_code == status
+        shape = component(
+            operation["responses"][str(status)]["content"]["application/json"]["schema"]
+        )
+        assert set(shape.get("required", [])) <= set(answer.json()) <= set(shape["properties"])
+        assert "partial_text_chars" in answer.json()
