@@ -8,11 +8,16 @@ SSE stream's `Last-Event-ID`) misses nothing and gets nothing twice. Every write
 turns already holds that lock (follow-ups, cancels, reports); a claim takes it after the claim
 itself has committed (`record_claims`).
 
-A task's numbers are contiguous, 1..N: every writer reserves exactly as many numbers as it
-writes rows, in the same statement or transaction, so a client that sees n+2 after n knows
-event n+1 was lost on its way, never that it was not written. A claim reserves numbers only
-for the turns still running once it holds the task's lock: a turn interrupted, rolled back or
+A task's numbers are written contiguous, 1..N: every writer reserves exactly as many numbers
+as it writes rows, in the same statement or transaction. A claim reserves numbers only for the
+turns still running once it holds the task's lock: a turn interrupted, rolled back or
 cancelled between the claim's commit and its `turn.claimed` event takes none.
+
+Progress does not pile up: when a turn's attempt ends, its `turn.progress` events are deleted
+(`prune_progress`, from `partial_texts.end_attempts`) in the transaction that writes the
+event saying how it ended, so the newest event of a task is never deleted and a reader that
+resumes after a deleted number gets the events after it. A gap in what storage holds is
+progress of a turn that has ended (its text is in the turn), never an event not written.
 
 Events are small and bounded: ids, statuses, codes, and for progress the streamed events and
 the new text cut to a few thousand characters. Whole texts go by reference (the task API).

@@ -137,7 +137,8 @@ class Task(models.Model):
 
 class TaskEvent(models.Model):
     """One entry of a task's event log (`backend.tasks.task_events`): numbered per task in
-    commit order, so a client resuming after `seq` misses nothing and gets nothing twice."""
+    commit order, so a client resuming after `seq` misses nothing and gets nothing twice. A
+    turn's `turn.progress` entries are deleted once its attempt ends."""
 
     # Indexed by `task_event_seq_unique`, which leads with it.
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events", db_index=False)
