@@ -76,3 +76,14 @@ class UploadMissing(Conflict):
     copy damaged): upload the value again, then report (409)."""
 
     code = "upload_missing"
+
+
+class PartialTextMismatch(Conflict):
+    """A progress post's `partial_text_offset` is not the stored partial text's length: the
+    worker lost track of what Baton holds. It sends the whole text then (409)."""
+
+    code = "partial_text_mismatch"
+
+    def __init__(self, message: str, *, stored_chars: int) -> None:
+        super().__init__(message, field="partial_text_offset")
+        self.stored_chars = stored_chars

@@ -5,9 +5,11 @@ Baton under gunicorn as `make serve` runs it (`BATON_ENV=production`, `backend/g
 fleet drives it, for each N of `--turns`:
 
 - N running turns, held by N / 4 workers (`--claims-per-worker`, one worker account): each turn
-  posts progress once a second (a few events and its partial text, grown by `--text-step`
-  characters a post) and, after `--turn-seconds` (each turn's start spread over that time),
-  reports its result; its worker then dispatches the next pending turn;
+  posts progress once a second (a few events and what its partial text gained, `--text-step`
+  characters a post, at the length Baton holds, as the worker sends it; the whole text with
+  `--whole-text`, as workers did before appends, and after a post that failed) and, after
+  `--turn-seconds` (each turn's start spread over that time), reports its result; its
+  worker then dispatches the next pending turn;
 - each worker sends one batched heartbeat for its claims twice a second;
 - a product client creates a task and reads a task, each 5 times a second, and holds
   `--streams` event streams of running tasks open;
@@ -75,6 +77,7 @@ class Plan:
     turn_seconds: float
     text_step: int
     claims_per_worker: int
+    whole_text: bool = False
     workers: list[str] = field(default_factory=list)
     stream_tasks: list[int] = field(default_factory=list)  # the first turns claimed
     product: bool = False
@@ -182,23 +185,22 @@ async def _worker(client: Any, tally: Tally, plan: Plan, worker_id: str) -> None
         gained = " ".join(random.choices(WORDS, k=plan.text_step // 4))[: plan.text_step]
         claim["text"] += gained
         claim["busy"] = True
-        await _send(
-            client,
-            tally,
-            plan,
-            "progress",
-            "POST",
-            f"{base}/progress/",
-            {
-                "worker_id": worker_id,
-                "attempt": claim["attempt"],
-                "events": [
-                    {"type": "agent_message_delta", "text": gained},
-                    {"type": "tool_call", "name": "shell", "arguments": {"cmd": "pytest -x"}},
-                ],
-                "partial_text": claim["text"],
-            },
-        )
+        body: dict[str, Any] = {
+            "worker_id": worker_id,
+            "attempt": claim["attempt"],
+            "events": [
+                {"type": "agent_message_delta", "text": gained},
+                {"type": "tool_call", "name": "shell", "arguments": {"cmd": "pytest -x"}},
+            ],
+        }
+        stored = claim.get("stored")  # the length Baton holds, as far as the worker knows
+        if plan.whole_text or stored is None:
+            body["partial_text"] = claim["text"]
+        else:
+            body["partial_text_append"] = claim["text"][stored:]
+            body["partial_text_offset"] = stored
+        answer = await _send(client, tally, plan, "progress", "POST", f"{base}/progress/", body)
+        claim["stored"] = answer.get("partial_text_chars") if isinstance(answer, dict) else None
         claim["busy"] = False
 
     async def each_claim() -> None:
@@ -359,6 +361,7 @@ def _profile(args: argparse.Namespace, turns: int) -> dict[str, Any]:
             args.turn_seconds,
             args.text_step,
             args.claims_per_worker,
+            args.whole_text,
         )
         # Each client process drives its share of the workers; the first one, the product too.
         plans = [
@@ -486,6 +489,11 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=4, help="event streams held open")
     parser.add_argument(
         "--claims-per-worker", type=int, default=4, help="turns a worker runs (its heartbeat's)"
+    )
+    parser.add_argument(
+        "--whole-text",
+        action="store_true",
+        help="progress posts send the whole partial text every time (as before appends)",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()

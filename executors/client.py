@@ -77,6 +77,11 @@ class LeaseLost(BackendError):
     """The claim is gone (expired and reclaimed, or already finished): stop and forget."""
 
 
+class PartialTextMismatch(BackendError):
+    """Baton's partial text is not the length a progress post's append assumed: send the whole
+    text."""
+
+
 class BackendUnavailable(BackendError):
     """The backend could not be reached or kept failing for the whole retry budget."""
 
@@ -225,11 +230,21 @@ class BackendClient:
         attempt: int,
         events: list[dict[str, Any]],
         partial_text: str | None,
-    ) -> None:
+        partial_text_append: str | None = None,
+        partial_text_offset: int | None = None,
+    ) -> int | None:
+        """Post progress: the whole partial text (`partial_text`), or what it gained
+        (`partial_text_append`) at the length Baton's text has (`partial_text_offset`; else
+        PartialTextMismatch). Returns the length of the text Baton holds then."""
         body: dict[str, Any] = {"worker_id": self.worker_id, "attempt": attempt, "events": events}
         if partial_text is not None:
             body["partial_text"] = partial_text
-        self._post(f"/api/executor/subtasks/{subtask_id}/progress/", body, budget=10.0)
+        if partial_text_append is not None:
+            body["partial_text_append"] = partial_text_append
+            body["partial_text_offset"] = partial_text_offset
+        answer = self._post(f"/api/executor/subtasks/{subtask_id}/progress/", body, budget=10.0)
+        stored = answer.get("partial_text_chars") if isinstance(answer, dict) else None
+        return stored if isinstance(stored, int) else None
 
     def confirm_stopped(self, *, subtask_id: int, attempt: int) -> None:
         """Tell Baton that the executor of a turn it cancelled is gone with all its processes
@@ -485,6 +500,8 @@ def _raise_for(response: httpx.Response, *, read: bool = False) -> None:
         raise TurnCancelled(message, status=409, code=code)
     if response.status_code == 409 and code == "lease_lost":
         raise LeaseLost(message, status=409, code=code)
+    if response.status_code == 409 and code == "partial_text_mismatch":
+        raise PartialTextMismatch(message, status=409, code=code)
     raise BackendError(message, status=response.status_code, code=code)
 
 

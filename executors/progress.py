@@ -6,15 +6,27 @@ at most every `MIN_POST_INTERVAL` seconds. A batch respects the backend's limits
 `MAX_PARTIAL_TEXT_BYTES` (its end is kept: that is what is being written now). Message deltas
 are not posted one by one: they accumulate into the partial text. Text fields of events are
 bounded too; the run's whole answer travels in its result, not in progress.
+
+A post sends only what the partial text gained since the last post Baton accepted
+(`partial_text_append`, at `partial_text_offset`, the length Baton holds), so a long answer's
+progress costs what it adds, not its whole length each time. The whole text goes instead when
+the worker does not know what Baton holds (the first post, after a refused or failed one) or
+when the text is no longer an extension of it (a `MessageCompleted` replaced it, or its end
+was cut to the limit). The worker tells the buffer what became of each batch (`accepted`,
+`refused`); a batch Baton refused for its offset is sent again whole (`ProgressBatch.whole`).
+So Baton's stored text is always what the buffer last sent and Baton accepted: nothing lost,
+nothing twice.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any
 
+from executors.client import PartialTextMismatch
 from executors.events import Event, MessageCompleted, MessageDelta, UsageReported
 
 MIN_POST_INTERVAL = 0.5
@@ -26,7 +38,24 @@ EVENT_TEXT_CHARS = 4000
 @dataclass(frozen=True)
 class ProgressBatch:
     events: list[dict[str, Any]]
+    # The whole partial text, replacing Baton's; or what it gained, at the offset Baton's
+    # text must have; or neither (the text did not change).
     partial_text: str | None
+    partial_text_append: str | None = None
+    partial_text_offset: int | None = None
+    # The whole text Baton holds once it accepts this batch (None: the text did not change).
+    sent_text: str | None = None
+
+    def whole(self) -> ProgressBatch:
+        """The same batch with the whole text instead of an append."""
+        if self.partial_text_append is None:
+            return self
+        return replace(
+            self,
+            partial_text=self.sent_text,
+            partial_text_append=None,
+            partial_text_offset=None,
+        )
 
 
 class ProgressBuffer:
@@ -37,6 +66,8 @@ class ProgressBuffer:
         self._events: list[dict[str, Any]] = []
         self._partial: list[str] = []
         self._partial_changed = False
+        # The partial text Baton holds, as far as this worker knows (None: it does not know).
+        self._stored: str | None = None
         self._last_post = 0.0
         self.event_count = 0
 
@@ -63,14 +94,59 @@ class ProgressBuffer:
                 return None
             events = self._events[:MAX_EVENTS_PER_POST]
             del self._events[:MAX_EVENTS_PER_POST]
-            partial = None
-            if self._partial_changed:
-                text = "".join(self._partial)
-                self._partial = [text]
-                partial = _tail_within(text, MAX_PARTIAL_TEXT_BYTES)
-                self._partial_changed = False
             self._last_post = now
-            return ProgressBatch(events=events, partial_text=partial)
+            if not self._partial_changed:
+                return ProgressBatch(events=events, partial_text=None)
+            self._partial_changed = False
+            text = "".join(self._partial)
+            self._partial = [text]
+            sent = _tail_within(text, MAX_PARTIAL_TEXT_BYTES)
+            stored = self._stored
+            if stored is None or not sent.startswith(stored):
+                return ProgressBatch(events=events, partial_text=sent, sent_text=sent)
+            if len(sent) == len(stored):
+                return ProgressBatch(events=events, partial_text=None)
+            return ProgressBatch(
+                events=events,
+                partial_text=None,
+                partial_text_append=sent[len(stored) :],
+                partial_text_offset=len(stored),
+                sent_text=sent,
+            )
+
+    def deliver(self, batch: ProgressBatch, *, send: Callable[[ProgressBatch], int | None]) -> None:
+        """Post `batch` with `send` (which returns the length of the text Baton then holds)
+        and record what became of it. When Baton's text is not the length an append assumed
+        (a post whose answer was lost, say), the batch goes again at once with the whole
+        text. An error of `send` is raised again once the batch is marked refused."""
+        try:
+            try:
+                stored_chars = send(batch)
+            except PartialTextMismatch:
+                batch = batch.whole()
+                stored_chars = send(batch)
+        except BaseException:
+            self.refused(batch)
+            raise
+        self.accepted(batch, stored_chars=stored_chars)
+
+    def accepted(self, batch: ProgressBatch, *, stored_chars: int | None) -> None:
+        """Baton stored `batch`; `stored_chars` is the length it says its text has now."""
+        if batch.sent_text is None:
+            return
+        with self._lock:
+            # A length that differs (text Baton reads otherwise): send the whole text next.
+            known = stored_chars is None or stored_chars == len(batch.sent_text)
+            self._stored = batch.sent_text if known else None
+
+    def refused(self, batch: ProgressBatch) -> None:
+        """`batch` did not reach Baton, or Baton refused it: the next post sends the whole
+        text (Baton may hold the text before it, or not)."""
+        if batch.sent_text is None:
+            return
+        with self._lock:
+            self._stored = None
+            self._partial_changed = True
 
 
 def _bounded(event: Event) -> dict[str, Any]:

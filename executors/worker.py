@@ -39,6 +39,7 @@ from executors.client import (
 from executors.config import WorkerSettings
 from executors.payloads import DispatchedTurn
 from executors.process_tree import enable_subreaper, reap_adopted_zombies
+from executors.progress import ProgressBatch
 from executors.runner import CANCELLED, LEASE_LOST, SHUTDOWN, TIMEOUT, TurnRun
 
 logger = logging.getLogger("baton.worker")
@@ -265,18 +266,14 @@ class Worker:
         if batch is None:
             return
         try:
-            self.client.progress(
-                subtask_id=run.turn.subtask_id,
-                attempt=run.turn.attempt,
-                events=batch.events,
-                partial_text=batch.partial_text,
-            )
+            run.progress.deliver(batch, send=lambda batch: self._send_progress(run, batch))
         except TurnCancelled:
             run.request_stop(CANCELLED)
         except LeaseLost:
             run.request_stop(LEASE_LOST)
         except BackendError as error:
-            # Progress is best effort; the result carries the answer.
+            # Progress is best effort; the result carries the answer. The next post sends
+            # the whole partial text.
             logger.warning(
                 json.dumps(
                     {
@@ -286,6 +283,16 @@ class Worker:
                     }
                 )
             )
+
+    def _send_progress(self, run: TurnRun, batch: ProgressBatch) -> int | None:
+        return self.client.progress(
+            subtask_id=run.turn.subtask_id,
+            attempt=run.turn.attempt,
+            events=batch.events,
+            partial_text=batch.partial_text,
+            partial_text_append=batch.partial_text_append,
+            partial_text_offset=batch.partial_text_offset,
+        )
 
     def _check_claims(self, runs: list[TurnRun]) -> None:
         try:

@@ -92,6 +92,7 @@ def test_the_dispatch_tables_index_only_what_is_read():
             "tasks_task",
             "dispatch_promptreport",
             "tasks_taskevent",
+            "tasks_progresspiece",
         )
     } == {
         "tasks_subtask": sorted(
@@ -128,5 +129,13 @@ def test_the_dispatch_tables_index_only_what_is_read():
                 "dispatch_promptreport_claimed_by_id_7543e5ea",
             ]
         ),
-        "tasks_taskevent": sorted(["tasks_taskevent_pkey", "task_event_seq_unique"]),
+        "tasks_taskevent": sorted(
+            [
+                "tasks_taskevent_pkey",
+                "task_event_seq_unique",
+                # Only turn.progress rows, which are deleted when their turn's attempt ends.
+                "task_event_progress_turn",
+            ]
+        ),
+        "tasks_progresspiece": sorted(["tasks_progresspiece_pkey", "progress_piece_offset_unique"]),
     }

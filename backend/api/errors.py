@@ -45,6 +45,7 @@ from backend.errors import (
     InvalidInput,
     NotFound,
     NotSatisfiable,
+    PartialTextMismatch,
     PayloadTooLarge,
 )
 from backend.events import log_event, opaque_id
@@ -175,13 +176,17 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
             (code for kind, code in DOMAIN_STATUS.items() if isinstance(exc, kind)),
             status.HTTP_400_BAD_REQUEST,
         )
-        return error_response(
+        answer = error_response(
             http_status,
             detail=exc.message,
             code=exc.code,
             fields={exc.field: [exc.message]} if exc.field else None,
             headers=_error_headers(exc),
         )
+        if isinstance(exc, PartialTextMismatch):
+            # What the worker needs to know: how long the stored partial text is.
+            answer.data["partial_text_chars"] = exc.stored_chars
+        return answer
 
     if isinstance(exc, ArtifactIntegrityError):
         # Logged with the artifact id where it was found; no byte of content is sent.

@@ -6,13 +6,14 @@ client's last event id, from storage, then new events as they commit, from its t
 (`backend.api.event_feeds`): one reader per process reads each new event once for every stream
 of the task — on PostgreSQL when the process's listener hears the task's NOTIFY
 (`backend.tasks.wakeups`), elsewhere every 50 ms — and on PostgreSQL the stream holds no
-database connection while it waits. Every event's `id:` is its number in the task's sequence.
-The stream ends after BATON_EVENT_STREAM_SECONDS, or when the client hangs up (looked at every
-second); a client (EventSource does this by itself) reconnects with the last id it got. Comment
-lines keep idle connections open through proxies. Each stream holds one of its server process's
-request threads while it is open, so a process serves at most BATON_MAX_EVENT_STREAMS of them
-at once and answers 503 with Retry-After beyond that, keeping threads free for the rest of the
-API.
+database connection while it waits. Every event's `id:` is its number in the task's sequence; a
+turn's `turn.progress` events are deleted when its attempt ends, so a stream that reads them
+from storage after that skips their numbers. The stream ends after BATON_EVENT_STREAM_SECONDS,
+or when the client hangs up (looked at every second); a client (EventSource does this by itself)
+reconnects with the last id it got. Comment lines keep idle connections open through proxies.
+Each stream holds one of its server process's request threads while it is open, so a process
+serves at most BATON_MAX_EVENT_STREAMS of them at once and answers 503 with Retry-After beyond
+that, keeping threads free for the rest of the API.
 """
 
 from __future__ import annotations
@@ -207,7 +208,8 @@ class TaskEventsApi(APIView):
                 "sequence), `event` (turn.created, turn.claimed, turn.progress, "
                 "turn.requeued, turn.completed, turn.failed, turn.cancelled, "
                 "turn.interrupted, message.queued, message.withdrawn) and one JSON `data` "
-                "line.",
+                "line. A turn's turn.progress events are deleted when its attempt ends: read "
+                "from storage after that, their numbers are skipped.",
             ),
             (400, "application/json"): ErrorOutput,
             (404, "application/json"): ErrorOutput,

@@ -13,6 +13,7 @@ from rest_framework import serializers
 
 from backend import executor_kinds
 from backend.api.artifact_serializers import ArtifactManifestEntryOutput
+from backend.api.errors import ErrorOutput
 from backend.api.links import artifact_download_urls
 from backend.api.serializers import ResultField, StrictInput, TextField, UsageFields
 from backend.artifacts.selectors import ManifestPart
@@ -72,8 +73,47 @@ class HeartbeatInput(StrictInput):
 class ProgressInput(ClaimInput):
     events = serializers.ListField(child=serializers.DictField(), default=list, max_length=1000)
     partial_text = TextField(
-        required=False, allow_blank=True, trim_whitespace=False, allow_null=True
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        allow_null=True,
+        help_text=(
+            "The whole partial answer, replacing the stored one: after a replaced answer, or "
+            "when the worker does not know what Baton holds."
+        ),
     )
+    partial_text_append = TextField(
+        required=False,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text=(
+            "What the partial answer gained since the last post Baton accepted; with "
+            "partial_text_offset. The whole stays within BATON_MAX_MESSAGE_BYTES."
+        ),
+    )
+    partial_text_offset = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        help_text=(
+            "The length, in code points, the stored partial text must have for the append to "
+            "apply (that answer's partial_text_chars); else 409 partial_text_mismatch."
+        ),
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        attrs = super().validate(attrs)
+        if ("partial_text_append" in attrs) != ("partial_text_offset" in attrs):
+            missing = (
+                "partial_text_offset" if "partial_text_append" in attrs else "partial_text_append"
+            )
+            raise serializers.ValidationError(
+                {missing: ["Send partial_text_append and partial_text_offset together."]}
+            )
+        if "partial_text_append" in attrs and attrs.get("partial_text") is not None:
+            raise serializers.ValidationError(
+                {"partial_text": ["Send either partial_text or partial_text_append, not both."]}
+            )
+        return attrs
 
 
 class ResultInput(ClaimInput):
@@ -265,6 +305,22 @@ class LeaseOutput(serializers.Serializer[dict[str, Any]]):
     status = serializers.CharField()
     attempt = serializers.IntegerField()
     lease_expires_at = serializers.DateTimeField(allow_null=True)
+
+
+class ProgressOutput(LeaseOutput):
+    partial_text_chars = serializers.IntegerField(
+        help_text="The stored partial text's length in code points: the next append's offset."
+    )
+
+
+class ProgressConflictOutput(ErrorOutput):
+    """A refused progress post: Baton's error body, and for `partial_text_mismatch` the
+    stored partial text's length."""
+
+    partial_text_chars = serializers.IntegerField(
+        required=False,
+        help_text="With code partial_text_mismatch: the stored partial text's length.",
+    )
 
 
 class ResultOutput(LeaseOutput):

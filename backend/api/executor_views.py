@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.request import Request
@@ -24,7 +24,9 @@ from backend.api.executor_serializers import (
     HeartbeatInput,
     HeartbeatOutput,
     LeaseOutput,
+    ProgressConflictOutput,
     ProgressInput,
+    ProgressOutput,
     ResultInput,
     ResultOutput,
     ValueUploadOutput,
@@ -278,7 +280,18 @@ class ProgressApi(ExecutorApi):
     @extend_schema(
         operation_id="executor_progress",
         request=ProgressInput,
-        responses={200: LeaseOutput, 409: CLAIM_REFUSED},
+        responses={
+            200: ProgressOutput,
+            409: OpenApiResponse(
+                ProgressConflictOutput,
+                description=(
+                    "The claim lost its lease (`lease_lost`) or its turn was cancelled "
+                    "(`cancelled`); or `partial_text_offset` is not the stored partial text's "
+                    "length (`partial_text_mismatch`, with `partial_text_chars`): send the "
+                    "whole text as partial_text."
+                ),
+            ),
+        },
     )
     def post(self, request: Request, subtask_id: int) -> Response:
         payload = ProgressInput(data=request.data)
@@ -291,8 +304,14 @@ class ProgressApi(ExecutorApi):
             subtask_id=subtask_id,
             events=data["events"],
             partial_text=data.get("partial_text"),
+            partial_text_append=data.get("partial_text_append"),
+            partial_text_offset=data.get("partial_text_offset"),
         )
-        return Response(LeaseOutput(_lease(subtask)).data)
+        return Response(
+            ProgressOutput(
+                {**_lease(subtask), "partial_text_chars": subtask.partial_text_chars}
+            ).data
+        )
 
 
 class ResultApi(ExecutorApi):

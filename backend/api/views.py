@@ -38,21 +38,29 @@ from backend.api.serializers import (
     page_of,
 )
 from backend.dispatch import stops
-from backend.tasks import selectors, services
+from backend.tasks import partial_texts, selectors, services
 from backend.tasks.models import Subtask, Task
 from backend.tasks.services import PipelineStep
 
 
 def _with_turns(request: Request, task: Task) -> dict[str, Any]:
     task.turns_for_output = list(selectors.task_turns(task=task))
+    partial_texts.show_partial_texts(task.turns_for_output)
     task.queued_for_output = list(selectors.queued_messages(task=task))
     return TaskWithTurnsOutput(task, context={"request": request}).data
 
 
 def _turns(request: Request, task: Task, turns: Sequence[Subtask]) -> Any:
     """`turns` as the task views show them, read again through `selectors.task_turns`."""
-    shown = selectors.task_turns(task=task).filter(pk__in=[turn.pk for turn in turns])
+    shown = list(selectors.task_turns(task=task).filter(pk__in=[turn.pk for turn in turns]))
+    partial_texts.show_partial_texts(shown)
     return SubtaskOutput(shown, many=True, context={"request": request}).data
+
+
+def _shown_turn(turn: Subtask, *, context: dict[str, Any]) -> Any:
+    # A task runs at most one turn at a time: at most one turn of a page has pieces to read.
+    partial_texts.show_partial_texts([turn])
+    return SubtaskOutput(turn, context=context).data
 
 
 class TaskListCreateApi(APIView):
@@ -205,7 +213,7 @@ class TaskSubtasksApi(TaskApi):
             selectors.task_turns(task=task),
             request,
             query=query.page_query(),
-            serialize=lambda turn: SubtaskOutput(turn, context=context).data,
+            serialize=lambda turn: _shown_turn(turn, context=context),
         )
         return Response(page)
 

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
@@ -31,11 +30,9 @@ from backend.dispatch.leases import (
     reclaim_expired_leases,
 )
 from backend.prompting import Role
-from backend.tasks import task_events
+from backend.tasks import partial_texts, task_events
 from backend.tasks.history import any_of
-from backend.tasks.ingestion import replace_unstorable_chars
-from backend.tasks.models import Subtask, SubtaskStatus
-from backend.tasks.services import check_text_size
+from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus
 
 MAX_PROGRESS_EVENTS = 200
 
@@ -132,49 +129,74 @@ def record_progress(
     subtask_id: int,
     events: list[dict[str, Any]],
     partial_text: str | None,
+    partial_text_append: str | None = None,
+    partial_text_offset: int | None = None,
 ) -> Subtask:
-    """Append streamed progress events (the latest MAX_PROGRESS_EVENTS are kept) and replace the
-    partial answer. Progress also counts as a heartbeat: it extends the lease when that is
-    due, as a heartbeat would, so that most posts leave the row's indexed columns alone."""
-    if partial_text is not None:
-        check_text_size(
-            text=partial_text, limit=settings.BATON_MAX_MESSAGE_BYTES, field="partial_text"
-        )
+    """Append streamed progress events (the latest MAX_PROGRESS_EVENTS are kept) and extend
+    the partial answer (`partial_text_append` at `partial_text_offset`) or replace it
+    (`partial_text`): see `backend.tasks.partial_texts`. An offset that is not the stored
+    text's length is refused whole (409 `partial_text_mismatch`, nothing of the post stored),
+    so the worker sends the post again with the whole text. Progress also counts as a
+    heartbeat: it extends the lease when that is due, as a heartbeat would, so that most posts
+    leave the row's indexed columns alone."""
     now = timezone.now()
     with transaction.atomic():
         subtask, refusal = fenced_turn(
             worker=worker, worker_id=worker_id, attempt=attempt, subtask_id=subtask_id, now=now
         )
         if refusal is None:
-            _append_progress(subtask, events=events, partial_text=partial_text, now=now)
+            _append_progress(
+                subtask,
+                events=events,
+                partial_text=partial_text,
+                partial_text_append=partial_text_append,
+                partial_text_offset=partial_text_offset,
+                now=now,
+            )
     if refusal is not None:
         raise refusal  # after the commit: a lease found run out was reclaimed
     return subtask
 
 
 def _append_progress(
-    subtask: Subtask, *, events: list[dict[str, Any]], partial_text: str | None, now: datetime
+    subtask: Subtask,
+    *,
+    events: list[dict[str, Any]],
+    partial_text: str | None,
+    partial_text_append: str | None,
+    partial_text_offset: int | None,
+    now: datetime,
 ) -> None:
-    text_before = subtask.partial_text
+    change = None
+    if partial_text is not None:
+        change = partial_texts.replace_partial_text(subtask=subtask, text=partial_text)
+    elif partial_text_append is not None and partial_text_offset is not None:
+        change = partial_texts.append_partial_text(
+            subtask=subtask, text=partial_text_append, offset=partial_text_offset
+        )
     subtask.progress_events = ((subtask.progress_events or []) + list(events))[
         -MAX_PROGRESS_EVENTS:
     ]
-    if partial_text is not None:
-        subtask.partial_text = replace_unstorable_chars(partial_text)[0]
-    if events or subtask.partial_text != text_before:
+    # Summary jobs are no turns: the task's event log says nothing of them.
+    if (events or change is not None) and subtask.kind == SubtaskKind.TURN:
         task_events.record(
             task_id=subtask.task_id,
             events=[
                 task_events.progress_event(
                     subtask,
                     events=list(events),
-                    text_before=text_before,
-                    text_after=subtask.partial_text,
+                    added=None if change is None else change.added,
+                    reset=change is not None and change.reset,
                 )
             ],
         )
     subtask.progress_updated_at = now
-    changed = ["progress_events", "partial_text", "progress_updated_at", "updated_at"]
+    changed = ["progress_events", "progress_updated_at", "updated_at"]
+    if change is not None:
+        # Never `partial_text` on an append: PostgreSQL would write the whole text again.
+        changed += ["partial_text_chars", "partial_text_bytes"]
+        if partial_text is not None:
+            changed.append("partial_text")  # emptied: the whole text is the first piece
     if lease_renewal_due(lease_expires_at=subtask.lease_expires_at, now=now):
         subtask.lease_expires_at = lease_until(now=now)
         changed.append("lease_expires_at")

@@ -53,6 +53,7 @@ from backend.tasks.models import (
     SubtaskStatus,
     Task,
 )
+from backend.tasks.partial_texts import end_attempts
 from backend.tasks.services import lock_task, record_result, refresh_task_status
 from backend.tasks.wakeups import announce_pending
 
@@ -187,6 +188,7 @@ def requeue(
         error_code=error_code,
         updated_at=now,
     )
+    end_attempts(turns=[subtask])
     announce_pending(executors=[subtask.executor])
     if subtask.kind == SubtaskKind.TURN:
         subtask.status, subtask.error_code = SubtaskStatus.PENDING, error_code

@@ -21,6 +21,7 @@ from backend.errors import InvalidInput
 from backend.prompting.truncate import truncate_middle
 from backend.prompting.units import Unit
 from backend.tasks.models import Bot, LanguageModel, QueuedMessage, Subtask, Task
+from backend.tasks.partial_texts import partial_text_of
 from backend.tasks.selectors import turn_result
 from backend.tasks.services import PipelineStep, resolve_pipeline
 
@@ -149,8 +150,23 @@ class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Subtask]):
     search_fields = ["task__title"]
     list_select_related = ["task"]
     ordering = ["-created_at"]
-    exclude = ["message", "result", "usage", "progress_events", "history_text"]
-    readonly_fields = ["message_text", "result_as_sent", "usage_json", "history_text_shown"]
+    exclude = [
+        "message",
+        "result",
+        "usage",
+        "progress_events",
+        "history_text",
+        "partial_text",
+        "partial_text_chars",
+        "partial_text_bytes",
+    ]
+    readonly_fields = [
+        "message_text",
+        "result_as_sent",
+        "usage_json",
+        "history_text_shown",
+        "partial_text_shown",
+    ]
 
     @admin.display(description="message")
     def message_text(self, subtask: Subtask) -> str:
@@ -166,6 +182,11 @@ class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Subtask]):
         if result is None:
             return "-"
         return _bounded(json.dumps(result, ensure_ascii=False, indent=2), DETAIL_TEXT_CHARS)
+
+    @admin.display(description="partial text")
+    def partial_text_shown(self, subtask: Subtask) -> str:
+        # A running turn's text goes on in pieces (`partial_texts`); written by workers only.
+        return _bounded(partial_text_of(subtask), DETAIL_TEXT_CHARS)
 
     @admin.display(description="usage")
     def usage_json(self, subtask: Subtask) -> str:

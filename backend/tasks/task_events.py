@@ -8,11 +8,16 @@ SSE stream's `Last-Event-ID`) misses nothing and gets nothing twice. Every write
 turns already holds that lock (follow-ups, cancels, reports); a claim takes it after the claim
 itself has committed (`record_claims`).
 
-A task's numbers are contiguous, 1..N: every writer reserves exactly as many numbers as it
-writes rows, in the same statement or transaction, so a client that sees n+2 after n knows
-event n+1 was lost on its way, never that it was not written. A claim reserves numbers only
-for the turns still running once it holds the task's lock: a turn interrupted, rolled back or
+A task's numbers are written contiguous, 1..N: every writer reserves exactly as many numbers
+as it writes rows, in the same statement or transaction. A claim reserves numbers only for the
+turns still running once it holds the task's lock: a turn interrupted, rolled back or
 cancelled between the claim's commit and its `turn.claimed` event takes none.
+
+Progress does not pile up: when a turn's attempt ends, its `turn.progress` events are deleted
+(`prune_progress`, from `partial_texts.end_attempts`) in the transaction that writes the
+event saying how it ended, so the newest event of a task is never deleted and a reader that
+resumes after a deleted number gets the events after it. A gap in what storage holds is
+progress of a turn that has ended (its text is in the turn), never an event not written.
 
 Events are small and bounded: ids, statuses, codes, and for progress the streamed events and
 the new text cut to a few thousand characters. Whole texts go by reference (the task API).
@@ -253,25 +258,30 @@ def _record_claims_with_orm(by_task: dict[int, list[Subtask]]) -> None:
 
 
 def progress_event(
-    turn: Subtask, *, events: list[dict[str, Any]], text_before: str, text_after: str | None
+    turn: Subtask, *, events: list[dict[str, Any]], added: str | None, reset: bool = False
 ) -> Event:
     """A progress report as an event: its streamed events (bounded), and the text the partial
-    answer gained (`text`, bounded; `text_reset` when the answer was replaced, not extended)."""
+    answer gained (`text`, bounded; `text_reset` when the answer was replaced, not extended).
+    `added` None: the text did not change."""
     data = turn_data(turn)
     data["events"] = [_bounded(event) for event in events[-PROGRESS_EVENTS_MAX:]]
     if len(events) > PROGRESS_EVENTS_MAX:
         data["events_omitted"] = len(events) - PROGRESS_EVENTS_MAX
-    if text_after is not None and text_after != text_before:
-        if text_after.startswith(text_before):
-            added = text_after[len(text_before) :]
-        else:
-            added = text_after
+    if added is not None:
+        if reset:
             data["text_reset"] = True
         data["text"] = added[:PROGRESS_TEXT_CHARS]
         if len(added) > PROGRESS_TEXT_CHARS:
             data["text_omitted_chars"] = len(added) - PROGRESS_TEXT_CHARS
-        data["partial_text_chars"] = len(text_after)
+        data["partial_text_chars"] = turn.partial_text_chars
     return Event(type=TURN_PROGRESS, subtask_id=turn.pk, data=data)
+
+
+def prune_progress(*, subtask_ids: Sequence[int]) -> None:
+    """Delete the turns' `turn.progress` events, once their attempts ended: a running turn's
+    progress is for following it live, and what it wrote is in the turn. The numbers they had
+    stay unused: a stream resuming after one of them gets the events after it."""
+    TaskEvent.objects.filter(subtask_id__in=list(subtask_ids), type=TURN_PROGRESS).delete()
 
 
 def _bounded(value: Any) -> Any:

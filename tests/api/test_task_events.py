@@ -116,29 +116,29 @@ def test_every_change_to_a_turn_is_logged_in_order(api, worker_api):
     [coder] = dispatch(worker_api, kinds=["codex", "claude_code"])
     progress(worker_api, coder, partial_text="Reading", events=[{"type": "message"}])
     progress(worker_api, coder, partial_text="Reading retry.py")
-    report(worker_api, coder, status="FAILED", error="boom")
-    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "again"}, format="json")
-    new_round = [turn["id"] for turn in api.get(f"/api/tasks/{task['id']}/").json()["turns"][3:]]
-    assert logged(task) == [
-        (1, "turn.created", task["turns"][0]["id"]),
-        (2, "turn.created", coder_id),
-        (3, "turn.created", reviewer_id),
-        (4, "turn.claimed", coder_id),
-        (5, "turn.progress", coder_id),
-        (6, "turn.progress", coder_id),
-        (7, "turn.failed", coder_id),
-        (8, "turn.failed", reviewer_id),  # the later step fails with it
-        *[(9 + offset, "turn.created", turn_id) for offset, turn_id in enumerate(new_round)],
-    ]
-    assert len(new_round) == 3
     first, second = TaskEvent.objects.filter(task_id=task["id"], type="turn.progress").order_by(
         "seq"
     )
+    assert (first.seq, second.seq) == (5, 6)
     first, second = first.data, second.data
     # Progress says what the answer gained, not the whole answer again.
     assert (first["text"], second["text"]) == ("Reading", " retry.py")
     assert second["partial_text_chars"] == len("Reading retry.py")
     assert first["events"] == [{"type": "message"}]
+    report(worker_api, coder, status="FAILED", error="boom")
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "again"}, format="json")
+    new_round = [turn["id"] for turn in api.get(f"/api/tasks/{task['id']}/").json()["turns"][3:]]
+    # The turn ended: its progress events are gone, their numbers unused; the rest stay.
+    assert logged(task) == [
+        (1, "turn.created", task["turns"][0]["id"]),
+        (2, "turn.created", coder_id),
+        (3, "turn.created", reviewer_id),
+        (4, "turn.claimed", coder_id),
+        (7, "turn.failed", coder_id),
+        (8, "turn.failed", reviewer_id),  # the later step fails with it
+        *[(9 + offset, "turn.created", turn_id) for offset, turn_id in enumerate(new_round)],
+    ]
+    assert len(new_round) == 3
 
 
 def test_queue_interrupt_and_cancel_are_logged(api, worker_api):
@@ -206,15 +206,16 @@ def test_a_stream_resumes_after_its_last_event_id_with_no_gap_and_no_duplicate(
     assert seen[3]["text"] == "half" and seen[3]["task_id"] == task["id"]
     # The client dropped after the claim; meanwhile the turn went on.
     progress(worker_api, turn, partial_text="half done")
-    report(worker_api, turn, result={"value": "done"})
     resumed = read_stream(product, task, **{"Last-Event-ID": str(seen[2]["id"])})
-    assert [frame["id"] for frame in resumed] == [4, 5, 6]
-    assert [frame["event"] for frame in resumed] == [
-        "turn.progress",
-        "turn.progress",
-        "turn.completed",
-    ]
+    assert [frame["id"] for frame in resumed] == [4, 5]
+    assert [frame["event"] for frame in resumed] == ["turn.progress", "turn.progress"]
     assert resumed[1]["text"] == " done"
+    report(worker_api, turn, result={"value": "done"})
+    # The turn ended: its progress events are gone. A client that resumes after one of them,
+    # or before them, gets the events after it: the gap in the numbers is no lost event.
+    for last_event_id in (5, 4, 3):
+        resumed = read_stream(product, task, **{"Last-Event-ID": str(last_event_id)})
+        assert [(frame["id"], frame["event"]) for frame in resumed] == [(6, "turn.completed")]
     after = product.get(f"/api/tasks/{task['id']}/events/", params={"after": 6})
     assert parse_frames(after.text) == []
 
@@ -293,16 +294,16 @@ def test_a_listener_over_http_sees_a_turn_live_and_resumes_after_dropping(
         assert not listener.is_alive()
         progress(worker_api, turn, partial_text="working")
         report(worker_api, turn, result={"value": "done"})
-        resumed = threading.Thread(target=listen, args=(got[-1]["id"], 5))
+        resumed = threading.Thread(target=listen, args=(got[-1]["id"], 4))
         resumed.start()
         resumed.join(10)
         assert not resumed.is_alive()
-    assert [frame["id"] for frame in got] == [1, 2, 3, 4, 5]
+    # The progress event (4) was deleted when the turn ended, before the client came back.
+    assert [frame["id"] for frame in got] == [1, 2, 3, 5]
     assert [frame["event"] for frame in got] == [
         "turn.created",
         "turn.created",
         "turn.claimed",
-        "turn.progress",
         "turn.completed",
     ]
 

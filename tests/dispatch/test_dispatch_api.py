@@ -14,6 +14,7 @@ from django.utils import timezone
 from backend.artifacts.models import Artifact
 from backend.dispatch.models import HistoryPolicy, PromptReport
 from backend.tasks.models import Subtask, Task
+from backend.tasks.partial_texts import partial_text_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
@@ -182,7 +183,7 @@ def test_progress_appends_events_and_keeps_the_partial_text(api, worker_api):
         assert worker_api.post(url, body, format="json").status_code == 200
     stored = Subtask.objects.get(pk=turn["subtask_id"])
     assert [event["n"] for event in stored.progress_events] == [0, 1, 2]
-    assert stored.partial_text == "working 2"
+    assert partial_text_of(stored) == "working 2"
     # The product sees the progress while the turn runs.
     shown = api.get(f"/api/tasks/{turn['task_id']}/subtasks/").json()["results"][1]
     assert shown["status"] == "RUNNING"
@@ -203,14 +204,14 @@ def test_progress_extends_the_lease_only_when_it_is_due(api, worker_api):
     # Just claimed: the lease is not due, the progress is stored and the lease left alone.
     _post_progress(worker_api, turn, "working 1")
     stored = Subtask.objects.get(pk=turn["subtask_id"])
-    assert (stored.partial_text, stored.lease_expires_at) == ("working 1", claimed_until)
+    assert (partial_text_of(stored), stored.lease_expires_at) == ("working 1", claimed_until)
     # Nearly over: a progress post extends it, as a heartbeat would.
     Subtask.objects.filter(pk=turn["subtask_id"]).update(
         lease_expires_at=timezone.now() + timedelta(seconds=5)
     )
     _post_progress(worker_api, turn, "working 2")
     stored = Subtask.objects.get(pk=turn["subtask_id"])
-    assert stored.partial_text == "working 2"
+    assert partial_text_of(stored) == "working 2"
     assert stored.lease_expires_at > timezone.now() + timedelta(seconds=60)
 
 

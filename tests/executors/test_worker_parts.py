@@ -22,6 +22,7 @@ from executors.client import (
     BackendUnavailable,
     DispatchAbandoned,
     LeaseLost,
+    PartialTextMismatch,
     TurnCancelled,
 )
 from executors.config import ConfigurationError, StandinMode, load_settings
@@ -170,6 +171,94 @@ def test_deltas_become_partial_text_and_posts_are_throttled():
     assert (batch.partial_text, batch.events[0]["type"]) == ("Final answer", "message_completed")
 
 
+def test_after_an_accepted_post_only_what_the_text_gained_is_sent():
+    buffer = ProgressBuffer()
+    buffer.add([MessageDelta("Hel")])
+    first = buffer.take(now=1.0)
+    # The worker does not know what Baton holds yet: the whole text.
+    assert (first.partial_text, first.partial_text_append) == ("Hel", None)
+    buffer.accepted(first, stored_chars=3)
+    buffer.add([MessageDelta("lo"), MessageDelta(" wörld")])
+    second = buffer.take(now=2.0)
+    assert (second.partial_text, second.partial_text_append, second.partial_text_offset) == (
+        None,
+        "lo wörld",
+        3,
+    )
+    buffer.accepted(second, stored_chars=11)
+    # A completed message that repeats the deltas adds nothing; one that differs replaces.
+    buffer.add([MessageCompleted("Hello wörld")])
+    same = buffer.take(now=3.0)
+    assert (same.partial_text, same.partial_text_append) == (None, None)
+    buffer.add([MessageCompleted("Bye")])
+    replaced = buffer.take(now=4.0)
+    assert (replaced.partial_text, replaced.partial_text_append) == ("Bye", None)
+
+
+def test_after_a_refused_post_the_whole_text_is_sent_even_with_nothing_new():
+    buffer = ProgressBuffer()
+    buffer.add([MessageDelta("abc")])
+    buffer.accepted(buffer.take(now=1.0), stored_chars=3)
+    buffer.add([MessageDelta("def")])
+    lost = buffer.take(now=2.0)
+    assert lost.partial_text_append == "def"
+    buffer.refused(lost)
+    again = buffer.take(now=3.0)
+    assert (again.partial_text, again.partial_text_append) == ("abcdef", None)
+    # A length Baton reads otherwise than the worker: the next post is whole again.
+    buffer.accepted(again, stored_chars=5)
+    buffer.add([MessageDelta("g")])
+    assert buffer.take(now=4.0).partial_text == "abcdefg"
+
+
+def test_a_mismatched_offset_is_sent_again_whole_with_its_events():
+    buffer = ProgressBuffer()
+    buffer.add([MessageDelta("abc")])
+    buffer.accepted(buffer.take(now=1.0), stored_chars=3)
+    buffer.add([MessageDelta("def"), ToolStarted("c1", "shell", "ls")])
+    sent = []
+
+    def send(batch):
+        sent.append(batch)
+        if batch.partial_text_append is not None:
+            raise PartialTextMismatch("409", status=409, code="partial_text_mismatch")
+        return len(batch.partial_text)
+
+    buffer.deliver(buffer.take(now=2.0), send=send)
+    assert [(batch.partial_text, batch.partial_text_append) for batch in sent] == [
+        (None, "def"),
+        ("abcdef", None),
+    ]
+    assert sent[1].events == sent[0].events != []
+    buffer.add([MessageDelta("g")])
+    assert buffer.take(now=3.0).partial_text_append == "g"
+
+
+def test_a_failed_delivery_is_refused_and_raised():
+    buffer = ProgressBuffer()
+    buffer.add([MessageDelta("abc")])
+
+    def send(batch):
+        raise BackendError("down", status=503)
+
+    with pytest.raises(BackendError):
+        buffer.deliver(buffer.take(now=1.0), send=send)
+    assert buffer.take(now=2.0).partial_text == "abc"
+
+
+def test_over_the_limit_the_tail_is_sent_whole():
+    buffer = ProgressBuffer()
+    buffer.add([MessageDelta("a" * MAX_PARTIAL_TEXT_BYTES)])
+    first = buffer.take(now=1.0)
+    buffer.accepted(first, stored_chars=len(first.partial_text))
+    buffer.add([MessageDelta("bc")])
+    second = buffer.take(now=2.0)
+    # The text's start moved: the tail replaces Baton's text, within the limit.
+    assert second.partial_text_append is None
+    assert len(second.partial_text.encode()) <= MAX_PARTIAL_TEXT_BYTES
+    assert second.partial_text.endswith("abc")
+
+
 def test_batches_respect_the_backends_limits():
     buffer = ProgressBuffer()
     buffer.add(
@@ -274,6 +363,39 @@ def test_cancelled_and_lost_claims_are_told_apart(backend):
     with pytest.raises(LeaseLost):
         client.report(subtask_id=1, attempt=1, status="COMPLETED", result={"value": "x"})
     assert len(backend.seen) == 2  # a final answer: not retried
+
+
+def test_progress_sends_an_append_and_reads_the_stored_length(backend):
+    client = _client(backend)
+    backend.script = [
+        (200, {"subtask_id": 1, "status": "RUNNING", "attempt": 1, "partial_text_chars": 7}),
+        (409, {"detail": "x", "code": "partial_text_mismatch", "partial_text_chars": 9}),
+    ]
+    stored = client.progress(
+        subtask_id=1,
+        attempt=1,
+        events=[],
+        partial_text=None,
+        partial_text_append="lo",
+        partial_text_offset=5,
+    )
+    assert stored == 7
+    assert json.loads(backend.seen[0][3]) == {
+        "worker_id": "w",
+        "attempt": 1,
+        "events": [],
+        "partial_text_append": "lo",
+        "partial_text_offset": 5,
+    }
+    with pytest.raises(PartialTextMismatch):
+        client.progress(
+            subtask_id=1,
+            attempt=1,
+            events=[],
+            partial_text=None,
+            partial_text_append="x",
+            partial_text_offset=5,
+        )
 
 
 def test_a_report_refused_as_lease_lost_is_sent_once_and_logged_without_content(

@@ -21,6 +21,7 @@ from backend.tasks.models.configuration import (
     PermissionMode,
     validate_bot_name,
 )
+from backend.tasks.models.progress import ProgressPiece
 from backend.tasks.models.queued_messages import QueuedMessage, QueuedMessageStatus
 from backend.tasks.models.sessions import NativeSession, TranscriptPart
 from backend.tasks.models.tasks import (
@@ -55,6 +56,7 @@ __all__ = [
     "LanguageModel",
     "NativeSession",
     "PermissionMode",
+    "ProgressPiece",
     "QueuedMessage",
     "QueuedMessageStatus",
     "Subtask",

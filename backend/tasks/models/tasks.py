@@ -137,7 +137,8 @@ class Task(models.Model):
 
 class TaskEvent(models.Model):
     """One entry of a task's event log (`backend.tasks.task_events`): numbered per task in
-    commit order, so a client resuming after `seq` misses nothing and gets nothing twice."""
+    commit order, so a client resuming after `seq` misses nothing and gets nothing twice. A
+    turn's `turn.progress` entries are deleted once its attempt ends."""
 
     # Indexed by `task_event_seq_unique`, which leads with it.
     task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="events", db_index=False)
@@ -154,6 +155,15 @@ class TaskEvent(models.Model):
         constraints = [
             # Also the index a stream reads by: a task's events after a number.
             models.UniqueConstraint(fields=["task", "seq"], name="task_event_seq_unique"),
+        ]
+        indexes = [
+            # A turn's progress events, deleted when its attempt ends (`task_events`): only
+            # those rows, so the index stays as small as the progress of the running turns.
+            models.Index(
+                fields=["subtask_id"],
+                condition=Q(type="turn.progress"),
+                name="task_event_progress_turn",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -117,8 +117,15 @@ class Subtask(models.Model):
     # the turn first, for BATON_SESSION_AFFINITY_SECONDS, so it can resume the session.
     session_worker = models.CharField(max_length=200, blank=True)
     # Streamed progress from the executor: the latest events (bounded) and the partial answer.
+    # While a turn runs, its partial answer is `partial_text` followed by the `ProgressPiece`
+    # rows of its attempt, in offset order (`backend.tasks.partial_texts`): an append inserts a
+    # row instead of rewriting this column, which PostgreSQL would copy whole. The pieces are
+    # folded into `partial_text` once, when the attempt ends. `partial_text_chars` and
+    # `partial_text_bytes` measure the whole partial answer (code points, UTF-8 bytes).
     progress_events = LosslessJSONField(null=True, blank=True)
     partial_text = models.TextField(blank=True)
+    partial_text_chars = models.PositiveIntegerField(default=0)
+    partial_text_bytes = models.PositiveIntegerField(default=0)
     progress_updated_at = models.DateTimeField(null=True, blank=True)
 
     # Measured once at ingestion (backend.tasks.ingestion.ingest_text), when the message or

@@ -31,6 +31,7 @@ from backend.tasks.models import (
     Task,
     TaskStatus,
 )
+from backend.tasks.partial_texts import end_attempts
 from backend.tasks.services.rounds import _apply_ingestion, lock_task
 from backend.tasks.services.status import refresh_task_status
 from backend.tasks.turn_events import (
@@ -62,6 +63,7 @@ def _stop_turns(*, task: Task, turns: list[Subtask], interrupt: bool) -> list[Su
     its executor by its next heartbeat, and a late result from it is refused."""
     now = timezone.now()
     code = "interrupted" if interrupt else "rolled_back"
+    end_attempts(turns=turns)  # an interrupted turn's history shows its whole partial text
     for turn in turns:
         turn.stop_confirmed_at = _stop_confirmed_at(turn, now=now)
         if interrupt and turn.status == SubtaskStatus.RUNNING:
@@ -106,6 +108,7 @@ def cancel_task(*, task: Task) -> Task:
         )
         for turn in stopped:
             turn.status, turn.error_code = SubtaskStatus.CANCELLED, "cancelled"
+        end_attempts(turns=stopped)
         task_events.record(
             task_id=task.pk, events=[task_events.finished_event(turn) for turn in stopped]
         )
@@ -169,6 +172,7 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
             ],
         )
         Subtask.objects.filter(pk__in=[turn.pk for turn in turns]).update(updated_at=now)
+        end_attempts(turns=turns)
         task_events.record(
             task_id=task.pk, events=[task_events.finished_event(turn) for turn in turns]
         )

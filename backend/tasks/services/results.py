@@ -43,6 +43,7 @@ from backend.tasks.models import (
     Task,
     TaskStatus,
 )
+from backend.tasks.partial_texts import end_attempts
 from backend.tasks.services.rounds import _apply_ingestion, _ingestion_fields, lock_task
 from backend.tasks.services.status import refresh_task_status
 from backend.tasks.services.validation import check_text_size
@@ -197,6 +198,7 @@ def record_result(
             native_session_id=native_session_id,
             now=now,
         )
+        end_attempts(turns=[subtask])
         if subtask.kind == SubtaskKind.SUMMARY:
             _finish_summary(subtask=subtask, task=task)
             return subtask
