@@ -7,8 +7,10 @@ clients creating and reading tasks while they wait. The server's sessions, count
 pg_stat_activity by their application name all along, never pass processes × pool size plus
 each process's LISTEN connection (outside the pool), and every request is answered: idle
 waiters hand their connection back, so the pool's few serve everyone else. Without a pool each
-thread would keep a connection of its own (up to 60 here); with waiters that kept theirs, the
-others would find no connection in the pool's 2 s and be answered 503.
+thread would keep a connection of its own (up to 60 here). The pool's timeout is long here, so
+that a loaded machine's queueing is not taken for an exhausted pool: that waiters hand their
+connection back is tested in tests/dispatch/test_long_polling.py
+(`test_waiting_dispatches_hold_no_pooled_connection`), the 503 in tests/api/test_database_busy.py.
 
 PostgreSQL only; the test runs on a transactional database (with the shipped bots again), so
 the accounts it makes are committed and the server sees them.
