@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,7 +40,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from executors.payloads import ClaimState, Dispatch
+from executors.payloads import ClaimState, Dispatch, ProgressOutcome
 
 logger = logging.getLogger("baton.worker")
 
@@ -211,37 +211,36 @@ class BackendClient:
             )
         return Dispatch.model_validate(answer)
 
-    def heartbeat(self, claims: Sequence[tuple[int, int]]) -> list[ClaimState]:
-        """The state of each (subtask_id, attempt) claim; renews the running ones when due."""
-        body = {
-            "worker_id": self.worker_id,
-            "turns": [{"subtask_id": sid, "attempt": attempt} for sid, attempt in claims],
-        }
+    def heartbeat(
+        self,
+        claims: Sequence[tuple[int, int]],
+        *,
+        progress: Mapping[tuple[int, int], dict[str, Any]] | None = None,
+    ) -> list[ClaimState]:
+        """The state of each (subtask_id, attempt) claim; renews the running ones when due.
+        `progress` carries, by claim, what a progress post's body would (events and the
+        partial text, `ProgressBatch.to_json`); each claim's `ClaimState.progress` says what
+        Baton did with it."""
+        progress = progress or {}
+        turns = []
+        for subtask_id, attempt in claims:
+            turn: dict[str, Any] = {"subtask_id": subtask_id, "attempt": attempt}
+            if (report := progress.get((subtask_id, attempt))) is not None:
+                turn["progress"] = report
+            turns.append(turn)
+        body = {"worker_id": self.worker_id, "turns": turns}
         answer = self._post("/api/executor/heartbeat/", body, budget=5.0)
         return [
-            ClaimState(item["subtask_id"], item["attempt"], item["state"])
+            ClaimState(item["subtask_id"], item["attempt"], item["state"], _progress_outcome(item))
             for item in answer["turns"]
         ]
 
-    def progress(
-        self,
-        *,
-        subtask_id: int,
-        attempt: int,
-        events: list[dict[str, Any]],
-        partial_text: str | None,
-        partial_text_append: str | None = None,
-        partial_text_offset: int | None = None,
-    ) -> int | None:
-        """Post progress: the whole partial text (`partial_text`), or what it gained
-        (`partial_text_append`) at the length Baton's text has (`partial_text_offset`; else
-        PartialTextMismatch). Returns the length of the text Baton holds then."""
-        body: dict[str, Any] = {"worker_id": self.worker_id, "attempt": attempt, "events": events}
-        if partial_text is not None:
-            body["partial_text"] = partial_text
-        if partial_text_append is not None:
-            body["partial_text_append"] = partial_text_append
-            body["partial_text_offset"] = partial_text_offset
+    def progress(self, *, subtask_id: int, attempt: int, progress: dict[str, Any]) -> int | None:
+        """Post a turn's progress on its own: events and the whole partial text
+        (`partial_text`), or what it gained (`partial_text_append`) at the length Baton's text
+        has (`partial_text_offset`; else PartialTextMismatch) — `ProgressBatch.to_json`.
+        Returns the length of the text Baton holds then."""
+        body: dict[str, Any] = {"worker_id": self.worker_id, "attempt": attempt, **progress}
         answer = self._post(f"/api/executor/subtasks/{subtask_id}/progress/", body, budget=10.0)
         stored = answer.get("partial_text_chars") if isinstance(answer, dict) else None
         return stored if isinstance(stored, int) else None
@@ -512,3 +511,15 @@ def _describe(error: Exception) -> str:
 def _origin(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     return parts.scheme, parts.netloc
+
+
+def _progress_outcome(turn: dict[str, Any]) -> ProgressOutcome | None:
+    outcome = turn.get("progress")
+    if not isinstance(outcome, dict):
+        return None
+    chars = outcome.get("partial_text_chars")
+    return ProgressOutcome(
+        stored=outcome.get("stored") is True,
+        partial_text_chars=chars if isinstance(chars, int) else None,
+        code=outcome.get("code"),
+    )

@@ -121,7 +121,18 @@ class Dispatch(_Payload):
 
 
 @dataclass(frozen=True)
+class ProgressOutcome:
+    """What Baton did with the progress a heartbeat carried for one claim."""
+
+    stored: bool
+    # The length of the partial text Baton holds, when it says (stored, or a mismatch).
+    partial_text_chars: int | None
+    code: str | None  # why not stored: partial_text_mismatch, lease_lost, cancelled, ...
+
+
+@dataclass(frozen=True)
 class ClaimState:
     subtask_id: int
     attempt: int
     state: str  # running, cancelled, lease_lost, finished
+    progress: ProgressOutcome | None = None  # when the heartbeat carried progress

@@ -16,10 +16,16 @@ was cut to the limit). The worker tells the buffer what became of each batch (`a
 `refused`); a batch Baton refused for its offset is sent again whole (`ProgressBatch.whole`).
 So Baton's stored text is always what the buffer last sent and Baton accepted: nothing lost,
 nothing twice.
+
+A batch travels in the worker's batched heartbeat, beside its claim (`to_json`), and the
+heartbeat's answer says what became of it (`settle`); a batch too large to ride along
+(`HEARTBEAT_PROGRESS_BYTES`), or one Baton refused for its offset, goes as a progress post of
+its own (`deliver`).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -28,11 +34,15 @@ from typing import Any
 
 from executors.client import PartialTextMismatch
 from executors.events import Event, MessageCompleted, MessageDelta, UsageReported
+from executors.payloads import ProgressOutcome
 
 MIN_POST_INTERVAL = 0.5
 MAX_EVENTS_PER_POST = 1000
 MAX_PARTIAL_TEXT_BYTES = 1024 * 1024 - 1024
 EVENT_TEXT_CHARS = 4000
+# The progress one heartbeat carries, all its turns together, as JSON: what does not fit goes as
+# progress posts of their own. Within Baton's limit for a heartbeat (one progress post's).
+HEARTBEAT_PROGRESS_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,20 @@ class ProgressBatch:
     partial_text_offset: int | None = None
     # The whole text Baton holds once it accepts this batch (None: the text did not change).
     sent_text: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The batch as a progress post's body (and a heartbeat's `progress`) carries it."""
+        body: dict[str, Any] = {"events": self.events}
+        if self.partial_text is not None:
+            body["partial_text"] = self.partial_text
+        if self.partial_text_append is not None:
+            body["partial_text_append"] = self.partial_text_append
+            body["partial_text_offset"] = self.partial_text_offset
+        return body
+
+    def json_bytes(self) -> int:
+        """The size of `to_json` as the worker's client sends it."""
+        return len(json.dumps(self.to_json(), ensure_ascii=False).encode("utf-8", "replace"))
 
     def whole(self) -> ProgressBatch:
         """The same batch with the whole text instead of an append."""
@@ -129,6 +153,18 @@ class ProgressBuffer:
             self.refused(batch)
             raise
         self.accepted(batch, stored_chars=stored_chars)
+
+    def settle(self, batch: ProgressBatch, outcome: ProgressOutcome | None) -> ProgressBatch | None:
+        """Record what a heartbeat's answer says of `batch` (None: it says nothing). Returns
+        the batch to post on its own now, with the whole text, when Baton refused its offset
+        (as `deliver` would send it again); None otherwise."""
+        if outcome is not None and outcome.stored:
+            self.accepted(batch, stored_chars=outcome.partial_text_chars)
+            return None
+        if outcome is not None and outcome.code == "partial_text_mismatch":
+            return batch.whole()
+        self.refused(batch)
+        return None
 
     def accepted(self, batch: ProgressBatch, *, stored_chars: int | None) -> None:
         """Baton stored `batch`; `stored_chars` is the length it says its text has now."""

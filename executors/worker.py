@@ -1,10 +1,11 @@
 """The worker loop: claim turns for free slots, run each in its own thread, watch the claims.
 
 The main thread asks the backend for up to `free slots` turns and starts a `TurnRun` thread
-for each. A supervisor thread does what must happen while runs are going: it posts buffered
-progress (at most twice a second per run), checks every claim about twice a second with one
-batched heartbeat — which renews leases when due and is how a cancel reaches a run, within the
-2 s the product expects — and stops runs that outlive their bot's timeout.
+for each. A supervisor thread does what must happen while runs are going: it checks every claim
+about twice a second with one batched heartbeat — which renews leases when due, is how a cancel
+reaches a run within the 2 s the product expects, and carries every running turn's buffered
+progress, so a worker sends one request per interval however many turns it runs — and stops
+runs that outlive their bot's timeout.
 
 Before its first dispatch the worker waits, quietly, for the backend to answer its health check
 (`wait_for_backend`): a worker may start before the server beside it answers. A signal during
@@ -39,7 +40,7 @@ from executors.client import (
 from executors.config import WorkerSettings
 from executors.payloads import DispatchedTurn
 from executors.process_tree import enable_subreaper, reap_adopted_zombies
-from executors.progress import ProgressBatch
+from executors.progress import HEARTBEAT_PROGRESS_BYTES, ProgressBatch
 from executors.runner import CANCELLED, LEASE_LOST, SHUTDOWN, TIMEOUT, TurnRun
 
 logger = logging.getLogger("baton.worker")
@@ -253,20 +254,66 @@ class Worker:
             for run in runs:
                 if now > run.deadline:
                     run.request_stop(TIMEOUT)
-                self._post_progress(run, now)
             if runs and now >= next_check:
                 next_check = now + self.settings.claim_check_seconds
-                self._check_claims(runs)
+                self._check_claims(runs, now)
             self._finished.wait(SUPERVISOR_TICK_SECONDS)
 
-    def _post_progress(self, run: TurnRun, now: float) -> None:
-        if run.stop_reason is not None or run.executor_done:
-            return
-        batch = run.progress.take(now=now)
-        if batch is None:
-            return
+    def _check_claims(self, runs: list[TurnRun], now: float) -> None:
+        """One batched heartbeat for every claim, carrying each running turn's progress; a
+        batch too large to ride along, or refused for its offset, goes as a post of its own."""
+        carried: list[tuple[TurnRun, ProgressBatch]] = []
+        alone: list[tuple[TurnRun, ProgressBatch]] = []
+        room = HEARTBEAT_PROGRESS_BYTES
+        for run in runs:
+            if run.stop_reason is not None or run.executor_done:
+                continue  # the result carries the answer
+            batch = run.progress.take(now=now)
+            if batch is None:
+                continue
+            size = batch.json_bytes()
+            if size > room:
+                alone.append((run, batch))
+                continue
+            room -= size
+            carried.append((run, batch))
         try:
-            run.progress.deliver(batch, send=lambda batch: self._send_progress(run, batch))
+            states = self.client.heartbeat(
+                [run.claim for run in runs],
+                progress={run.claim: batch.to_json() for run, batch in carried},
+            )
+        except BackendError as error:
+            logger.warning(json.dumps({"event": "heartbeat_failed", "status": error.status}))
+            for run, batch in carried:
+                run.progress.refused(batch)
+            states = []
+        by_claim = {(state.subtask_id, state.attempt): state for state in states}
+        for run in runs:
+            state = by_claim.get(run.claim)
+            if state is not None and state.state == "cancelled":
+                run.request_stop(CANCELLED)
+            elif state is not None and state.state == "lease_lost":
+                run.request_stop(LEASE_LOST)
+        if states:
+            for run, batch in carried:
+                state = by_claim.get(run.claim)
+                again = run.progress.settle(batch, None if state is None else state.progress)
+                if again is not None:
+                    alone.append((run, again))
+        for run, batch in alone:
+            if run.stop_reason is None:
+                self._post_progress(run, batch)
+
+    def _post_progress(self, run: TurnRun, batch: ProgressBatch) -> None:
+        try:
+            run.progress.deliver(
+                batch,
+                send=lambda batch: self.client.progress(
+                    subtask_id=run.turn.subtask_id,
+                    attempt=run.turn.attempt,
+                    progress=batch.to_json(),
+                ),
+            )
         except TurnCancelled:
             run.request_stop(CANCELLED)
         except LeaseLost:
@@ -283,27 +330,3 @@ class Worker:
                     }
                 )
             )
-
-    def _send_progress(self, run: TurnRun, batch: ProgressBatch) -> int | None:
-        return self.client.progress(
-            subtask_id=run.turn.subtask_id,
-            attempt=run.turn.attempt,
-            events=batch.events,
-            partial_text=batch.partial_text,
-            partial_text_append=batch.partial_text_append,
-            partial_text_offset=batch.partial_text_offset,
-        )
-
-    def _check_claims(self, runs: list[TurnRun]) -> None:
-        try:
-            states = self.client.heartbeat([run.claim for run in runs])
-        except BackendError as error:
-            logger.warning(json.dumps({"event": "heartbeat_failed", "status": error.status}))
-            return
-        by_claim = {(state.subtask_id, state.attempt): state.state for state in states}
-        for run in runs:
-            state = by_claim.get(run.claim)
-            if state == "cancelled":
-                run.request_stop(CANCELLED)
-            elif state == "lease_lost":
-                run.request_stop(LEASE_LOST)

@@ -194,6 +194,13 @@ def _progress_bytes() -> int:
     return _json_text_bytes("BATON_MAX_MESSAGE_BYTES") + PROGRESS_EVENTS_BYTES + OTHER_FIELDS_BYTES
 
 
+def _heartbeat_bytes() -> int:
+    # The claims' ids (DEFAULT_BODY_BYTES) and the progress the heartbeat carries for them,
+    # all its turns together within one progress post's limit: a worker sends the progress
+    # that does not fit as a progress post of its own.
+    return _progress_bytes() + DEFAULT_BODY_BYTES
+
+
 def _result_bytes() -> int:
     return _json_text_bytes("BATON_MAX_RESULT_BYTES") + RESULT_OTHER_FIELDS_BYTES
 
@@ -201,6 +208,7 @@ def _result_bytes() -> int:
 NEW_TASK = BodyLimit(_new_task_bytes, field="message", setting="BATON_MAX_MESSAGE_BYTES")
 FOLLOW_UP = BodyLimit(_follow_up_bytes, field="message", setting="BATON_MAX_MESSAGE_BYTES")
 PROGRESS = BodyLimit(_progress_bytes, field="partial_text", setting="BATON_MAX_MESSAGE_BYTES")
+HEARTBEAT = BodyLimit(_heartbeat_bytes)
 RESULT = BodyLimit(_result_bytes, field="result", setting="BATON_MAX_RESULT_BYTES")
 RESULT_VALUE = BodyLimit(
     lambda: int(settings.BATON_MAX_RESULT_BYTES), field="value", setting="BATON_MAX_RESULT_BYTES"

@@ -58,19 +58,9 @@ class ClaimQuery(ClaimInput):
     strict_types = False
 
 
-class ClaimRef(StrictInput):
-    subtask_id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=1)
+class ProgressFields(StrictInput):
+    """A running turn's progress: events, and its partial answer whole or what it gained."""
 
-
-class HeartbeatInput(StrictInput):
-    worker_id = serializers.CharField(max_length=200)
-    # DRF passes max_length on to the ListSerializer that many=True builds; the stubs do not
-    # list it yet.
-    turns = ClaimRef(many=True, max_length=MAX_CLAIM_LIMIT)  # type: ignore[call-arg]
-
-
-class ProgressInput(ClaimInput):
     events = serializers.ListField(child=serializers.DictField(), default=list, max_length=1000)
     partial_text = TextField(
         required=False,
@@ -114,6 +104,35 @@ class ProgressInput(ClaimInput):
                 {"partial_text": ["Send either partial_text or partial_text_append, not both."]}
             )
         return attrs
+
+
+class ClaimRef(StrictInput):
+    subtask_id = serializers.IntegerField(min_value=1)
+    attempt = serializers.IntegerField(min_value=1)
+    progress = ProgressFields(
+        required=False,
+        help_text=(
+            "The turn's progress since the last heartbeat, as a progress post would carry it; "
+            "its outcome comes back in the answer's `progress`."
+        ),
+    )
+
+
+class HeartbeatInput(StrictInput):
+    worker_id = serializers.CharField(max_length=200)
+    # DRF passes max_length on to the ListSerializer that many=True builds; the stubs do not
+    # list it yet.
+    turns = ClaimRef(many=True, max_length=MAX_CLAIM_LIMIT)  # type: ignore[call-arg]
+
+    def validate_turns(self, turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        claims = [(turn["subtask_id"], turn["attempt"]) for turn in turns]
+        if len(set(claims)) != len(claims):
+            raise serializers.ValidationError("Name each claim (subtask_id, attempt) once.")
+        return turns
+
+
+class ProgressInput(ClaimInput, ProgressFields):
+    pass
 
 
 class ResultInput(ClaimInput):
@@ -295,8 +314,34 @@ class LeaseStateOutput(serializers.Serializer[dict[str, Any]]):
     lease_expires_at = serializers.DateTimeField(allow_null=True)
 
 
+class ProgressOutcomeOutput(serializers.Serializer[dict[str, Any]]):
+    stored = serializers.BooleanField()
+    partial_text_chars = serializers.IntegerField(
+        allow_null=True,
+        help_text=(
+            "The stored partial text's length in code points (the next append's offset), when "
+            "stored and with code partial_text_mismatch; else null."
+        ),
+    )
+    code = serializers.CharField(
+        allow_null=True,
+        help_text=(
+            "Why it was not stored, as a progress post would have been answered: "
+            "partial_text_mismatch (send the whole text), lease_lost, cancelled, not_found, "
+            "too_large, invalid."
+        ),
+    )
+    detail = serializers.CharField(allow_null=True)
+
+
+class HeartbeatTurnOutput(LeaseStateOutput):
+    progress = ProgressOutcomeOutput(
+        required=False, help_text="Only for a claim whose heartbeat carried progress."
+    )
+
+
 class HeartbeatOutput(serializers.Serializer[dict[str, Any]]):
-    turns = LeaseStateOutput(many=True)
+    turns = HeartbeatTurnOutput(many=True)
     heartbeat_interval_seconds = serializers.IntegerField()
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
@@ -205,42 +205,73 @@ class DispatchApi(ExecutorApi):
 
 
 class HeartbeatBatchApi(ExecutorApi):
+    body_limit = body_limits.HEARTBEAT
+
     @extend_schema(
         operation_id="executor_heartbeat_batch",
         request=HeartbeatInput,
         responses=HeartbeatOutput,
-        summary="Extend every lease a worker holds and learn which turns were cancelled",
+        summary=(
+            "Extend every lease a worker holds, store its turns' progress and learn which "
+            "turns were cancelled"
+        ),
     )
     def post(self, request: Request) -> Response:
         payload = HeartbeatInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
+        worker = authenticated_user(request)
+        progress = reports.record_claims_progress(
+            worker=worker,
+            worker_id=data["worker_id"],
+            reports={
+                (turn["subtask_id"], turn["attempt"]): reports.ProgressReport(
+                    events=turn["progress"]["events"],
+                    partial_text=turn["progress"].get("partial_text"),
+                    partial_text_append=turn["progress"].get("partial_text_append"),
+                    partial_text_offset=turn["progress"].get("partial_text_offset"),
+                )
+                for turn in data["turns"]
+                if "progress" in turn
+            },
+        )
         states = reports.heartbeat_claims(
-            worker=authenticated_user(request),
+            worker=worker,
             worker_id=data["worker_id"],
             claims=[(turn["subtask_id"], turn["attempt"]) for turn in data["turns"]],
         )
-        return Response(heartbeat_answer(states))
+        return Response(heartbeat_answer(states, progress))
 
 
-def heartbeat_answer(states: list[leases.LeaseState]) -> dict[str, Any]:
-    """`HeartbeatOutput`'s representation of the claims' states, written out as the dispatch's
-    payload is: a worker sends a heartbeat twice a second for up to 100 claims, and DRF's
-    serializer spent about a quarter of such a request representing them."""
-    return {
-        "turns": [
-            {
-                "subtask_id": state.subtask_id,
-                "attempt": state.attempt,
-                "state": state.state,
-                "lease_expires_at": None
-                if state.lease_expires_at is None
-                else _DATETIME.to_representation(state.lease_expires_at),
+def heartbeat_answer(
+    states: list[leases.LeaseState],
+    progress: Mapping[tuple[int, int], reports.ProgressOutcome] | None = None,
+) -> dict[str, Any]:
+    """`HeartbeatOutput`'s representation of the claims' states and of what became of the
+    progress they carried, written out as the dispatch's payload is: a worker sends a
+    heartbeat twice a second for up to 100 claims, and DRF's serializer spent about a quarter
+    of such a request representing them."""
+    progress = progress or {}
+    turns = []
+    for state in states:
+        turn: dict[str, Any] = {
+            "subtask_id": state.subtask_id,
+            "attempt": state.attempt,
+            "state": state.state,
+            "lease_expires_at": None
+            if state.lease_expires_at is None
+            else _DATETIME.to_representation(state.lease_expires_at),
+        }
+        outcome = progress.get((state.subtask_id, state.attempt))
+        if outcome is not None:
+            turn["progress"] = {
+                "stored": outcome.stored,
+                "partial_text_chars": outcome.partial_text_chars,
+                "code": outcome.code,
+                "detail": outcome.detail,
             }
-            for state in states
-        ],
-        "heartbeat_interval_seconds": leases.heartbeat_interval_seconds(),
-    }
+        turns.append(turn)
+    return {"turns": turns, "heartbeat_interval_seconds": leases.heartbeat_interval_seconds()}
 
 
 class HeartbeatApi(ExecutorApi):

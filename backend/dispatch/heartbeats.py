@@ -1,15 +1,21 @@
 """Heartbeats and progress: a worker's word that a claim it holds is still running.
 
-Workers send them far more often than anything else (a heartbeat about once a second), so
+Workers send them far more often than anything else (a heartbeat about twice a second), so
 each costs a read and, only when a lease is due for extension, a write. Each is fenced by its
 claim (see `leases`): a claim that lost its lease, or whose turn was cancelled, is told so
 (409 `lease_lost` with the reason, or `cancelled`) and changes nothing but the reclaim of a
 lease it finds run out. Progress also counts as a heartbeat.
+
+A worker's batched heartbeat carries the progress of all its running turns
+(`record_claims_progress`): one request per worker and interval, not one per turn. Each claim's
+progress is stored or refused on its own, as a progress post of its own would be, and its
+outcome travels back in the heartbeat's answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -29,12 +35,37 @@ from backend.dispatch.leases import (
     lease_until,
     reclaim_expired_leases,
 )
+from backend.errors import BatonError, PartialTextMismatch
 from backend.prompting import Role
 from backend.tasks import partial_texts, task_events
 from backend.tasks.history import any_of
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus
 
 MAX_PROGRESS_EVENTS = 200
+
+
+@dataclass(frozen=True)
+class ProgressReport:
+    """A running turn's progress since the last report: events, and the partial answer whole
+    (`partial_text`) or what it gained (`partial_text_append` at `partial_text_offset`)."""
+
+    events: list[dict[str, Any]]
+    partial_text: str | None = None
+    partial_text_append: str | None = None
+    partial_text_offset: int | None = None
+
+
+@dataclass(frozen=True)
+class ProgressOutcome:
+    """What became of one claim's progress in a batched heartbeat: stored, or refused with the
+    code and message a progress post of its own would have got (`partial_text_mismatch`,
+    `lease_lost`, `cancelled`, `not_found`, `too_large`). `partial_text_chars` is the stored
+    partial text's length when Baton tells it: after storing, and on `partial_text_mismatch`."""
+
+    stored: bool
+    partial_text_chars: int | None = None
+    code: str | None = None
+    detail: str | None = None
 
 
 def heartbeat(*, worker: User, worker_id: str, attempt: int, subtask_id: int) -> Subtask:
@@ -119,6 +150,42 @@ def heartbeat_claims(
     if run_out:
         reclaim_expired_leases(now=now, subtask_ids=run_out)
     return states
+
+
+def record_claims_progress(
+    *, worker: User, worker_id: str, reports: Mapping[tuple[int, int], ProgressReport]
+) -> dict[tuple[int, int], ProgressOutcome]:
+    """Store the progress a batched heartbeat carries, keyed by (subtask_id, attempt) claim.
+
+    Each claim's progress is `record_progress` in its own transaction: stored whole or not at
+    all, and one claim's refusal (its lease lost, its offset stale) leaves the others stored.
+    """
+    outcomes = {}
+    for (subtask_id, attempt), report in reports.items():
+        try:
+            subtask = record_progress(
+                worker=worker,
+                worker_id=worker_id,
+                attempt=attempt,
+                subtask_id=subtask_id,
+                events=report.events,
+                partial_text=report.partial_text,
+                partial_text_append=report.partial_text_append,
+                partial_text_offset=report.partial_text_offset,
+            )
+        except PartialTextMismatch as refusal:
+            outcome = ProgressOutcome(
+                stored=False,
+                partial_text_chars=refusal.stored_chars,
+                code=refusal.code,
+                detail=refusal.message,
+            )
+        except BatonError as refusal:
+            outcome = ProgressOutcome(stored=False, code=refusal.code, detail=refusal.message)
+        else:
+            outcome = ProgressOutcome(stored=True, partial_text_chars=subtask.partial_text_chars)
+        outcomes[(subtask_id, attempt)] = outcome
+    return outcomes
 
 
 def record_progress(

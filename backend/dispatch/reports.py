@@ -38,8 +38,11 @@ from backend.artifacts.retention import record_artifact_read
 from backend.artifacts.services import atomic_storing_artifacts
 from backend.artifacts.storage import ByteStream, spool_text
 from backend.dispatch.budgets import learn_from_usage
+from backend.dispatch.heartbeats import ProgressOutcome as ProgressOutcome
+from backend.dispatch.heartbeats import ProgressReport as ProgressReport
 from backend.dispatch.heartbeats import heartbeat as heartbeat
 from backend.dispatch.heartbeats import heartbeat_claims as heartbeat_claims
+from backend.dispatch.heartbeats import record_claims_progress as record_claims_progress
 from backend.dispatch.heartbeats import record_progress as record_progress
 from backend.dispatch.leases import (
     LEASE_EXPIRED,

@@ -232,7 +232,7 @@ ENDPOINTS = [
     Endpoint("progress", body_limits.PROGRESS, "worker_api", _progress),
     Endpoint("result", body_limits.RESULT, "worker_api", _result),
     Endpoint("dispatch", body_limits.DEFAULT, "worker_api", _dispatch),
-    Endpoint("heartbeat", body_limits.DEFAULT, "worker_api", _heartbeat),
+    Endpoint("heartbeat", body_limits.HEARTBEAT, "worker_api", _heartbeat),
     Endpoint("task cancel", body_limits.DEFAULT, "api", _cancel),
     Endpoint("policy change", body_limits.DEFAULT, "staff_api", _policy),
 ]

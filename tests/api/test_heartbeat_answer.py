@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 from backend.api.executor_serializers import HeartbeatOutput
 from backend.api.executor_views import heartbeat_answer
+from backend.dispatch.heartbeats import ProgressOutcome
 from backend.dispatch.leases import (
     CANCELLED,
     FINISHED,
@@ -46,3 +47,39 @@ def test_the_answer_is_what_the_serializer_represents():
 
 def test_no_claims_is_an_empty_list():
     assert heartbeat_answer([])["turns"] == []
+
+
+PROGRESS = {
+    (7, 1): ProgressOutcome(stored=True, partial_text_chars=1200),
+    (8, 2): ProgressOutcome(
+        stored=False,
+        partial_text_chars=40,
+        code="partial_text_mismatch",
+        detail="The stored partial text has 40 chars, not 38.",
+    ),
+    (9, 1): ProgressOutcome(stored=False, code="cancelled", detail="Turn 9 was cancelled."),
+}
+
+
+def test_progress_outcomes_are_what_the_serializer_represents():
+    answer = heartbeat_answer(STATES, PROGRESS)
+    turns = []
+    for state in STATES:
+        turn = vars(state).copy()
+        if (outcome := PROGRESS.get((state.subtask_id, state.attempt))) is not None:
+            turn["progress"] = vars(outcome)
+        turns.append(turn)
+    assert (
+        answer
+        == HeartbeatOutput(
+            {"turns": turns, "heartbeat_interval_seconds": heartbeat_interval_seconds()}
+        ).data
+    )
+    assert answer["turns"][0]["progress"] == {
+        "stored": True,
+        "partial_text_chars": 1200,
+        "code": None,
+        "detail": None,
+    }
+    assert answer["turns"][1]["progress"]["code"] == "partial_text_mismatch"
+    assert "progress" not in answer["turns"][3]  # sent none

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from backend.api.executor_views import ProgressApi
 from backend.dispatch import waiting
 from backend.dispatch.models import PromptReport
 from backend.dispatch.policies import set_policy
@@ -279,7 +280,18 @@ def test_a_prompt_that_overflows_on_every_budget_fails_saying_what_was_tried(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_cancel_during_a_tool_command_leaves_no_process_behind(kind, baton, model_server, tmp_path):
+def test_cancel_during_a_tool_command_leaves_no_process_behind(
+    kind, baton, model_server, tmp_path, monkeypatch
+):
+    # Progress rides in the worker's batched heartbeat: no post of its own for a small batch.
+    own_posts: list[int] = []
+    post = ProgressApi.post
+
+    def counted(view: ProgressApi, request: Any, subtask_id: int) -> Any:
+        own_posts.append(subtask_id)
+        return post(view, request, subtask_id)
+
+    monkeypatch.setattr(ProgressApi, "post", counted)
     command = "echo $$ > sleeper.pid; exec sleep 120"
     model_server.set_turns([tool_call(kind, command), {"text": "slept"}])
     with worker(baton, model_server, tmp_path, [kind]) as running:
@@ -298,6 +310,7 @@ def test_cancel_during_a_tool_command_leaves_no_process_behind(kind, baton, mode
         ):
             assert time.monotonic() < deadline, running.logs()[-3000:]
             time.sleep(0.05)
+        assert own_posts == []
         turn_id = task["turns"][1]["id"]
         cancelled_at = time.monotonic()
         # A cancel that waits answers once the worker confirmed the executor gone: by then no

@@ -358,7 +358,7 @@ def test_cancelled_and_lost_claims_are_told_apart(backend):
     client = _client(backend)
     backend.script = [(409, {"detail": "x", "code": "cancelled"})]
     with pytest.raises(TurnCancelled):
-        client.progress(subtask_id=1, attempt=1, events=[], partial_text=None)
+        client.progress(subtask_id=1, attempt=1, progress={"events": []})
     backend.script = [(409, {"detail": "x", "code": "lease_lost"})]
     with pytest.raises(LeaseLost):
         client.report(subtask_id=1, attempt=1, status="COMPLETED", result={"value": "x"})
@@ -374,10 +374,7 @@ def test_progress_sends_an_append_and_reads_the_stored_length(backend):
     stored = client.progress(
         subtask_id=1,
         attempt=1,
-        events=[],
-        partial_text=None,
-        partial_text_append="lo",
-        partial_text_offset=5,
+        progress={"events": [], "partial_text_append": "lo", "partial_text_offset": 5},
     )
     assert stored == 7
     assert json.loads(backend.seen[0][3]) == {
@@ -391,10 +388,7 @@ def test_progress_sends_an_append_and_reads_the_stored_length(backend):
         client.progress(
             subtask_id=1,
             attempt=1,
-            events=[],
-            partial_text=None,
-            partial_text_append="x",
-            partial_text_offset=5,
+            progress={"events": [], "partial_text_append": "x", "partial_text_offset": 5},
         )
 
 

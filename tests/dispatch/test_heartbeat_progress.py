@@ -1,0 +1,245 @@
+"""Progress carried by the batched heartbeat: one request per worker and interval stores each
+claim's progress as a progress post of its own would, refuses each on its own, and the worker's
+buffer settles every outcome so that Baton holds exactly what it sent."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backend.tasks.models import ProgressPiece, Subtask, TaskEvent
+from backend.tasks.partial_texts import partial_text_of
+from executors.client import PartialTextMismatch
+from executors.events import MessageCompleted, MessageDelta, ToolStarted
+from executors.payloads import ProgressOutcome
+from executors.progress import ProgressBatch, ProgressBuffer
+from tests.dispatch.test_dispatch_api import create, dispatch, report
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
+
+
+def claim(turn, **progress: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"subtask_id": turn["subtask_id"], "attempt": turn["attempt"]}
+    if progress:
+        body["progress"] = {"events": [], **progress}
+    return body
+
+
+def heartbeat(worker_api, *claims: dict[str, Any], status: int = 200) -> dict[int, dict]:
+    response = worker_api.post(
+        "/api/executor/heartbeat/", {"worker_id": "w1", "turns": list(claims)}, format="json"
+    )
+    assert response.status_code == status, response.json()
+    if status != 200:
+        return response.json()
+    return {turn["subtask_id"]: turn for turn in response.json()["turns"]}
+
+
+def stored(turn) -> str:
+    return partial_text_of(Subtask.objects.get(pk=turn["subtask_id"]))
+
+
+def two_turns(api, worker_api) -> list[dict]:
+    create(api)
+    create(api)
+    turns = dispatch(worker_api, limit=2)
+    assert len(turns) == 2
+    return turns
+
+
+def test_one_heartbeat_stores_the_progress_of_each_claim(api, worker_api):
+    first, second = two_turns(api, worker_api)
+    answer = heartbeat(
+        worker_api,
+        claim(first, partial_text="Hello", events=[{"type": "tool_started", "tool": "shell"}]),
+        claim(second, partial_text="Bonjour"),
+    )
+    assert answer[first["subtask_id"]]["state"] == "running"
+    assert answer[first["subtask_id"]]["progress"] == {
+        "stored": True,
+        "partial_text_chars": 5,
+        "code": None,
+        "detail": None,
+    }
+    assert answer[second["subtask_id"]]["progress"]["partial_text_chars"] == 7
+    answer = heartbeat(
+        worker_api,
+        claim(first, partial_text_append=", wörld 🌍", partial_text_offset=5),
+        claim(second),  # nothing new: a plain heartbeat for this one
+    )
+    assert answer[first["subtask_id"]]["progress"]["partial_text_chars"] == 14
+    assert "progress" not in answer[second["subtask_id"]]
+    assert (stored(first), stored(second)) == ("Hello, wörld 🌍", "Bonjour")
+    row = Subtask.objects.get(pk=first["subtask_id"])
+    assert row.progress_events == [{"type": "tool_started", "tool": "shell"}]
+    assert ProgressPiece.objects.filter(subtask_id=first["subtask_id"]).count() == 2
+    # The task's event stream hears of it as of a progress post: what the text gained.
+    last = TaskEvent.objects.filter(task_id=first["task_id"], type="turn.progress").last()
+    assert (last.data["text"], last.data["partial_text_chars"]) == (", wörld 🌍", 14)
+
+
+def test_a_refused_claim_leaves_the_others_stored(api, worker_api, settings):
+    settings.BATON_MAX_MESSAGE_BYTES = 20
+    first, second = two_turns(api, worker_api)
+    heartbeat(worker_api, claim(first, partial_text="abc"), claim(second, partial_text="xy"))
+    answer = heartbeat(
+        worker_api,
+        claim(first, partial_text_append="def", partial_text_offset=2, events=[{"type": "x"}]),
+        claim(second, partial_text_append="z", partial_text_offset=2),
+    )
+    refused = answer[first["subtask_id"]]
+    assert refused["state"] == "running"
+    assert refused["progress"]["stored"] is False
+    assert refused["progress"]["code"] == "partial_text_mismatch"
+    assert refused["progress"]["partial_text_chars"] == 3
+    assert "3 characters" in refused["progress"]["detail"]
+    assert answer[second["subtask_id"]]["progress"]["stored"] is True
+    # Nothing of the refused claim's progress is stored; the other's is.
+    row = Subtask.objects.get(pk=first["subtask_id"])
+    assert (partial_text_of(row), row.progress_events) == ("abc", [])
+    assert stored(second) == "xyz"
+    # Over the message limit: refused as a progress post would be (413 too_large).
+    answer = heartbeat(worker_api, claim(first, partial_text="x" * 21), claim(second))
+    assert answer[first["subtask_id"]]["progress"]["code"] == "too_large"
+    assert stored(first) == "abc"
+
+
+def test_a_cancelled_or_foreign_claim_stores_nothing(api, worker_api, other_worker_api):
+    first, second = two_turns(api, worker_api)
+    api.post(f"/api/tasks/{first['task_id']}/subtasks/{first['subtask_id']}/cancel/")
+    answer = heartbeat(worker_api, claim(first, partial_text="late"))
+    assert answer[first["subtask_id"]]["state"] == "cancelled"
+    assert answer[first["subtask_id"]]["progress"]["code"] == "cancelled"
+    # An account that never held the claim learns nothing and stores nothing.
+    answer = heartbeat(other_worker_api, claim(second, partial_text="not mine"))
+    assert answer[second["subtask_id"]]["state"] == "lease_lost"
+    assert answer[second["subtask_id"]]["progress"]["code"] == "not_found"
+    assert (stored(first), stored(second)) == ("", "")
+
+
+@pytest.mark.parametrize(
+    ("progress", "field"),
+    [
+        ({"partial_text_append": "x"}, "turns.0.progress.partial_text_offset"),
+        ({"partial_text_offset": 0}, "turns.0.progress.partial_text_append"),
+        (
+            {"partial_text": "x", "partial_text_append": "x", "partial_text_offset": 0},
+            "turns.0.progress.partial_text",
+        ),
+        ({"events": "x"}, "turns.0.progress.events"),
+        ({"surprise": 1}, "turns.0.progress.surprise"),
+    ],
+)
+def test_progress_input_errors_name_the_field_and_store_nothing(api, worker_api, progress, field):
+    first, _ = two_turns(api, worker_api)
+    body = heartbeat(worker_api, claim(first, **progress), status=400)
+    assert field in body["fields"], body
+    assert stored(first) == ""
+
+
+def test_each_claim_is_named_once(api, worker_api):
+    first, _ = two_turns(api, worker_api)
+    body = heartbeat(
+        worker_api, claim(first, partial_text="a"), claim(first, partial_text="b"), status=400
+    )
+    assert "turns" in body["fields"]
+    assert stored(first) == ""
+
+
+# --- the worker's buffer, settled by the heartbeat's answers ---------------------------------
+
+TEXTS = st.text(alphabet=st.sampled_from("ab é\n🌍"), max_size=6)
+# What happens to a heartbeat: answered; lost before Baton read it; answered but the answer
+# lost (the worker then knows nothing of what Baton stored); answered, the answer lost and the
+# client's retry answered (an append then meets a text that already has it).
+OUTCOMES = ("ok", "lost_before", "lost_after", "sent_twice")
+STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("delta"), TEXTS),
+        st.tuples(st.just("complete"), TEXTS),
+        st.tuples(st.just("tool"), st.just("")),
+        st.tuples(st.just("beat"), st.sampled_from(OUTCOMES)),
+    ),
+    max_size=14,
+)
+
+
+def _beat(worker_api, turn, buffer: ProgressBuffer, outcome: str) -> None:
+    """One supervisor heartbeat for `turn`, as `Worker._check_claims` sends it and settles it."""
+    batch = buffer.take(force=True)
+    if batch is None:
+        return
+    if outcome == "lost_before":
+        buffer.refused(batch)
+        return
+    answer = heartbeat(worker_api, claim(turn, **batch.to_json()))[turn["subtask_id"]]
+    if outcome == "sent_twice":
+        answer = heartbeat(worker_api, claim(turn, **batch.to_json()))[turn["subtask_id"]]
+    if outcome == "lost_after":
+        buffer.refused(batch)
+        return
+    progress = answer["progress"]
+    again = buffer.settle(
+        batch,
+        ProgressOutcome(progress["stored"], progress["partial_text_chars"], progress["code"]),
+    )
+    if again is not None:
+        buffer.deliver(again, send=lambda batch: _post(worker_api, turn, batch))
+
+
+def _post(worker_api, turn, batch: ProgressBatch) -> int | None:
+    answer = worker_api.post(
+        f"/api/executor/subtasks/{turn['subtask_id']}/progress/",
+        {"worker_id": "w1", "attempt": turn["attempt"], **batch.to_json()},
+        format="json",
+    )
+    if answer.status_code == 409:
+        raise PartialTextMismatch("409", status=409, code=answer.json()["code"])
+    assert answer.status_code == 200, answer.json()
+    return answer.json()["partial_text_chars"]
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(steps=STEPS)
+def test_the_stored_text_is_what_the_buffer_last_sent_whatever_the_heartbeat_lost(
+    api, worker_api, steps
+):
+    create(api)
+    [turn] = dispatch(worker_api)
+    buffer = ProgressBuffer()
+    text = ""
+    for step, value in [*steps, ("beat", "ok")]:
+        if step == "delta":
+            buffer.add([MessageDelta(value)])
+            text += value
+        elif step == "complete":
+            buffer.add([MessageCompleted(value)])
+            text = value
+        elif step == "tool":
+            buffer.add([ToolStarted(call_id="c", tool="shell", command="ls")])
+        else:
+            _beat(worker_api, turn, buffer, value)
+            if value in ("ok", "sent_twice"):
+                # Never lost, never twice: Baton holds exactly what the buffer holds.
+                assert stored(turn) == text
+    _beat(worker_api, turn, buffer, "ok")
+    assert stored(turn) == text
+    report(worker_api, turn, result={"value": text or "-"})
+
+
+def test_a_retried_append_is_refused_and_the_whole_text_goes_alone(api, worker_api):
+    create(api)
+    [turn] = dispatch(worker_api)
+    buffer = ProgressBuffer()
+    buffer.add([MessageDelta("Hello")])
+    _beat(worker_api, turn, buffer, "ok")
+    buffer.add([MessageDelta(", world")])
+    _beat(worker_api, turn, buffer, "sent_twice")
+    assert stored(turn) == "Hello, world"
