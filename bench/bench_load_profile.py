@@ -5,12 +5,14 @@ Baton under gunicorn as `make serve` runs it (`BATON_ENV=production`, `backend/g
 fleet drives it, for each N of `--turns`:
 
 - N running turns, held by N / 4 workers (`--claims-per-worker`, one worker account): each turn
-  posts progress once a second (a few events and what its partial text gained, `--text-step`
-  characters a post, at the length Baton holds, as the worker sends it; the whole text with
-  `--whole-text`, as workers did before appends, and after a post that failed) and, after
-  `--turn-seconds` (each turn's start spread over that time), reports its result; its
-  worker then dispatches the next pending turn;
-- each worker sends one batched heartbeat for its claims twice a second;
+  makes progress once a second (a few events and `--text-step` characters more of its partial
+  text) and, after `--turn-seconds` (each turn's start spread over that time), reports its
+  result; its worker then dispatches the next pending turn;
+- each worker sends one batched heartbeat for its claims twice a second, carrying the progress
+  each turn made since the last one (what its partial text gained, at the length Baton holds,
+  as Baton's worker sends it; the whole text with `--whole-text`, and after a heartbeat that
+  failed). With `--progress posts` each turn posts its progress on its own instead, once a
+  second, as workers did before the heartbeat carried it;
 - a product client creates a task and reads a task, each 5 times a second, and holds
   `--streams` event streams of running tasks open;
 - a bare request (`/bench/ceiling/`, two small queries) 5 times a second: what any request
@@ -78,6 +80,7 @@ class Plan:
     text_step: int
     claims_per_worker: int
     whole_text: bool = False
+    progress_posts: bool = False
     workers: list[str] = field(default_factory=list)
     stream_tasks: list[int] = field(default_factory=list)  # the first turns claimed
     product: bool = False
@@ -146,21 +149,49 @@ async def _worker(client: Any, tally: Tally, plan: Plan, worker_id: str) -> None
             claims[turn["subtask_id"]] = {
                 "attempt": turn["attempt"],
                 "text": "",
+                "events": [],
                 "ends": time.time() + random.uniform(0.2, 1.0) * plan.turn_seconds,
             }
 
+    def progress_body(claim: dict[str, Any]) -> dict[str, Any]:
+        """The progress the turn made since Baton last stored some, as the worker sends it."""
+        body: dict[str, Any] = {"events": claim["events"]}
+        stored = claim.get("stored")  # the length Baton holds, as far as the worker knows
+        if plan.whole_text or stored is None:
+            body["partial_text"] = claim["text"]
+        else:
+            body["partial_text_append"] = claim["text"][stored:]
+            body["partial_text_offset"] = stored
+        claim["events"] = []
+        claim["sent"] = len(claim["text"])
+        return body
+
     async def heartbeat() -> None:
-        turns = [{"subtask_id": key, "attempt": claim["attempt"]} for key, claim in claims.items()]
-        if turns:
-            await _send(
-                client,
-                tally,
-                plan,
-                "heartbeat (batched)",
-                "POST",
-                "/api/executor/heartbeat/",
-                {"worker_id": worker_id, "turns": turns},
-            )
+        turns = []
+        for key, claim in list(claims.items()):
+            turn: dict[str, Any] = {"subtask_id": key, "attempt": claim["attempt"]}
+            if not plan.progress_posts and claim["events"] and not claim.get("busy"):
+                claim["busy"] = True
+                turn["progress"] = progress_body(claim)
+            turns.append(turn)
+        if not turns:
+            return
+        answer = await _send(
+            client,
+            tally,
+            plan,
+            "heartbeat (batched)",
+            "POST",
+            "/api/executor/heartbeat/",
+            {"worker_id": worker_id, "turns": turns},
+        )
+        states = {state["subtask_id"]: state for state in (answer or {}).get("turns", [])}
+        for turn in turns:
+            if "progress" not in turn or (claim := claims.get(turn["subtask_id"])) is None:
+                continue
+            outcome = states.get(turn["subtask_id"], {}).get("progress") or {}
+            claim["stored"] = outcome.get("partial_text_chars") if outcome.get("stored") else None
+            claim["busy"] = False
 
     async def progress_or_result(subtask_id: int, claim: dict[str, Any]) -> None:
         base = f"/api/executor/subtasks/{subtask_id}"
@@ -184,34 +215,22 @@ async def _worker(client: Any, tally: Tally, plan: Plan, worker_id: str) -> None
             return
         gained = " ".join(random.choices(WORDS, k=plan.text_step // 4))[: plan.text_step]
         claim["text"] += gained
+        claim["events"] += [
+            {"type": "agent_message_delta", "text": gained},
+            {"type": "tool_call", "name": "shell", "arguments": {"cmd": "pytest -x"}},
+        ]
+        if not plan.progress_posts or claim.get("busy"):
+            return  # the next heartbeat carries it
         claim["busy"] = True
-        body: dict[str, Any] = {
-            "worker_id": worker_id,
-            "attempt": claim["attempt"],
-            "events": [
-                {"type": "agent_message_delta", "text": gained},
-                {"type": "tool_call", "name": "shell", "arguments": {"cmd": "pytest -x"}},
-            ],
-        }
-        stored = claim.get("stored")  # the length Baton holds, as far as the worker knows
-        if plan.whole_text or stored is None:
-            body["partial_text"] = claim["text"]
-        else:
-            body["partial_text_append"] = claim["text"][stored:]
-            body["partial_text_offset"] = stored
+        body = {"worker_id": worker_id, "attempt": claim["attempt"], **progress_body(claim)}
         answer = await _send(client, tally, plan, "progress", "POST", f"{base}/progress/", body)
         claim["stored"] = answer.get("partial_text_chars") if isinstance(answer, dict) else None
         claim["busy"] = False
 
     async def each_claim() -> None:
-        """Each claim's progress (or, once it is over, its result), at once; a claim whose
-        last post is still unanswered skips this one."""
+        """Each claim's progress (or, once it is over, its result), at once."""
         await asyncio.gather(
-            *(
-                progress_or_result(subtask_id, claim)
-                for subtask_id, claim in list(claims.items())
-                if not claim.get("busy")
-            )
+            *(progress_or_result(subtask_id, claim) for subtask_id, claim in list(claims.items()))
         )
 
     await asyncio.sleep(max(0.0, plan.start - time.time()))
@@ -362,6 +381,7 @@ def _profile(args: argparse.Namespace, turns: int) -> dict[str, Any]:
             args.text_step,
             args.claims_per_worker,
             args.whole_text,
+            args.progress == "posts",
         )
         # Each client process drives its share of the workers; the first one, the product too.
         plans = [
@@ -441,6 +461,8 @@ def _report(profile: dict[str, Any]) -> dict[str, Any]:
         "turns": profile["turns"],
         "rows": rows,
         "server_cpu_per_second": profile["server_cpu"] / seconds,
+        # What one running turn costs the server, all its traffic and the product's included.
+        "server_cpu_ms_per_turn": profile["server_cpu"] / seconds / profile["turns"] * 1000,
         "postgres_cpu_per_second": profile["postgres_cpu"] / seconds,
         "postgres_connections": profile["connections"],
         "product_p95_ms": product_p95,
@@ -458,7 +480,8 @@ def _quantile(values: list[float], fraction: float) -> float:
 def _print(report: dict[str, Any]) -> None:
     print(
         f"\nN = {report['turns']} running turns: server CPU {report['server_cpu_per_second']:.2f}"
-        f" s/s, PostgreSQL {report['postgres_cpu_per_second']:.2f} s/s,"
+        f" s/s ({report['server_cpu_ms_per_turn']:.1f} ms a turn),"
+        f" PostgreSQL {report['postgres_cpu_per_second']:.2f} s/s,"
         f" {report['postgres_connections']} PostgreSQL connections at most;"
         f" product p95 {report['product_p95_ms']:.0f} ms, {report['failed']} failed:"
         f" {'held' if report['held'] else 'NOT held'}"
@@ -494,6 +517,13 @@ def main() -> None:
         "--whole-text",
         action="store_true",
         help="progress posts send the whole partial text every time (as before appends)",
+    )
+    parser.add_argument(
+        "--progress",
+        choices=("heartbeat", "posts"),
+        default="heartbeat",
+        help="progress rides the batched heartbeat (as Baton's worker sends it) or is posted "
+        "per turn",
     )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
