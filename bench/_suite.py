@@ -281,6 +281,8 @@ def print_table(result: ScenarioResult) -> None:
         f"{result.machine['nproc']} CPUs, Python {result.machine['python']}, load {load}, "
         f"{result.seconds:.0f} s"
     )
+    if result.options.get("quick"):
+        print("  --quick: sizes for a smoke run, too small to hold the figures to their targets")
     header = ("measurement", "value", "baseline", "baseline value", "ratio", "target", "")
     lines = [header]
     for row in result.rows:
