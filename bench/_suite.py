@@ -17,6 +17,7 @@ import json
 import multiprocessing
 import os
 import platform
+import queue as queues
 import subprocess
 import sys
 import time
@@ -326,3 +327,16 @@ def quantile(values: Sequence[float], fraction: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def results_of(processes: Sequence[Any], queue: Any) -> list[Any]:
+    """The one result each of `processes` puts on `queue`; one that dies without its result
+    fails the measurement rather than leaving it waiting."""
+    results: list[Any] = []
+    while len(results) < len(processes):
+        try:
+            results.append(queue.get(timeout=1))
+        except queues.Empty:
+            if any(process.exitcode not in (None, 0) for process in processes):
+                raise SystemExit("a client process failed (its error is above)") from None
+    return results
