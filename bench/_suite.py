@@ -270,7 +270,8 @@ def _number(value: float | None, unit: str = "") -> str:
     if unit == "%":
         return f"{value:.1f} %"
     size = abs(value)
-    text = f"{value:,.0f}" if size >= 100 else f"{value:.2f}" if size >= 1 else f"{value:.3g}"
+    whole = size >= 100 or float(value).is_integer()
+    text = f"{value:,.0f}" if whole else f"{value:.2f}" if size >= 1 else f"{value:.3g}"
     return f"{text} {unit}".rstrip()
 
 
