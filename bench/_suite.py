@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from importlib import import_module
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO_ROOT / "bench" / "results"
@@ -193,7 +194,7 @@ class Scenario:
             commit=_commit(),
             date=datetime.now(UTC).isoformat(timespec="seconds"),
             machine=_machine(),
-            options={key: _plain(value) for key, value in vars(args).items()},
+            options={key: recorded_option(key, value) for key, value in vars(args).items()},
         )
         for measurement in self.chosen(args):
             if measurement.postgres_only and not args.postgres:
@@ -260,8 +261,17 @@ def _machine() -> dict[str, Any]:
     }
 
 
-def _plain(value: Any) -> Any:
-    return str(value) if isinstance(value, Path) else value
+def recorded_option(option: str, value: Any) -> Any:
+    """An option's value as the JSON keeps it: a path as text, the server URL without its
+    password."""
+    if isinstance(value, Path):
+        return str(value)
+    if option == "postgres" and value:
+        parts = urlsplit(value)
+        if parts.password:
+            host = parts.netloc.rsplit("@", 1)[1]
+            return urlunsplit(parts._replace(netloc=f"{parts.username}@{host}"))
+    return value
 
 
 def _number(value: float | None, unit: str = "") -> str:

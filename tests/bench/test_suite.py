@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import run
-from bench._suite import Row, at_least, at_most
+from bench._suite import Row, at_least, at_most, recorded_option
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +61,7 @@ def test_quick_changes_the_defaults_and_an_option_given_still_wins():
     assert scenario.parse(["--quick", "--runs", "7"]).runs == 7
 
 
-def test_a_measurement_outside_the_plain_run_runs_when_its_option_is_given():
+def test_a_measurement_outside_therecorded_option_run_runs_when_its_option_is_given():
     scenario = run.scenario("prompt_core")
 
     def chosen(*argv):
@@ -125,3 +125,12 @@ def test_a_scenario_run_writes_its_rows_with_commit_machine_and_options(tmp_path
     assert {row["baseline_name"] for row in written["rows"]} == {"exact prefix"}
     assert all(row["ratio"] > 0 for row in written["rows"])
     assert "escape_content" in answer.stdout
+
+
+def test_the_results_keep_the_server_url_without_its_password():
+    assert recorded_option("postgres", "postgres://bench:secret@db:5432/postgres") == (
+        "postgres://bench@db:5432/postgres"
+    )
+    assert recorded_option("postgres", "postgres://postgres@127.0.0.1:5432/postgres") == (
+        "postgres://postgres@127.0.0.1:5432/postgres"
+    )
