@@ -69,6 +69,17 @@ test: install-test
 	@bash .ci/install-browser || echo "note: chromium/chromedriver missing and not installable here; the admin browser test will be skipped"
 	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist load) $(PYTEST_ARGS)
 
+# `make bench`: the benchmark scenarios (bench/README.md), each printing its figures against
+# their baselines and targets and writing bench/results/<scenario>.json.
+# `make bench SCENARIOS="prompt_core dispatch"` runs some; `QUICK=1` shrinks every size for a
+# smoke run. The scenarios with a database use PostgreSQL at BENCH_POSTGRES (they create and
+# drop a database of their own there).
+SCENARIOS ?=
+QUICK ?=
+BENCH_POSTGRES ?= postgres://postgres@127.0.0.1:5432/postgres
+bench: install-test
+	$(PY) bench/run.py $(SCENARIOS) $(if $(QUICK),--quick) --postgres $(BENCH_POSTGRES)
+
 # The static checks CI runs (and .pre-commit-config.yaml runs before a commit): lint and format,
 # the import layers, types, and migrations that match the models.
 lint: install-test

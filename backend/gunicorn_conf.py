@@ -66,7 +66,7 @@ def post_worker_init(worker: object) -> None:
     """Each server process derives escaping's tables from Unicode's data and loads the token
     encodings before its first request (`escaping.warm_up`, `units.warm_up`), not inside a
     dispatch: under load, the first requests of a process that loaded them on demand each
-    spent 0.6–0.8 s of CPU (`bench/bench_load_profile.py`)."""
+    spent 0.6–0.8 s of CPU (`bench/load_profile.py`)."""
     from backend.prompting import escaping, units
 
     escaping.warm_up()

@@ -1,5 +1,6 @@
 """Baton's URLs plus `/bench/ceiling/`: a bare Django view doing two queries, the baseline a
-dispatch cycle is compared with in `bench_http_dispatch.py`."""
+dispatch and a request under load are compared with (`dispatch_http.py`, `dispatch.py`,
+`load_profile.py`)."""
 
 from django.http import HttpRequest, JsonResponse
 from django.urls import path

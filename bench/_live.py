@@ -1,4 +1,5 @@
-"""A live Baton for benchmarks: gunicorn on a throwaway database, accounts, and the real worker.
+"""A live Baton for benchmarks: gunicorn on a throwaway database, accounts, and the real worker;
+and what its processes (and PostgreSQL's) spend, read from /proc.
 
 What users see is measured over real HTTP against the production server, so benchmarks that
 involve the worker start Baton under gunicorn (4 sync workers) and the worker
@@ -54,16 +55,39 @@ def reset_peak(pid: int) -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time of one process, from /proc (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # fields 14, 15
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """User + system CPU seconds of each of the processes `pids` still running, from /proc
+    (Linux; a PostgreSQL backend whose connection closed has none)."""
+    seconds = {}
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        seconds[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # 14, 15
+    return seconds
 
 
 def server_cpu_seconds(master_pid: int) -> float:
     """User + system CPU time of gunicorn's master and its worker processes."""
     children = Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text().split()
-    return sum(_cpu_seconds(pid) for pid in [master_pid, *map(int, children)])
+    return sum(cpu_seconds([master_pid, *map(int, children)]).values())
+
+
+def postgres_backends(*, other_than_mine: bool) -> list[int]:
+    """The PostgreSQL backends of the benchmark's database (PostgreSQL runs on this host):
+    this process's own, or every other one (the server's)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if other_than_mine:
+            cursor.execute(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return [row[0] for row in cursor.fetchall()]
+        cursor.execute("SELECT pg_backend_pid()")
+        return [cursor.fetchone()[0]]
 
 
 def machine_cpu_seconds() -> float:

@@ -1,4 +1,4 @@
-"""Baton's settings for the load profile (`bench_load_profile.py`): the bare view of
+"""Baton's settings for the load profile (`load_profile.py`): the bare view of
 `_ceiling_settings`, and each request's CPU written down by route.
 
 `RequestCpu` runs first, around every other middleware and the view: the CPU time of the

@@ -127,7 +127,8 @@ RETURNING kind, included_message_ids;
 -- server's Python 5.35 ms (PostgreSQL 2.05 ms) with this statement, `native_session_of` and
 -- `record_native_session`, and 7.40 ms (2.10 ms) with the ORM's reads and writes in their
 -- place (medians of 3 alternated runs' block minima,
--- `bench/bench_dispatch_cpu.py --http --report --native-sessions --dispatches 600 --blocks 3`).
+-- `bench/dispatch.py --only cpu --cpu-http --cpu-report --native-sessions --dispatches 600
+-- --blocks 3`).
 SELECT
     turn.id, turn.task_id, turn.kind, turn.message_id, turn.parent_message_id, turn.role,
     turn.status, turn.sender, turn.bot, turn.pipeline_step, turn.executor,

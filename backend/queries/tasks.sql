@@ -6,7 +6,7 @@
 -- commits. No row when the task does not exist.
 -- Written out: every dispatch, result report and progress post runs it, one round trip
 -- where the ORM takes three (read the number, reserve it, insert). Measured with
--- `bench/bench_dispatch_cpu.py --postgres … --http --report --native-sessions
+-- `bench/dispatch.py --only cpu --postgres … --cpu-http --cpu-report --native-sessions
 -- --dispatches 600 --blocks 3`, server CPU per dispatch and report, Python / PostgreSQL,
 -- minimum of the blocks: 11.50 / 4.00 ms with these statements, 12.30 / 4.25 ms with the
 -- statements they replace; one run each (the others failed under the machine's load), so
@@ -43,7 +43,7 @@ FROM (SELECT DISTINCT task_id FROM written) AS announced
 -- the same statement: they commit with the events, or neither does.
 -- Written out: every dispatch runs it, one round trip where the ORM takes six (the rows
 -- along, then read, reserve, update and insert, in a transaction of their own). Measured
--- with `bench/bench_dispatch_cpu.py --postgres … --dispatches 400 --blocks 2` (a dispatch
+-- with `bench/dispatch.py --only cpu --postgres … --dispatches 400 --blocks 2` (a dispatch
 -- in process, minimum of the blocks, two runs each, alternated): Python / PostgreSQL CPU
 -- per dispatch 2.84–2.85 / 1.90–2.05 ms with the reports inserted here, 4.0–4.5 /
 -- 2.4–2.6 ms with the ORM's insert of them and the ORM's steps in a transaction before it.
@@ -99,7 +99,7 @@ FROM (SELECT DISTINCT task_id FROM written) AS announced
 -- name: latest_round_statuses
 -- The statuses of the turns answering the task's latest USER message (marker false), and a
 -- row with marker true when a message of the task is queued: every result report asks.
--- Measured in process on PostgreSQL (bench/bench_dispatch_cpu.py --report --native-sessions
+-- Measured in process on PostgreSQL (bench/dispatch.py --only cpu --cpu-report --native-sessions
 -- --dispatches 200 --blocks 1, under cProfile): the ORM's UNION of a Subquery and a queued
 -- part cost 1.11 s of 221 reports against 0.06 s for this statement.
 SELECT DISTINCT turn.status, false AS marker

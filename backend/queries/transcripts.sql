@@ -4,7 +4,8 @@
 -- of the built part a process keeps. Every dispatch of a long task reads them. Kept written
 -- out: 0.39-0.61 ms a call of `sealed_parts` against the ORM's 1.2-1.7 ms (conversations of 200
 -- and 1,000 rounds, 4 and 20 parts; median of 200 calls, alternated, on PostgreSQL: a timing
--- of `sealed_parts` and `transcripts_for` beside bench/bench_transcripts.py's setup).
+-- of `sealed_parts` and `transcripts_for` beside the setup of
+-- `bench/dispatch.py --only transcripts`).
 SELECT
     task_id,
     span,

@@ -6,7 +6,7 @@
 -- Written out: the ORM's query of the same rows costs 0.51–0.53 ms of Python CPU to build
 -- and read, this statement 0.09–0.11 ms (on PostgreSQL in process, an owner without
 -- endpoints, 2,000 calls each, three rounds alternated), on a result report of about 6 ms of
--- Python (`bench/bench_dispatch_cpu.py --postgres … --report`).
+-- Python (`bench/dispatch.py --only cpu --postgres … --cpu-report`).
 -- The ORM's form (`_endpoints_by_orm`) is this statement's test oracle.
 SELECT endpoint.id, endpoint.events
 FROM {webhookendpoint} AS endpoint

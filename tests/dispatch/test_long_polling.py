@@ -2,8 +2,8 @@
 
 The waiting tests run real concurrent requests (one thread each, its own connection) on a
 transactional database, on SQLite and on PostgreSQL (DATABASE_URL=postgres://...). Times
-are only ever checked as "it waited at least the wait"; latency is measured in
-bench/bench_long_polling.py.
+are only ever checked as "it waited at least the wait"; latency is measured by
+bench/streams.py (polling).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ PostgreSQL only: SQLite is one file on one host. The servers use the test databa
 pytest-django created (already migrated; the API needs no static files, so `make serve`'s
 other steps are left out), and the tests run on a transactional database, so what they write
 is committed and the servers see it. Times are only checked loosely; latency is
-bench/bench_long_polling.py's.
+bench/streams.py's (polling).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The load profile: what a fleet of running agent turns and a product cost one server.
+"""Scenario: the load profile, what a fleet of running agent turns and a product cost one server.
 
 Baton under gunicorn as `make serve` runs it (`BATON_ENV=production`, `backend/gunicorn_conf.py`,
 `--server-workers` processes of `--threads` request threads) on PostgreSQL, driven the way a
@@ -30,17 +30,13 @@ or late requests, not as a slower offer. After `--warmup` seconds, `--seconds` a
   PostgreSQL connections open at once;
 - whether the server held N: every request accepted and the product's p95 under 100 ms.
 
-Run from the repository root:
-
-    .venv/bin/python bench/bench_load_profile.py \
-        --postgres postgres://postgres@127.0.0.1:5432/postgres --turns 50,100
+PostgreSQL only (`--postgres URL`, on this host: its backends' CPU is read from /proc).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import random
@@ -56,9 +52,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._django import bench_database  # noqa: E402
-from bench._live import live_baton, server_cpu_seconds  # noqa: E402
-from bench.bench_dispatch import seed  # noqa: E402
-from bench.bench_dispatch_cpu import _backends, _cpu_seconds  # noqa: E402
+from bench._live import (  # noqa: E402
+    cpu_seconds,
+    live_baton,
+    postgres_backends,
+    server_cpu_seconds,
+)
+from bench._seed import pending_turns  # noqa: E402
+from bench._suite import (  # noqa: E402
+    Measurement,
+    Row,
+    Scenario,
+    at_least,
+    at_most,
+    quantile,
+    results_of,
+)
 
 HEARTBEAT_SECONDS = 0.5
 PROGRESS_SECONDS = 1.0
@@ -319,13 +328,13 @@ def _client(plan: Plan, results: Any) -> None:
 
 
 def _seed(tasks: int) -> list[int]:
-    """`tasks` tasks with a short history and a pending Codex turn each (`bench_dispatch.seed`),
-    owned by the product account whose token streams their events."""
+    """`tasks` tasks with a short history and a pending Codex turn each, owned by the product
+    account whose token streams their events."""
     from django.contrib.auth import get_user_model
 
     from backend.tasks.models import Task
 
-    seed(tasks)
+    pending_turns(tasks)
     owner, _ = get_user_model().objects.get_or_create(username="bench-product")
     Task.objects.update(owner=owner)
     return list(Task.objects.order_by("id").values_list("id", flat=True))
@@ -333,7 +342,7 @@ def _seed(tasks: int) -> list[int]:
 
 def _postgres_cpu() -> tuple[float, int]:
     """CPU seconds of every backend of this database but this process's, and how many."""
-    seconds = _cpu_seconds(_backends(other_than_mine=True))
+    seconds = cpu_seconds(postgres_backends(other_than_mine=True))
     return sum(seconds.values()), len(seconds)
 
 
@@ -406,7 +415,7 @@ def _profile(args: argparse.Namespace, turns: int) -> dict[str, Any]:
             time.sleep(0.5)
         server_spent = server_cpu_seconds(baton.server_pid) - server_before
         postgres_spent = _postgres_cpu()[0] - postgres_before
-        tallies = [results.get(timeout=total + 60) for _ in clients]
+        tallies = results_of(clients, results)
         for process in clients:
             process.join(timeout=30)
     merged = _tally()
@@ -443,8 +452,8 @@ def _report(profile: dict[str, Any]) -> dict[str, Any]:
                 "endpoint": name,
                 "per_second": len(latencies) / seconds,
                 "failed": entry["failed"],
-                "p50_ms": _quantile(latencies, 0.5) * 1000,
-                "p95_ms": _quantile(latencies, 0.95) * 1000,
+                "p50_ms": quantile(latencies, 0.5) * 1000,
+                "p95_ms": quantile(latencies, 0.95) * 1000,
                 "cpu_ms": cpu_ms,
                 "vs_bare": cpu_ms / bare_ms,
                 "share": sum(spent) / profile["server_cpu"] if profile["server_cpu"] else 0.0,
@@ -456,7 +465,7 @@ def _report(profile: dict[str, Any]) -> dict[str, Any]:
         for latency in profile["endpoints"].get(name, {"latencies": []})["latencies"]
     )
     failed = sum(row["failed"] for row in rows)
-    product_p95 = _quantile(product, 0.95) * 1000
+    product_p95 = quantile(product, 0.95) * 1000
     return {
         "turns": profile["turns"],
         "rows": rows,
@@ -471,42 +480,81 @@ def _report(profile: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _quantile(values: list[float], fraction: float) -> float:
-    if not values:
-        return float("nan")
-    return values[min(len(values) - 1, int(fraction * len(values)))]
+# The targets of the issue "Performance by load profile", by endpoint: its server CPU at most
+# this many times the bare request's (the heartbeat's for 100 claims a worker).
+CPU_OVER_BARE = {"progress": 1.5, "heartbeat (batched)": 2.0}
+HEARTBEAT_TARGET_CLAIMS = 100
 
 
-def _print(report: dict[str, Any]) -> None:
-    print(
-        f"\nN = {report['turns']} running turns: server CPU {report['server_cpu_per_second']:.2f}"
-        f" s/s ({report['server_cpu_ms_per_turn']:.1f} ms a turn),"
-        f" PostgreSQL {report['postgres_cpu_per_second']:.2f} s/s,"
-        f" {report['postgres_connections']} PostgreSQL connections at most;"
-        f" product p95 {report['product_p95_ms']:.0f} ms, {report['failed']} failed:"
-        f" {'held' if report['held'] else 'NOT held'}"
-    )
-    print(
-        f"  {'endpoint':<20} {'req/s':>7} {'failed':>6} {'p50 ms':>7} {'p95 ms':>7}"
-        f" {'CPU ms':>7} {'× bare':>6} {'share':>6}"
-    )
+def _rows(report: dict[str, Any], claims_per_worker: int) -> list[Row]:
+    n = f"N = {report['turns']}"
+    rows = [
+        Row(
+            f"{n}: the product's p95",
+            report["product_p95_ms"],
+            "ms",
+            target=at_most(100),
+            note=f"{'held' if report['held'] else 'NOT held'}; server CPU "
+            f"{report['server_cpu_per_second']:.2f} s/s ({report['server_cpu_ms_per_turn']:.1f} "
+            f"ms a turn), PostgreSQL {report['postgres_cpu_per_second']:.2f} s/s, "
+            f"{report['postgres_connections']} PostgreSQL connections at most",
+        ),
+        Row(f"{n}: requests failed", report["failed"], "requests", target=at_most(0)),
+    ]
+    bare = next((row for row in report["rows"] if row["endpoint"] == "bare view"), None)
     for row in report["rows"]:
-        print(
-            f"  {row['endpoint']:<20} {row['per_second']:7.1f} {row['failed']:6}"
-            f" {row['p50_ms']:7.1f} {row['p95_ms']:7.1f} {row['cpu_ms']:7.2f}"
-            f" {row['vs_bare']:6.1f} {row['share']:6.0%}"
+        if row["endpoint"] == "bare view":
+            continue
+        limit = CPU_OVER_BARE.get(row["endpoint"])
+        if row["endpoint"] == "heartbeat (batched)" and claims_per_worker < HEARTBEAT_TARGET_CLAIMS:
+            limit = None  # the target is the heartbeat's for 100 claims
+        rows.append(
+            Row(
+                f"{n}: server CPU a request, {row['endpoint']}",
+                row["cpu_ms"],
+                "ms",
+                baseline_name="bare view" if bare else None,
+                baseline_value=bare["cpu_ms"] if bare else None,
+                target=at_most(limit, of="ratio") if limit else None,
+                note=f"{row['per_second']:.1f} req/s, {row['failed']} failed, p50 / p95 "
+                f"{row['p50_ms']:.0f} / {row['p95_ms']:.0f} ms, {row['share']:.0%} of the "
+                "server's CPU",
+            )
         )
+    return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--postgres", required=True, help="PostgreSQL server URL (on this host)")
+def measure_profile(args: argparse.Namespace) -> list[Row]:
+    reports = []
+    with bench_database(args.postgres):
+        for turns in (int(value) for value in args.turns.split(",")):
+            reports.append(_report(_profile(args, turns)))
+    rows = [row for report in reports for row in _rows(report, args.claims_per_worker)]
+    held = [report["turns"] for report in reports if report["held"]]
+    rows.append(
+        Row(
+            "largest N held",
+            max(held, default=0),
+            "running turns",
+            target=at_least(1_000),
+            note=f"of N = {args.turns}",
+        )
+    )
+    return rows
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", default="50,100", help="the Ns, comma-separated")
     parser.add_argument("--seconds", type=float, default=20.0, help="measured per N")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=4, help="client processes")
     parser.add_argument("--server-workers", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=40, help="request threads a process")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=20,
+        help="request threads a process (gunicorn adds one per event stream it may serve)",
+    )
     parser.add_argument("--turn-seconds", type=float, default=30.0, help="a turn's length, at most")
     parser.add_argument("--text-step", type=int, default=200, help="characters a progress adds")
     parser.add_argument("--streams", type=int, default=4, help="event streams held open")
@@ -516,7 +564,7 @@ def main() -> None:
     parser.add_argument(
         "--whole-text",
         action="store_true",
-        help="progress posts send the whole partial text every time (as before appends)",
+        help="progress sends the whole partial text every time (as before appends)",
     )
     parser.add_argument(
         "--progress",
@@ -525,18 +573,22 @@ def main() -> None:
         help="progress rides the batched heartbeat (as Baton's worker sends it) or is posted "
         "per turn",
     )
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args()
-    reports = []
-    with bench_database(args.postgres):
-        for turns in (int(value) for value in args.turns.split(",")):
-            reports.append(_report(_profile(args, turns)))
-            _print(reports[-1])
-    held = [report["turns"] for report in reports if report["held"]]
-    print(f"\nlargest N held: {max(held) if held else 'none'}")
-    if args.json:
-        args.json.write_text(json.dumps(reports, indent=2), encoding="utf-8")
 
+
+SCENARIO = Scenario(
+    name=Path(__file__).stem,
+    summary="The load profile: N running turns and a product on one server (PostgreSQL).",
+    measurements=(Measurement("profile", measure_profile, postgres_only=True),),
+    add_arguments=add_arguments,
+    quick={
+        "turns": "8",
+        "seconds": 4.0,
+        "warmup": 2.0,
+        "clients": 2,
+        "streams": 1,
+        "turn_seconds": 6.0,
+    },
+)
 
 if __name__ == "__main__":
-    main()
+    SCENARIO.main()
