@@ -26,8 +26,9 @@ or late requests, not as a slower offer. After `--warmup` seconds, `--seconds` a
   latency, the server's CPU per request (the request thread's, from the first middleware in to
   the response out: `bench/_load_settings.py`), that CPU over the bare request's, and its share
   of all the server's CPU in the window (the rest: gunicorn, event streams, threads idle);
-- the server's CPU and PostgreSQL's (every backend of the database) per second, and the most
-  PostgreSQL connections open at once;
+- the server's CPU and PostgreSQL's (every backend of the database) per second, the whole
+  machine's (the client processes and any other job included: whether the cores ran out),
+  and the most PostgreSQL connections open at once;
 - whether the server held N: every request accepted and the product's p95 under 100 ms.
 
 PostgreSQL only (`--postgres URL`, on this host: its backends' CPU is read from /proc).
@@ -55,6 +56,7 @@ from bench._django import bench_database  # noqa: E402
 from bench._live import (  # noqa: E402
     cpu_seconds,
     live_baton,
+    machine_cpu_seconds,
     postgres_backends,
     server_cpu_seconds,
 )
@@ -409,12 +411,14 @@ def _profile(args: argparse.Namespace, turns: int) -> dict[str, Any]:
         time.sleep(max(0.0, window[0] - time.time()))
         server_before = server_cpu_seconds(baton.server_pid)
         postgres_before, _ = _postgres_cpu()
+        machine_before = machine_cpu_seconds()
         connections = 0
         while time.time() < window[1]:
             connections = max(connections, _postgres_cpu()[1])
             time.sleep(0.5)
         server_spent = server_cpu_seconds(baton.server_pid) - server_before
         postgres_spent = _postgres_cpu()[0] - postgres_before
+        machine_spent = machine_cpu_seconds() - machine_before
         tallies = results_of(clients, results)
         for process in clients:
             process.join(timeout=30)
@@ -432,6 +436,7 @@ def _profile(args: argparse.Namespace, turns: int) -> dict[str, Any]:
         "request_cpu": _request_cpu(cpu_dir, window),
         "server_cpu": server_spent,
         "postgres_cpu": postgres_spent,
+        "machine_cpu": machine_spent,
         "connections": connections,
     }
 
@@ -473,6 +478,8 @@ def _report(profile: dict[str, Any]) -> dict[str, Any]:
         # What one running turn costs the server, all its traffic and the product's included.
         "server_cpu_ms_per_turn": profile["server_cpu"] / seconds / profile["turns"] * 1000,
         "postgres_cpu_per_second": profile["postgres_cpu"] / seconds,
+        # Every process's, the clients' included: whether the machine itself ran out of cores.
+        "machine_cpu_per_second": profile["machine_cpu"] / seconds,
         "postgres_connections": profile["connections"],
         "product_p95_ms": product_p95,
         "failed": failed,
@@ -496,7 +503,8 @@ def _rows(report: dict[str, Any], claims_per_worker: int) -> list[Row]:
             target=at_most(100),
             note=f"{'held' if report['held'] else 'NOT held'}; server CPU "
             f"{report['server_cpu_per_second']:.2f} s/s ({report['server_cpu_ms_per_turn']:.1f} "
-            f"ms a turn), PostgreSQL {report['postgres_cpu_per_second']:.2f} s/s, "
+            f"ms a turn), PostgreSQL {report['postgres_cpu_per_second']:.2f} s/s, the machine "
+            f"{report['machine_cpu_per_second']:.2f} of {os.cpu_count()} cores, "
             f"{report['postgres_connections']} PostgreSQL connections at most",
         ),
         Row(f"{n}: requests failed", report["failed"], "requests", target=at_most(0)),
