@@ -25,6 +25,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from backend.dispatch.leases import (
+    LEASE_COLUMNS,
     LEASE_LOST,
     RUNNING,
     LeaseState,
@@ -101,23 +102,23 @@ def heartbeat_claims(
         return []
     wanted = dict(claims)
     rows = {
-        subtask.pk: subtask
-        for subtask in Subtask.objects.filter(
+        row.id: row
+        for row in Subtask.objects.filter(
             pk__in=list(wanted), claimed_by=worker, role=Role.ASSISTANT
-        ).only("id", "status", "error_code", "lease_owner", "attempts", "lease_expires_at")
+        ).values_list("id", *LEASE_COLUMNS, named=True)
     }
     now = timezone.now()
     renewed_until = lease_until(now=now)
     to_renew = [
-        subtask
-        for subtask_id, subtask in rows.items()
-        if lease_state(subtask=subtask, worker_id=worker_id, attempt=wanted[subtask_id], now=now)
+        row
+        for subtask_id, row in rows.items()
+        if lease_state(subtask=row, worker_id=worker_id, attempt=wanted[subtask_id], now=now)
         == RUNNING
-        and lease_renewal_due(lease_expires_at=subtask.lease_expires_at, now=now)
+        and lease_renewal_due(lease_expires_at=row.lease_expires_at, now=now)
     ]
     renewed: set[int] = set()
     if to_renew:
-        condition = any_of([Q(pk=subtask.pk, attempts=subtask.attempts) for subtask in to_renew])
+        condition = any_of([Q(pk=row.id, attempts=row.attempts) for row in to_renew])
         with transaction.atomic():
             ids = list(
                 Subtask.objects.filter(
@@ -130,22 +131,22 @@ def heartbeat_claims(
                 lease_expires_at__lt=now
             ).update(lease_expires_at=renewed_until, updated_at=now)
         renewed = set(ids)
-    lost_meanwhile = {subtask.pk for subtask in to_renew} - renewed
+    lost_meanwhile = {row.id for row in to_renew} - renewed
     states = []
     for subtask_id, attempt in claims:
-        subtask = rows.get(subtask_id)
-        if subtask is None:
+        row = rows.get(subtask_id)
+        if row is None:
             states.append(LeaseState(subtask_id, attempt, LEASE_LOST, None))
             continue
-        state = lease_state(subtask=subtask, worker_id=worker_id, attempt=attempt, now=now)
-        if subtask.pk in lost_meanwhile:
+        state = lease_state(subtask=row, worker_id=worker_id, attempt=attempt, now=now)
+        if subtask_id in lost_meanwhile:
             state = LEASE_LOST  # cancelled, reclaimed or run out between the read and the renewal
-        expires = renewed_until if subtask.pk in renewed else subtask.lease_expires_at
+        expires = renewed_until if subtask_id in renewed else row.lease_expires_at
         states.append(LeaseState(subtask_id, attempt, state, expires))
     run_out = [
-        subtask.pk
-        for subtask_id, subtask in rows.items()
-        if lease_ran_out(subtask=subtask, worker_id=worker_id, attempt=wanted[subtask_id], now=now)
+        subtask_id
+        for subtask_id, row in rows.items()
+        if lease_ran_out(subtask=row, worker_id=worker_id, attempt=wanted[subtask_id], now=now)
     ]
     if run_out:
         reclaim_expired_leases(now=now, subtask_ids=run_out)

@@ -31,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -81,6 +82,26 @@ class LeaseState:
 class ReclaimSummary:
     requeued: int
     failed: int
+
+
+class LeaseFields(Protocol):
+    """What the lease checks read of a turn: a `Subtask`, or a row of only these columns
+    (`LEASE_COLUMNS`), as the batched heartbeat reads its claims: a hundred model instances
+    of the wide turn row cost more than the rest of that request."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def error_code(self) -> str: ...
+    @property
+    def lease_owner(self) -> str: ...
+    @property
+    def attempts(self) -> int: ...
+    @property
+    def lease_expires_at(self) -> datetime | None: ...
+
+
+LEASE_COLUMNS = ("status", "error_code", "lease_owner", "attempts", "lease_expires_at")
 
 
 def lease_until(*, now: datetime) -> datetime:
@@ -305,19 +326,19 @@ def fence(
     )
 
 
-def lease_ran_out(*, subtask: Subtask, worker_id: str, attempt: int, now: datetime) -> bool:
+def lease_ran_out(*, subtask: LeaseFields, worker_id: str, attempt: int, now: datetime) -> bool:
     """Whether the claim still holds the RUNNING turn on paper but its lease expired before
     `now` (no reclaim has run yet): the lease is lost all the same."""
     return is_claim(subtask, worker_id=worker_id, attempt=attempt) and _expired(subtask, now=now)
 
 
-def failed_for_lease_expiry(*, subtask: Subtask) -> bool:
+def failed_for_lease_expiry(*, subtask: LeaseFields) -> bool:
     """Whether Baton itself failed the turn because the last claim's lease ran out (no worker
     may report that code, so no claim recorded this result)."""
     return subtask.status == SubtaskStatus.FAILED and subtask.error_code == LEASE_EXPIRED
 
 
-def lease_state(*, subtask: Subtask, worker_id: str, attempt: int, now: datetime) -> str:
+def lease_state(*, subtask: LeaseFields, worker_id: str, attempt: int, now: datetime) -> str:
     """The claim's state as a heartbeat reports it (see `LeaseState.state`)."""
     if not is_claim(subtask, worker_id=worker_id, attempt=attempt):
         return LEASE_LOST
@@ -374,12 +395,12 @@ def _lost_reason(*, subtask: Subtask, worker: User, worker_id: str, attempt: int
     return f"this claim already reported the turn {subtask.status}"
 
 
-def is_claim(subtask: Subtask, *, worker_id: str, attempt: int) -> bool:
+def is_claim(subtask: LeaseFields, *, worker_id: str, attempt: int) -> bool:
     """Whether (worker_id, attempt) is the turn's current, or last, claim."""
     return subtask.lease_owner == worker_id and subtask.attempts == attempt
 
 
-def _expired(subtask: Subtask, *, now: datetime) -> bool:
+def _expired(subtask: LeaseFields, *, now: datetime) -> bool:
     return (
         subtask.status == SubtaskStatus.RUNNING
         and subtask.lease_expires_at is not None
