@@ -19,7 +19,7 @@ from backend.dispatch.policies import POLICY_FIELDS, resolve_policy, row_values
 from backend.dispatch.prompts import build_turn_prompt, next_turn_to_dispatch
 from backend.prompting import history_files_note
 from backend.tasks.factories import answered_task, conversation
-from backend.tasks.models import Bot, Subtask, SubtaskStatus, Task
+from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
@@ -373,6 +373,26 @@ def test_preview_shows_the_exact_prompt_of_the_next_dispatch(admin_client, user)
     # Each history turn marked.
     assert 'class="turn mark-included" data-message-id="1"' in page
     assert 'class="turn mark-included" data-message-id="2"' in page
+
+
+def test_each_preview_heading_holds_its_own_table(admin_client, user):
+    # With a native session the page has both sections; each table sits under its heading.
+    task = long_task(owner=user, rounds=2)
+    pending = next_turn_to_dispatch(task=task)
+    NativeSession.objects.create(
+        task=task,
+        bot=pending.bot,
+        executor=pending.executor,
+        session_id="session-1",
+        worker_id="w-1",
+        seen_through_message_id=2,
+    )
+    page = admin_client.get(PREVIEW_URL, {"task": task.pk}).content.decode()
+    headings = re.findall(r"<h2>([^<]*)</h2>\s*<(\w+)(?: id=\"([^\"]*)\")?", page)
+    assert headings[-2:] == [
+        ("Native session", "table", "preview-session"),
+        ("History turns", "table", "history-turns"),
+    ]
 
 
 def test_preview_escapes_the_prompt(admin_client, user):
