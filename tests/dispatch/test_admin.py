@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from backend.dispatch.claims import claim_turns
@@ -25,6 +26,7 @@ from backend.tasks.services import PipelineStep, append_message, create_task, re
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
 PREVIEW_URL = "/admin/dispatch/historypolicy/preview/"
+DRAFT_URL = "/admin/dispatch/historypolicy/preview/draft/"
 
 # A known small task: one answered question and a follow-up waiting for its answer.
 SMALL_TASK_PROMPT = (
@@ -642,6 +644,118 @@ def test_policy_fields_are_all_on_the_preview_form(admin_client):
     page = admin_client.get(PREVIEW_URL).content.decode()
     for name in POLICY_FIELDS:
         assert f'name="{name}"' in page
+
+
+# --- the live preview: the draft endpoint ------------------------------------------------------
+
+
+def draft_fields(task: Task, **changes: Any) -> dict[str, Any]:
+    """The preview form as the page's script posts it: the task, "unsaved" and every value."""
+    values = {**row_values(HistoryPolicy.objects.get(task_type="code")), **changes}
+    return {"task": task.pk, "policy": "unsaved", **form_data(values)}
+
+
+def test_a_draft_is_previewed_with_what_it_changes_and_nothing_is_saved(admin_client, user):
+    task = long_task(owner=user, rounds=6)
+    before = data_snapshot()
+    response = admin_client.post(DRAFT_URL, draft_fields(task, max_messages=3))
+    assert response.status_code == 200
+    answer = response.json()
+    assert answer["policy"] == "unsaved edit (based on code v1)"
+    assert answer["changed"] == [{"field": "max_messages", "saved": 20, "draft": 3}]
+    assert answer["values"]["max_messages"] == 3
+    assert answer["messages_included"] == 3  # the pinned first question and the two newest
+    # The section the page shows, for the draft: its prompt, report, budget bar and changes.
+    section = answer["html"]
+    prompt = shown_prompt(section)
+    assert prompt.startswith("## Conversation History\n\n[omitted earlier messages: 9 (4 user, ")
+    assert "9 omitted (4 user, 5 assistant)" in section
+    assert 'id="budget-bar"' in section and "segment-history" in section
+    assert re.search(
+        r'<tr data-field="max_messages"><td>max_messages</td><td>20</td><td>3</td></tr>', section
+    )
+    assert "<th>Saved (code v1)</th>" in section
+    assert "<html" not in section  # a section, not a page
+    assert data_snapshot() == before
+
+    # The values the task type resolves to change nothing, and the section says so.
+    answer = admin_client.post(DRAFT_URL, draft_fields(task)).json()
+    assert answer["changed"] == []
+    assert "nothing changed" in answer["html"]
+    assert answer["messages_included"] == 12
+    assert data_snapshot() == before
+
+
+def test_the_button_path_shows_the_draft_changes_too(admin_client, user):
+    task = long_task(owner=user, rounds=2)
+    response = admin_client.get(
+        PREVIEW_URL, {**draft_fields(task, max_chars=5000, keep_first_user_message=False)}
+    )
+    changes = response.context["preview"].changes
+    assert [(c.field, c.saved, c.draft) for c in changes] == [
+        ("max_chars", 40_000, 5000),
+        ("keep_first_user_message", True, False),
+    ]
+    assert 'id="preview-changes"' in response.content.decode()
+
+
+def test_a_saved_policy_previewed_live_fills_the_form_and_changes_nothing(admin_client, user):
+    task = long_task(owner=user, rounds=2)
+    chat = HistoryPolicy.objects.get(task_type="chat")
+    answer = admin_client.post(DRAFT_URL, {"task": task.pk, "policy": chat.pk}).json()
+    assert answer["policy"] == "chat v1"
+    assert answer["changed"] == []
+    assert (answer["values"]["max_messages"], answer["values"]["max_chars"]) == (12, 20_000)
+    assert "Draft changes" not in answer["html"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "reason"),
+    [
+        ({"max_chars": "-5"}, "max_chars", "greater than or equal to 0"),
+        ({"max_tokens": "10"}, "max_tokens", "must be at least 1024"),
+        ({"max_messages": "many"}, "max_messages", "Enter a whole number."),
+        ({"task": ""}, "task", "This field is required."),
+        ({"task": "999999"}, "task", "No task with this id."),
+    ],
+)
+def test_a_refused_draft_is_a_400_naming_the_field(admin_client, user, fields, field, reason):
+    task = long_task(owner=user, rounds=1)
+    before = data_snapshot()
+    response = admin_client.post(DRAFT_URL, {**draft_fields(task), **fields})
+    assert response.status_code == 400
+    errors = response.json()["errors"]
+    assert list(errors) == [field]
+    assert any(reason in message for message in errors[field]), errors
+    assert data_snapshot() == before
+
+
+def test_the_draft_endpoint_honours_the_admin_permissions_and_csrf(client, user, staff_user):
+    task = long_task(owner=user, rounds=1)
+    fields = draft_fields(task, max_messages=1)
+    response = client.post(DRAFT_URL, fields)  # not logged in
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+    client.force_login(user)  # not staff
+    assert client.post(DRAFT_URL, fields).status_code == 302
+    staff_user.user_permissions.clear()
+    client.force_login(staff_user)
+    assert client.post(DRAFT_URL, fields).status_code == 403
+    staff_user.user_permissions.add(Permission.objects.get(codename="view_historypolicy"))
+    assert client.post(DRAFT_URL, fields).status_code == 403  # tasks too: it shows their text
+    staff_user.user_permissions.add(Permission.objects.get(codename="view_task"))
+    assert client.post(DRAFT_URL, fields).status_code == 200
+    assert client.get(DRAFT_URL, fields).status_code == 405
+
+    # The admin's CSRF check: without the page's token the post is refused.
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(staff_user)
+    assert browser.post(DRAFT_URL, fields).status_code == 403
+    page = browser.get(PREVIEW_URL).content.decode()
+    token = re.search(r'data-csrf-token="([^"]+)"', page).group(1)
+    response = browser.post(DRAFT_URL, fields, headers={"X-CSRFToken": token})
+    assert response.status_code == 200
+    assert response.json()["messages_included"] == 1
 
 
 def test_turn_pages_show_bounded_text_and_the_result_as_sent(admin_client, user, settings):
