@@ -18,6 +18,7 @@ dependency points from dispatch to tasks.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from django import forms
@@ -41,6 +42,17 @@ from backend.dispatch.policies import (
 from backend.dispatch.replay import replay_prompt
 from backend.tasks.admin import SubtaskInline, TaskAdmin
 from backend.tasks.models import Task, task_type_validator
+
+
+def sets_and_inherits(overrides: Collection[str]) -> str:
+    """Which caps a row sets and which it inherits, in a line short enough for a list column."""
+    sets = [name for name in POLICY_FIELDS if name in overrides]
+    inherited = len(POLICY_FIELDS) - len(sets)
+    if not sets:
+        return f"sets: nothing · inherits: all {inherited}"
+    if not inherited:
+        return f"sets: all {len(sets)} · inherits: nothing"
+    return f"sets: {', '.join(sets)} · inherits: the other {inherited}"
 
 
 class HistoryPolicyForm(PolicyValuesForm):
@@ -91,6 +103,7 @@ class HistoryPolicyAdmin(PromptPreviewAdminMixin, admin.ModelAdmin[HistoryPolicy
     form = HistoryPolicyForm
     list_display = [
         "task_type_label",
+        "sets_and_inherits_label",
         "enabled",
         "max_messages",
         "max_chars",
@@ -186,6 +199,17 @@ class HistoryPolicyAdmin(PromptPreviewAdminMixin, admin.ModelAdmin[HistoryPolicy
     @admin.display(description="Task type", ordering="task_type")
     def task_type_label(self, row: HistoryPolicy) -> str:
         return row.task_type or "default"
+
+    @admin.display(description="Sets · inherits")
+    def sets_and_inherits_label(self, row: HistoryPolicy) -> str:
+        """The caps this row sets; the rest come from the default row, the environment or
+        Baton's built-in defaults (the row's page says which)."""
+        inherited = [name for name in POLICY_FIELDS if name not in row.overrides]
+        return format_html(
+            '<span title="{}">{}</span>',
+            f"inherits: {', '.join(inherited)}" if inherited else "inherits nothing",
+            sets_and_inherits(row.overrides),
+        )
 
     def get_readonly_fields(
         self, request: HttpRequest, obj: HistoryPolicy | None = None

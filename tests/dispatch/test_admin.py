@@ -14,6 +14,7 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from backend.dispatch.admin import sets_and_inherits
 from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import CAP_HELP, HistoryPolicy, PromptReport
 from backend.dispatch.policies import POLICY_FIELDS, resolve_policy, row_values
@@ -134,6 +135,39 @@ def test_changelist_lists_the_policies_with_a_preview_button(admin_client):
     assert ">code</a>" in page
     assert ">chat</a>" in page
     assert f'href="{PREVIEW_URL}"' in page
+
+
+@pytest.mark.parametrize(
+    ("overrides", "shown"),
+    [
+        ([], "sets: nothing · inherits: all 17"),
+        (["max_chars", "max_messages"], "sets: max_messages, max_chars · inherits: the other 15"),
+        (["summary_max_chars"], "sets: summary_max_chars · inherits: the other 16"),
+        (list(POLICY_FIELDS), "sets: all 17 · inherits: nothing"),
+    ],
+)
+def test_sets_and_inherits_names_the_set_caps_in_form_order(overrides, shown):
+    assert len(POLICY_FIELDS) == 17
+    assert sets_and_inherits(overrides) == shown
+
+
+def test_changelist_shows_which_caps_each_row_sets_and_inherits(admin_client):
+    HistoryPolicy.objects.create(task_type="review", overrides=list(POLICY_FIELDS))
+    page = html.unescape(admin_client.get("/admin/dispatch/historypolicy/").content.decode())
+    cells = dict(
+        re.findall(
+            r'<th class="field-task_type_label"><a [^>]*>([^<]*)</a></th>'
+            r'<td class="field-sets_and_inherits_label"><span title="[^"]*">([^<]*)</span></td>',
+            page,
+        )
+    )
+    assert cells == {
+        "default": "sets: nothing · inherits: all 17",
+        "chat": "sets: max_messages, max_chars · inherits: the other 15",
+        "code": "sets: nothing · inherits: all 17",
+        "review": "sets: all 17 · inherits: nothing",
+    }
+    assert '<span title="inherits: enabled, per_message_max_chars, max_tokens, ' in page
 
 
 def test_change_page_groups_the_caps_with_their_help(admin_client):
