@@ -62,9 +62,12 @@ pytestmark = [
 
 @pytest.fixture
 def shipped_policies(transactional_db) -> None:
-    """The shipped policy rows, which an earlier transactional test's flush may have removed."""
-    migration = importlib.import_module("backend.dispatch.migrations.0002_shipped_policies")
-    migration.create_shipped_policies(apps, None)
+    """The shipped policy rows as the migrations leave them (with the fields each sets), which an
+    earlier transactional test's flush may have removed."""
+    shipped = importlib.import_module("backend.dispatch.migrations.0002_shipped_policies")
+    shipped.create_shipped_policies(apps, None)
+    overrides = importlib.import_module("backend.dispatch.migrations.0005_policy_overrides")
+    overrides.set_overrides(apps, None)
 
 
 @pytest.fixture
@@ -203,6 +206,34 @@ def test_the_preview_follows_the_draft_without_reloading(live_server, browser, s
     # Nothing was saved.
     code = HistoryPolicy.objects.get(task_type="code")
     assert (code.max_messages, code.max_chars, code.version) == (20, 40_000, 1)
+
+
+def test_the_policy_list_shows_what_each_row_sets_within_1400_px(
+    live_server, browser, shipped_policies
+):
+    get_user_model().objects.create_superuser(
+        username="operator", password="operator-password", email="operator@example.com"
+    )
+    log_in(browser, live_server)
+    browser.set_window_size(1400, 1000)
+    browser.get(f"{live_server.url}/admin/dispatch/historypolicy/")
+    cells = {
+        row.find_element(By.CSS_SELECTOR, ".field-task_type_label").text: row.find_element(
+            By.CSS_SELECTOR, ".field-sets_and_inherits_label"
+        ).text
+        for row in wait_for(browser, "result_list").find_elements(By.CSS_SELECTOR, "tbody tr")
+    }
+    assert cells == {
+        "default": "sets: nothing · inherits: all 17",
+        "chat": "sets: max_messages, max_chars · inherits: the other 15",
+        "code": "sets: nothing · inherits: all 17",
+    }
+    # The list, with its new column, needs no sideways scroll in a 1,400 px window.
+    overflow = browser.execute_script(
+        "const results = document.querySelector('#changelist .results');"
+        "return results.scrollWidth - results.clientWidth;"
+    )
+    assert overflow == 0
 
 
 def test_changing_max_messages_changes_the_previewed_prompt(live_server, browser, shipped_policies):
