@@ -138,6 +138,18 @@ def test_turn_text_is_escaped(admin_client, user):
     assert "&lt;b&gt;bold&lt;/b&gt;" in turn_block(page, 2)
 
 
+def test_beside_each_assistant_turn_what_was_sent(admin_client, user, worker):
+    task = long_log_task(owner=user)
+    [claimed] = claim_turns(worker=worker, worker_id="w-1", kinds=["codex"], limit=1)
+    page = task_page(admin_client, task)
+    sent = turn_block(page, claimed.subtask.message_id)
+    assert "full prompt offered" in sent  # the worker has not said which it ran yet
+    assert "why: no_session" in sent
+    assert re.search(r"\d+ of \d+ model tokens", sent)
+    # A user turn has nothing beside it.
+    assert "sent-prompts" not in turn_block(page, 1)
+
+
 def test_the_status_is_not_edited_by_hand(admin_client, user):
     task = long_log_task(owner=user)
     page = task_page(admin_client, task)
