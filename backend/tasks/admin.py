@@ -267,8 +267,15 @@ class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Subtask]):
 
     @admin.display(description="text")
     def history_text_shown(self, subtask: Subtask) -> str:
-        # Bounded at ingestion: the whole text, or the stored preview of a spilled one.
-        return subtask.history_text or "-"
+        # Bounded at ingestion: the whole text, or the stored preview of a spilled one. As a
+        # block of its own, so its lines keep their indentation (a traceback's frames).
+        if not subtask.history_text:
+            return "-"
+        return format_html(
+            '<pre class="turn-text" style="white-space: pre-wrap; overflow-wrap: anywhere; '
+            'margin: 0">{}</pre>',
+            subtask.history_text,
+        )
 
 
 @admin.register(Bot)

@@ -8,6 +8,7 @@ import re
 import pytest
 from django.contrib.auth import get_user_model
 from django.urls import reverse
+from django.utils.html import escape
 
 from backend.dispatch.claims import claim_turns
 from backend.prompting.truncate import truncation_marker
@@ -179,7 +180,10 @@ def test_a_turn_page_shows_the_stored_preview_and_true_sizes(admin_client, user)
     log = Subtask.objects.get(task=task, message_id=3)
     response = admin_client.get(f"/admin/tasks/subtask/{log.pk}/change/")
     assert response.status_code == 200
-    page = html.unescape(response.content.decode())
+    raw = response.content.decode()
+    # The stored preview whole, in a block that keeps its lines (a traceback's indentation).
+    assert f'margin: 0">{escape(log.history_text)}</pre>' in raw
+    page = html.unescape(raw)
     assert f"{LOG_CHARS} chars, {log.history_lines} lines, {LOG_CHARS} bytes" in page
     assert f"the preview below: {len(log.history_text)} chars" in page
     url = reverse("artifact-content", kwargs={"artifact_id": log.artifact_id})
