@@ -14,7 +14,9 @@ from backend.dispatch.claims import claim_turns
 from backend.prompting.truncate import truncation_marker
 from backend.tasks.factories import conversation
 from backend.tasks.models import Subtask, SubtaskStatus, Task
+from backend.tasks.partial_texts import replace_partial_text
 from backend.tasks.services import append_message, record_result
+from tests.dispatch.test_admin import task_change_data
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("artifact_storage_in_tmp")]
 
@@ -155,7 +157,12 @@ def test_the_status_is_not_edited_by_hand(admin_client, user):
     task = long_log_task(owner=user)
     page = task_page(admin_client, task)
     assert 'name="status"' not in page
-    assert "Running" in page or "Pending" in page
+    # A form posted with a status changes what the form edits, never the status.
+    data = task_change_data(admin_client, task, title="Renamed", status="COMPLETED")
+    assert admin_client.post(f"/admin/tasks/task/{task.pk}/change/", data).status_code == 302
+    changed = Task.objects.get(pk=task.pk)
+    assert (changed.title, changed.status) == ("Renamed", task.status)
+    assert task.status != "COMPLETED"
 
 
 def test_the_page_costs_the_same_queries_however_many_turns(
@@ -190,3 +197,12 @@ def test_a_turn_page_shows_the_stored_preview_and_true_sizes(admin_client, user)
     assert f'href="{url}" class="whole-text"' in page
     for marker in MARKER.findall(log.history_text):
         assert truncation_marker(int(marker)) in page
+
+
+def test_a_running_turn_says_how_much_it_has_written(admin_client, user, worker):
+    task = long_log_task(owner=user)
+    [claimed] = claim_turns(worker=worker, worker_id="w-1", kinds=["codex"], limit=1)
+    replace_partial_text(subtask=claimed.subtask, text="Looking at the log")
+    claimed.subtask.save(update_fields=["partial_text", "partial_text_chars", "partial_text_bytes"])
+    block = turn_block(task_page(admin_client, task), claimed.subtask.message_id)
+    assert "18 chars written so far" in block
