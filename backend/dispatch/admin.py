@@ -7,9 +7,9 @@ would, with its reason next to the field, and every save goes through `save_poli
 bump, who changed it). The default row cannot be deleted: it is what task types without a row
 of their own fall back to.
 
-The preview page (`preview/` under the policy admin) shows the exact prompt the next dispatch
-of a task would send under a saved row or under edited values not yet saved; it only reads
-(`backend.dispatch.preview`), using GET so that nothing on it can write.
+The prompt preview page (`preview/` under the policy admin, `backend.dispatch.admin_preview`)
+shows the exact prompt the next dispatch of a task would send under a saved row or under edited
+values not yet saved, and follows the operator's edits as they type.
 
 A task's page belongs to `backend.tasks.admin`; dispatch re-registers Task with a subclass of
 that admin which adds the prompt reports inline and the "Preview next prompt" button, so the
@@ -18,73 +18,41 @@ dependency points from dispatch to tasks.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from django import forms
 from django.contrib import admin
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
-from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
 from backend.admin_mixins import ReadOnlyAdminMixin
 from backend.artifacts.admin_inlines import ArtifactInline
 from backend.dispatch.admin_inlines import PromptReportInline, report_policy_label
+from backend.dispatch.admin_preview import PolicyValuesForm, PromptPreviewAdminMixin
 from backend.dispatch.models import HistoryPolicy, PromptReport
 from backend.dispatch.policies import (
     POLICY_FIELDS,
-    builder_policy,
-    check_summary_bot,
     resolve_policy,
     row_effective_values,
     save_policy,
 )
-from backend.dispatch.preview import PromptPreview, preview_prompt
 from backend.dispatch.replay import replay_prompt
-from backend.errors import BatonError, InvalidInput
 from backend.tasks.admin import SubtaskInline, TaskAdmin
 from backend.tasks.models import Task, task_type_validator
 
-PREVIEW_URL_NAME = "dispatch_historypolicy_preview"
 
-# The preview's policy choices besides the saved rows.
-RESOLVED_CHOICE = ""
-UNSAVED_CHOICE = "unsaved"
-
-
-def _attach_policy_error(form: forms.BaseForm, error: InvalidInput) -> None:
-    """Put a policy validation reason next to the field it names, or above the form."""
-    if error.field in form.fields:
-        form.add_error(error.field, error.message.removeprefix(f"{error.field}: "))
-    else:
-        form.add_error(None, error.message)
-
-
-class PolicyValuesForm(forms.ModelForm[HistoryPolicy]):
-    """The cap fields of a policy, validated together as the prompt builder validates them."""
-
-    class Meta:
-        model = HistoryPolicy
-        fields = list(POLICY_FIELDS)
-
-    def clean(self) -> dict[str, Any]:
-        super().clean()
-        cleaned = self.cleaned_data
-        # A field that failed its own validation has already said why; combining the rest
-        # would only repeat or guess.
-        if not self.errors:
-            try:
-                check_summary_bot(
-                    builder_policy({name: cleaned.get(name) for name in POLICY_FIELDS})
-                )
-            except InvalidInput as error:
-                _attach_policy_error(self, error)
-        return cleaned
-
-    def policy_values(self) -> dict[str, Any]:
-        return {name: self.cleaned_data[name] for name in POLICY_FIELDS}
+def sets_and_inherits(overrides: Collection[str]) -> str:
+    """Which caps a row sets and which it inherits, in a line short enough for a list column."""
+    sets = [name for name in POLICY_FIELDS if name in overrides]
+    inherited = len(POLICY_FIELDS) - len(sets)
+    if not sets:
+        return f"sets: nothing · inherits: all {inherited}"
+    if not inherited:
+        return f"sets: all {len(sets)} · inherits: nothing"
+    return f"sets: {', '.join(sets)} · inherits: the other {inherited}"
 
 
 class HistoryPolicyForm(PolicyValuesForm):
@@ -130,36 +98,12 @@ class HistoryPolicyForm(PolicyValuesForm):
         return [name for name in POLICY_FIELDS if name in chosen]
 
 
-class PreviewForm(forms.Form):
-    """Which task and which policy to preview (the cap values are a `PolicyValuesForm`)."""
-
-    task = forms.IntegerField(
-        min_value=1, label="Task id", help_text="The task whose next dispatch to preview."
-    )
-    policy = forms.ChoiceField(
-        required=False,
-        help_text=(
-            "A saved policy row, the one dispatch would resolve for the task's type, or the "
-            "edited values below (not saved)."
-        ),
-    )
-
-    def __init__(self, *args: Any, rows: list[HistoryPolicy], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        policy = self.fields["policy"]
-        assert isinstance(policy, forms.ChoiceField)
-        policy.choices = [
-            (RESOLVED_CHOICE, "As dispatch resolves it for the task's type"),
-            *((str(row.pk), f"Saved: {row}") for row in rows),
-            (UNSAVED_CHOICE, "Edited values below (unsaved)"),
-        ]
-
-
 @admin.register(HistoryPolicy)
-class HistoryPolicyAdmin(admin.ModelAdmin[HistoryPolicy]):
+class HistoryPolicyAdmin(PromptPreviewAdminMixin, admin.ModelAdmin[HistoryPolicy]):
     form = HistoryPolicyForm
     list_display = [
         "task_type_label",
+        "sets_and_inherits_label",
         "enabled",
         "max_messages",
         "max_chars",
@@ -256,6 +200,17 @@ class HistoryPolicyAdmin(admin.ModelAdmin[HistoryPolicy]):
     def task_type_label(self, row: HistoryPolicy) -> str:
         return row.task_type or "default"
 
+    @admin.display(description="Sets · inherits")
+    def sets_and_inherits_label(self, row: HistoryPolicy) -> str:
+        """The caps this row sets; the rest come from the default row, the environment or
+        Baton's built-in defaults (the row's page says which)."""
+        inherited = [name for name in POLICY_FIELDS if name not in row.overrides]
+        return format_html(
+            '<span title="{}">{}</span>',
+            f"inherits: {', '.join(inherited)}" if inherited else "inherits nothing",
+            sets_and_inherits(row.overrides),
+        )
+
     def get_readonly_fields(
         self, request: HttpRequest, obj: HistoryPolicy | None = None
     ) -> list[str]:
@@ -309,62 +264,6 @@ class HistoryPolicyAdmin(admin.ModelAdmin[HistoryPolicy]):
             values={name: form.cleaned_data[name] for name in setting},
             inherit=[name for name in POLICY_FIELDS if name not in setting],
         )
-
-    def get_urls(self) -> list[URLPattern]:
-        preview = path(
-            "preview/", self.admin_site.admin_view(self.preview_view), name=PREVIEW_URL_NAME
-        )
-        # Before the default patterns: their "<object_id>/" would take "preview/".
-        return [preview, *super().get_urls()]
-
-    def preview_view(self, request: HttpRequest) -> HttpResponse:
-        """The prompt preview page: parse the form, call `preview_prompt`, render."""
-        if request.method not in ("GET", "HEAD"):
-            return HttpResponseNotAllowed(["GET", "HEAD"])
-        # The page shows task content, so it needs the right to view tasks as well as policies.
-        task_admin = self.admin_site.get_model_admin(Task)
-        if not (self.has_view_permission(request) and task_admin.has_view_permission(request)):
-            raise PermissionDenied
-        rows = list(HistoryPolicy.objects.all())
-        submitted = "task" in request.GET
-        selector = PreviewForm(
-            request.GET if submitted else None,
-            rows=rows,
-            initial={"policy": request.GET.get("policy", RESOLVED_CHOICE)},
-        )
-        choice = selector["policy"].value() or RESOLVED_CHOICE
-        chosen_row = next((row for row in rows if str(row.pk) == choice), None)
-        unsaved = submitted and choice == UNSAVED_CHOICE
-        values_form = PolicyValuesForm(request.GET if unsaved else None)
-        preview: PromptPreview | None = None
-        if submitted and selector.is_valid() and (not unsaved or values_form.is_valid()):
-            task = Task.objects.filter(pk=selector.cleaned_data["task"]).first()
-            if task is None:
-                selector.add_error("task", "No task with this id.")
-            else:
-                values_or_row = values_form.policy_values() if unsaved else chosen_row
-                try:
-                    preview = preview_prompt(task=task, values_or_row=values_or_row)
-                except InvalidInput as error:
-                    _attach_policy_error(values_form if unsaved else selector, error)
-                except BatonError as error:
-                    selector.add_error(None, error.message)
-        if not unsaved:
-            # Pre-fill the cap fields from the policy shown, ready to be edited.
-            if preview is not None:
-                values_form = PolicyValuesForm(initial=preview.values)
-            elif chosen_row is not None:
-                values_form = PolicyValuesForm(instance=chosen_row)
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": "Prompt preview",
-            "selector": selector,
-            "values_form": values_form,
-            "unsaved_choice": UNSAVED_CHOICE,
-            "preview": preview,
-        }
-        return TemplateResponse(request, "admin/dispatch/prompt_preview.html", context)
 
 
 @admin.register(PromptReport)

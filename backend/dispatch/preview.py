@@ -75,6 +75,15 @@ class BudgetSegment:
 
 
 @dataclass(frozen=True)
+class ValueChange:
+    """One cap a draft sets differently from the saved policy it is based on."""
+
+    field: str
+    saved: Any
+    draft: Any
+
+
+@dataclass(frozen=True)
 class PromptPreview:
     task: Task
     subtask: Subtask
@@ -95,6 +104,10 @@ class PromptPreview:
     """For the session's own worker: "resume", or why it would get the full prompt only."""
     resume_prompt: TurnPrompt | None = None
     """What that worker would send the resumed session: only the turns it has not seen."""
+    changes: tuple[ValueChange, ...] = ()
+    """For a draft: each value it changes against the saved policy (`saved_label`)."""
+    saved_label: str = ""
+    """For a draft: the saved policy it is based on, as the task type resolves it."""
 
     @property
     def text(self) -> str:
@@ -118,13 +131,21 @@ class PromptPreview:
         return self.resolved.policy.max_tokens
 
 
-def _resolve(
-    *, task: Task, values_or_row: HistoryPolicy | Mapping[str, Any] | None
-) -> tuple[ResolvedPolicy, dict[str, Any], str]:
-    """The policy to preview, the cap values behind it and its label."""
+@dataclass(frozen=True)
+class _Previewed:
+    resolved: ResolvedPolicy
+    values: dict[str, Any]
+    label: str
+    changes: tuple[ValueChange, ...] = ()
+    saved_label: str = ""
+
+
+def _resolve(*, task: Task, values_or_row: HistoryPolicy | Mapping[str, Any] | None) -> _Previewed:
+    """The policy to preview, the cap values behind it, its label and, for a draft, what it
+    changes against the saved policy."""
     if values_or_row is None:
         resolved = resolve_policy(task_type=task.task_type)
-        return resolved, dict(resolved.values), resolved.label
+        return _Previewed(resolved, dict(resolved.values), resolved.label)
     rows = policy_rows(task_types={task.task_type})
     if isinstance(values_or_row, HistoryPolicy):
         # Resolved as if this row were the task type's own, so the kill switch and the default
@@ -133,7 +154,7 @@ def _resolve(
         resolved = resolve_from_rows(
             task_type=task.task_type, rows={**rows, task.task_type: values_or_row}
         )
-        return resolved, dict(resolved.values), resolved.label
+        return _Previewed(resolved, dict(resolved.values), resolved.label)
     unknown = sorted(set(values_or_row) - set(POLICY_FIELDS))
     if unknown:
         raise InvalidInput(
@@ -147,8 +168,13 @@ def _resolve(
     draft = HistoryPolicy(task_type=task.task_type, overrides=list(POLICY_FIELDS), **values)
     resolved = resolve_from_rows(task_type=task.task_type, rows={task.task_type: draft})
     resolved = replace(resolved, row=None, source=UNSAVED_SOURCE)
+    changes = tuple(
+        ValueChange(field=name, saved=base.values[name], draft=values[name])
+        for name in POLICY_FIELDS
+        if values[name] != base.values[name]
+    )
     label = f"unsaved edit (based on {base.label})"
-    return resolved, values, label
+    return _Previewed(resolved, values, label, changes=changes, saved_label=base.label)
 
 
 def _budget(report: BuildReport, max_tokens: int | None) -> tuple[BudgetSegment, ...]:
@@ -240,7 +266,8 @@ def preview_prompt(
             raise NotFound(f"Task {task.pk} has no assistant turn to preview.", field="task")
     elif subtask.task_id != task.pk:
         raise InvalidInput(f"Turn {subtask.pk} is not a turn of task {task.pk}.", field="subtask")
-    resolved, values, label = _resolve(task=task, values_or_row=values_or_row)
+    previewed = _resolve(task=task, values_or_row=values_or_row)
+    resolved = previewed.resolved
     budget = effective_max_tokens(
         policy=resolved.policy, window=turn_window(subtask), turn_cap=subtask.token_cap
     )
@@ -262,10 +289,10 @@ def preview_prompt(
         task=task,
         subtask=subtask,
         turn_prompt=turn_prompt,
-        policy_label=label,
+        policy_label=previewed.label,
         policy_version=resolved.version,
         unsaved=resolved.source == UNSAVED_SOURCE,
-        values=values,
+        values=previewed.values,
         kill_switch=not settings.EXECUTOR_HISTORY_ENABLED,
         budget=_budget(report, turn_prompt.resolved.policy.max_tokens),
         history_turns=history_turns,
@@ -273,6 +300,8 @@ def preview_prompt(
         session=session,
         resume_reason=reason,
         resume_prompt=resume_prompt,
+        changes=previewed.changes,
+        saved_label=previewed.saved_label,
     )
 
 

@@ -11,20 +11,23 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
+from backend.dispatch.admin import sets_and_inherits
 from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import CAP_HELP, HistoryPolicy, PromptReport
 from backend.dispatch.policies import POLICY_FIELDS, resolve_policy, row_values
 from backend.dispatch.prompts import build_turn_prompt, next_turn_to_dispatch
 from backend.prompting import history_files_note
 from backend.tasks.factories import answered_task, conversation
-from backend.tasks.models import Bot, Subtask, SubtaskStatus, Task
+from backend.tasks.models import Bot, NativeSession, Subtask, SubtaskStatus, Task
 from backend.tasks.services import PipelineStep, append_message, create_task, record_result
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
 PREVIEW_URL = "/admin/dispatch/historypolicy/preview/"
+DRAFT_URL = "/admin/dispatch/historypolicy/preview/draft/"
 
 # A known small task: one answered question and a follow-up waiting for its answer.
 SMALL_TASK_PROMPT = (
@@ -132,6 +135,39 @@ def test_changelist_lists_the_policies_with_a_preview_button(admin_client):
     assert ">code</a>" in page
     assert ">chat</a>" in page
     assert f'href="{PREVIEW_URL}"' in page
+
+
+@pytest.mark.parametrize(
+    ("overrides", "shown"),
+    [
+        ([], "sets: nothing · inherits: all 17"),
+        (["max_chars", "max_messages"], "sets: max_messages, max_chars · inherits: the other 15"),
+        (["summary_max_chars"], "sets: summary_max_chars · inherits: the other 16"),
+        (list(POLICY_FIELDS), "sets: all 17 · inherits: nothing"),
+    ],
+)
+def test_sets_and_inherits_names_the_set_caps_in_form_order(overrides, shown):
+    assert len(POLICY_FIELDS) == 17
+    assert sets_and_inherits(overrides) == shown
+
+
+def test_changelist_shows_which_caps_each_row_sets_and_inherits(admin_client):
+    HistoryPolicy.objects.create(task_type="review", overrides=list(POLICY_FIELDS))
+    page = html.unescape(admin_client.get("/admin/dispatch/historypolicy/").content.decode())
+    cells = dict(
+        re.findall(
+            r'<th class="field-task_type_label"><a [^>]*>([^<]*)</a></th>'
+            r'<td class="field-sets_and_inherits_label"><span title="[^"]*">([^<]*)</span></td>',
+            page,
+        )
+    )
+    assert cells == {
+        "default": "sets: nothing · inherits: all 17",
+        "chat": "sets: max_messages, max_chars · inherits: the other 15",
+        "code": "sets: nothing · inherits: all 17",
+        "review": "sets: all 17 · inherits: nothing",
+    }
+    assert '<span title="inherits: enabled, per_message_max_chars, max_tokens, ' in page
 
 
 def test_change_page_groups_the_caps_with_their_help(admin_client):
@@ -373,6 +409,26 @@ def test_preview_shows_the_exact_prompt_of_the_next_dispatch(admin_client, user)
     # Each history turn marked.
     assert 'class="turn mark-included" data-message-id="1"' in page
     assert 'class="turn mark-included" data-message-id="2"' in page
+
+
+def test_each_preview_heading_holds_its_own_table(admin_client, user):
+    # With a native session the page has both sections; each table sits under its heading.
+    task = long_task(owner=user, rounds=2)
+    pending = next_turn_to_dispatch(task=task)
+    NativeSession.objects.create(
+        task=task,
+        bot=pending.bot,
+        executor=pending.executor,
+        session_id="session-1",
+        worker_id="w-1",
+        seen_through_message_id=2,
+    )
+    page = admin_client.get(PREVIEW_URL, {"task": task.pk}).content.decode()
+    headings = re.findall(r"<h2>([^<]*)</h2>\s*<(\w+)(?: id=\"([^\"]*)\")?", page)
+    assert headings[-2:] == [
+        ("Native session", "table", "preview-session"),
+        ("History turns", "table", "history-turns"),
+    ]
 
 
 def test_preview_escapes_the_prompt(admin_client, user):
@@ -622,6 +678,118 @@ def test_policy_fields_are_all_on_the_preview_form(admin_client):
     page = admin_client.get(PREVIEW_URL).content.decode()
     for name in POLICY_FIELDS:
         assert f'name="{name}"' in page
+
+
+# --- the live preview: the draft endpoint ------------------------------------------------------
+
+
+def draft_fields(task: Task, **changes: Any) -> dict[str, Any]:
+    """The preview form as the page's script posts it: the task, "unsaved" and every value."""
+    values = {**row_values(HistoryPolicy.objects.get(task_type="code")), **changes}
+    return {"task": task.pk, "policy": "unsaved", **form_data(values)}
+
+
+def test_a_draft_is_previewed_with_what_it_changes_and_nothing_is_saved(admin_client, user):
+    task = long_task(owner=user, rounds=6)
+    before = data_snapshot()
+    response = admin_client.post(DRAFT_URL, draft_fields(task, max_messages=3))
+    assert response.status_code == 200
+    answer = response.json()
+    assert answer["policy"] == "unsaved edit (based on code v1)"
+    assert answer["changed"] == [{"field": "max_messages", "saved": 20, "draft": 3}]
+    assert answer["values"]["max_messages"] == 3
+    assert answer["messages_included"] == 3  # the pinned first question and the two newest
+    # The section the page shows, for the draft: its prompt, report, budget bar and changes.
+    section = answer["html"]
+    prompt = shown_prompt(section)
+    assert prompt.startswith("## Conversation History\n\n[omitted earlier messages: 9 (4 user, ")
+    assert "9 omitted (4 user, 5 assistant)" in section
+    assert 'id="budget-bar"' in section and "segment-history" in section
+    assert re.search(
+        r'<tr data-field="max_messages"><td>max_messages</td><td>20</td><td>3</td></tr>', section
+    )
+    assert "<th>Saved (code v1)</th>" in section
+    assert "<html" not in section  # a section, not a page
+    assert data_snapshot() == before
+
+    # The values the task type resolves to change nothing, and the section says so.
+    answer = admin_client.post(DRAFT_URL, draft_fields(task)).json()
+    assert answer["changed"] == []
+    assert "nothing changed" in answer["html"]
+    assert answer["messages_included"] == 12
+    assert data_snapshot() == before
+
+
+def test_the_button_path_shows_the_draft_changes_too(admin_client, user):
+    task = long_task(owner=user, rounds=2)
+    response = admin_client.get(
+        PREVIEW_URL, {**draft_fields(task, max_chars=5000, keep_first_user_message=False)}
+    )
+    changes = response.context["preview"].changes
+    assert [(c.field, c.saved, c.draft) for c in changes] == [
+        ("max_chars", 40_000, 5000),
+        ("keep_first_user_message", True, False),
+    ]
+    assert 'id="preview-changes"' in response.content.decode()
+
+
+def test_a_saved_policy_previewed_live_fills_the_form_and_changes_nothing(admin_client, user):
+    task = long_task(owner=user, rounds=2)
+    chat = HistoryPolicy.objects.get(task_type="chat")
+    answer = admin_client.post(DRAFT_URL, {"task": task.pk, "policy": chat.pk}).json()
+    assert answer["policy"] == "chat v1"
+    assert answer["changed"] == []
+    assert (answer["values"]["max_messages"], answer["values"]["max_chars"]) == (12, 20_000)
+    assert "Draft changes" not in answer["html"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "reason"),
+    [
+        ({"max_chars": "-5"}, "max_chars", "greater than or equal to 0"),
+        ({"max_tokens": "10"}, "max_tokens", "must be at least 1024"),
+        ({"max_messages": "many"}, "max_messages", "Enter a whole number."),
+        ({"task": ""}, "task", "This field is required."),
+        ({"task": "999999"}, "task", "No task with this id."),
+    ],
+)
+def test_a_refused_draft_is_a_400_naming_the_field(admin_client, user, fields, field, reason):
+    task = long_task(owner=user, rounds=1)
+    before = data_snapshot()
+    response = admin_client.post(DRAFT_URL, {**draft_fields(task), **fields})
+    assert response.status_code == 400
+    errors = response.json()["errors"]
+    assert list(errors) == [field]
+    assert any(reason in message for message in errors[field]), errors
+    assert data_snapshot() == before
+
+
+def test_the_draft_endpoint_honours_the_admin_permissions_and_csrf(client, user, staff_user):
+    task = long_task(owner=user, rounds=1)
+    fields = draft_fields(task, max_messages=1)
+    response = client.post(DRAFT_URL, fields)  # not logged in
+    assert response.status_code == 302
+    assert response["Location"].startswith("/admin/login/")
+    client.force_login(user)  # not staff
+    assert client.post(DRAFT_URL, fields).status_code == 302
+    staff_user.user_permissions.clear()
+    client.force_login(staff_user)
+    assert client.post(DRAFT_URL, fields).status_code == 403
+    staff_user.user_permissions.add(Permission.objects.get(codename="view_historypolicy"))
+    assert client.post(DRAFT_URL, fields).status_code == 403  # tasks too: it shows their text
+    staff_user.user_permissions.add(Permission.objects.get(codename="view_task"))
+    assert client.post(DRAFT_URL, fields).status_code == 200
+    assert client.get(DRAFT_URL, fields).status_code == 405
+
+    # The admin's CSRF check: without the page's token the post is refused.
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(staff_user)
+    assert browser.post(DRAFT_URL, fields).status_code == 403
+    page = browser.get(PREVIEW_URL).content.decode()
+    token = re.search(r'data-csrf-token="([^"]+)"', page).group(1)
+    response = browser.post(DRAFT_URL, fields, headers={"X-CSRFToken": token})
+    assert response.status_code == 200
+    assert response.json()["messages_included"] == 1
 
 
 def test_turn_pages_show_bounded_text_and_the_result_as_sent(admin_client, user, settings):

@@ -8,15 +8,15 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from backend.tasks.models import ProgressPiece, Subtask, TaskEvent
 from backend.tasks.partial_texts import partial_text_of
 from executors.client import PartialTextMismatch
-from executors.events import MessageCompleted, MessageDelta, ToolStarted
+from executors.events import MessageDelta
 from executors.payloads import ProgressOutcome
 from executors.progress import ProgressBatch, ProgressBuffer
 from tests.dispatch.test_dispatch_api import create, dispatch, report
+from tests.dispatch.test_partial_text_appends import executor_steps, feed
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
@@ -151,21 +151,6 @@ def test_each_claim_is_named_once(api, worker_api):
 
 # --- the worker's buffer, settled by the heartbeat's answers ---------------------------------
 
-TEXTS = st.text(alphabet=st.sampled_from("ab é\n🌍"), max_size=6)
-# What happens to a heartbeat: answered; lost before Baton read it; answered but the answer
-# lost (the worker then knows nothing of what Baton stored); answered, the answer lost and the
-# client's retry answered (an append then meets a text that already has it).
-OUTCOMES = ("ok", "lost_before", "lost_after", "sent_twice")
-STEPS = st.lists(
-    st.one_of(
-        st.tuples(st.just("delta"), TEXTS),
-        st.tuples(st.just("complete"), TEXTS),
-        st.tuples(st.just("tool"), st.just("")),
-        st.tuples(st.just("beat"), st.sampled_from(OUTCOMES)),
-    ),
-    max_size=14,
-)
-
 
 def _beat(worker_api, turn, buffer: ProgressBuffer, outcome: str) -> None:
     """One supervisor heartbeat for `turn`, as `Worker._check_claims` sends it and settles it."""
@@ -207,7 +192,7 @@ def _post(worker_api, turn, batch: ProgressBatch) -> int | None:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(steps=STEPS)
+@given(steps=executor_steps("beat"))
 def test_the_stored_text_is_what_the_buffer_last_sent_whatever_the_heartbeat_lost(
     api, worker_api, steps
 ):
@@ -216,14 +201,8 @@ def test_the_stored_text_is_what_the_buffer_last_sent_whatever_the_heartbeat_los
     buffer = ProgressBuffer()
     text = ""
     for step, value in [*steps, ("beat", "ok")]:
-        if step == "delta":
-            buffer.add([MessageDelta(value)])
-            text += value
-        elif step == "complete":
-            buffer.add([MessageCompleted(value)])
-            text = value
-        elif step == "tool":
-            buffer.add([ToolStarted(call_id="c", tool="shell", command="ls")])
+        if step != "beat":
+            text = feed(buffer, step, value, text)
         else:
             _beat(worker_api, turn, buffer, value)
             if value in ("ok", "sent_twice"):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from backend.tasks.models import ProgressPiece, Subtask, TaskEvent
 from backend.tasks.partial_texts import partial_text_of
 from executors.client import BackendUnavailable, PartialTextMismatch
-from executors.events import MessageCompleted, MessageDelta
+from executors.events import MessageCompleted, MessageDelta, ToolStarted
 from executors.progress import ProgressBatch, ProgressBuffer
 from tests.dispatch.test_dispatch_api import create, dispatch, report
 
@@ -206,15 +206,36 @@ def test_a_cancelled_turn_folds_its_pieces(api, worker_api):
 # --- the worker's buffer against the API ---------------------------------------------------
 
 TEXTS = st.text(alphabet=st.sampled_from("ab é\n🌍"), max_size=6)
+# What happens to a request carrying progress: answered; lost before Baton read it; answered
+# but the answer lost (the worker then knows nothing of what Baton stored); answered, the
+# answer lost and the client's retry answered (an append then meets a text that already has it).
 OUTCOMES = ("ok", "lost_before", "lost_after", "sent_twice")
-STEPS = st.lists(
-    st.one_of(
-        st.tuples(st.just("delta"), TEXTS),
-        st.tuples(st.just("complete"), TEXTS),
-        st.tuples(st.just("post"), st.sampled_from(OUTCOMES)),
-    ),
-    max_size=14,
-)
+
+
+def executor_steps(send: str) -> st.SearchStrategy[list[tuple[str, str]]]:
+    """What an executor's run feeds the buffer (text deltas, a completed message replacing the
+    text, a tool call), with the worker's sends (`send`, each with one of OUTCOMES) between."""
+    return st.lists(
+        st.one_of(
+            st.tuples(st.just("delta"), TEXTS),
+            st.tuples(st.just("complete"), TEXTS),
+            st.tuples(st.just("tool"), st.just("")),
+            st.tuples(st.just(send), st.sampled_from(OUTCOMES)),
+        ),
+        max_size=14,
+    )
+
+
+def feed(buffer: ProgressBuffer, step: str, value: str, text: str) -> str:
+    """Feed the buffer an executor's step; the partial answer the executor has after it."""
+    if step == "delta":
+        buffer.add([MessageDelta(value)])
+        return text + value
+    if step == "complete":
+        buffer.add([MessageCompleted(value)])
+        return value
+    buffer.add([ToolStarted(call_id="c", tool="shell", command="ls")])
+    return text
 
 
 def _sender(worker_api, turn, outcome: str):
@@ -224,15 +245,9 @@ def _sender(worker_api, turn, outcome: str):
     def send(batch: ProgressBatch) -> int | None:
         if outcome == "lost_before":
             raise BackendUnavailable("no connection")
-        body: dict[str, Any] = {"events": batch.events}
-        if batch.partial_text is not None:
-            body["partial_text"] = batch.partial_text
-        if batch.partial_text_append is not None:
-            body["partial_text_append"] = batch.partial_text_append
-            body["partial_text_offset"] = batch.partial_text_offset
-        answer = post(worker_api, turn, **body)
+        answer = post(worker_api, turn, **batch.to_json())
         if outcome == "sent_twice":  # the answer was lost and the client sent it again
-            answer = post(worker_api, turn, **body)
+            answer = post(worker_api, turn, **batch.to_json())
         if outcome == "lost_after":
             raise BackendUnavailable("the answer was lost")
         if answer.status_code == 409:
@@ -249,19 +264,15 @@ def _sender(worker_api, turn, outcome: str):
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(steps=STEPS)
+@given(steps=executor_steps("post"))
 def test_the_stored_text_is_what_the_buffer_last_delivered_whatever_fails(api, worker_api, steps):
     create(api)
     [turn] = dispatch(worker_api)
     buffer = ProgressBuffer()
     text = ""
     for step, value in [*steps, ("post", "ok")]:
-        if step == "delta":
-            buffer.add([MessageDelta(value)])
-            text += value
-        elif step == "complete":
-            buffer.add([MessageCompleted(value)])
-            text = value
+        if step != "post":
+            text = feed(buffer, step, value, text)
         else:
             batch = buffer.take(force=True)
             if batch is None:

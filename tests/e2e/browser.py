@@ -57,9 +57,12 @@ BROWSER_TEST = [
 
 @pytest.fixture
 def shipped_policies(transactional_db) -> None:
-    """The shipped policy rows, which an earlier transactional test's flush may have removed."""
-    migration = importlib.import_module("backend.dispatch.migrations.0002_shipped_policies")
-    migration.create_shipped_policies(apps, None)
+    """The shipped policy rows as the migrations leave them (with the fields each sets), which an
+    earlier transactional test's flush may have removed."""
+    shipped = importlib.import_module("backend.dispatch.migrations.0002_shipped_policies")
+    shipped.create_shipped_policies(apps, None)
+    overrides = importlib.import_module("backend.dispatch.migrations.0005_policy_overrides")
+    overrides.set_overrides(apps, None)
 
 
 @pytest.fixture
