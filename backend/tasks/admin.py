@@ -13,6 +13,8 @@ from typing import Any
 from django import forms
 from django.contrib import admin
 from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
 
 from backend.admin_mixins import ReadOnlyAdminMixin
 from backend.artifacts.admin_inlines import ArtifactInline
@@ -20,12 +22,14 @@ from backend.artifacts.storage import ArtifactIntegrityError
 from backend.errors import InvalidInput
 from backend.prompting.truncate import truncate_middle
 from backend.prompting.units import Unit
+from backend.tasks.admin_conversation import ConversationInline
 from backend.tasks.models import Bot, LanguageModel, QueuedMessage, Subtask, Task
 from backend.tasks.partial_texts import partial_text_of
 from backend.tasks.selectors import turn_result
 from backend.tasks.services import PipelineStep, resolve_pipeline
 
-# The admin shows bounded text: a task page lists every turn, and a turn may be megabytes.
+# The admin shows bounded text: a queued message or a turn's raw fields may be megabytes. A
+# turn's text as the model sees it is shown as stored (`admin_conversation`), never cut again.
 INLINE_TEXT_CHARS = 600
 DETAIL_TEXT_CHARS = 100_000
 
@@ -34,32 +38,8 @@ def _bounded(text: str, limit: int) -> str:
     return truncate_middle(text, limit, Unit.CHARS)
 
 
-class SubtaskInline(ReadOnlyAdminMixin, admin.TabularInline[Subtask, Task]):
-    model = Subtask
-    extra = 0
-    ordering = ["message_id"]
-    # Every column is shown and none is editable (a tuple suits both attributes' types).
-    fields = readonly_fields = (
-        "message_id",
-        "parent_message_id",
-        "kind",
-        "role",
-        "status",
-        "sender",
-        "bot",
-        "executor",
-        "text_shown",
-        "history_chars",
-        "artifact",
-        "error",
-        "attempts",
-        "finished_at",
-    )
-    show_change_link = True
-
-    @admin.display(description="text (as history shows it)")
-    def text_shown(self, subtask: Subtask) -> str:
-        return _bounded(subtask.history_text, INLINE_TEXT_CHARS)
+# The task page's turns: the conversation (dispatch's task admin lists it by this name).
+SubtaskInline = ConversationInline
 
 
 class QueuedMessageInline(ReadOnlyAdminMixin, admin.TabularInline[QueuedMessage, Task]):
@@ -86,7 +66,8 @@ STEP_KEYS = frozenset({"bot", "executor", "context_passing"})
 
 
 class TaskAdminForm(forms.ModelForm[Task]):
-    """A task; a pipeline edited here is checked and stored as `create_task` stores one."""
+    """A task's settings; a pipeline edited here is checked and stored as `create_task` stores
+    one. The status is not edited here: it follows the turns, through the services."""
 
     class Meta:
         model = Task
@@ -96,7 +77,6 @@ class TaskAdminForm(forms.ModelForm[Task]):
             "task_type",
             "is_group_chat",
             "follow_up_strategy",
-            "status",
             "pipeline",
             "transcript",
         ]
@@ -128,7 +108,26 @@ class TaskAdmin(admin.ModelAdmin[Task]):
     list_filter = ["status", "task_type", "is_group_chat"]
     search_fields = ["title"]
     list_select_related = ["owner"]
-    readonly_fields = ["next_message_id", "summary", "created_at", "updated_at"]
+    readonly_fields = ["status", "next_message_id", "summary", "created_at", "updated_at"]
+    # Read first: the task's facts, then its conversation (the inline); its settings folded.
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    ("title", "status"),
+                    ("task_type", "is_group_chat", "follow_up_strategy"),
+                    ("owner", "next_message_id"),
+                    ("created_at", "updated_at"),
+                    "summary",
+                ]
+            },
+        ),
+        (
+            "Pipeline and transcript",
+            {"fields": ["pipeline", "transcript"], "classes": ["collapse"]},
+        ),
+    ]
     inlines = [SubtaskInline, QueuedMessageInline, ArtifactInline]
 
 
@@ -150,23 +149,97 @@ class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Subtask]):
     search_fields = ["task__title"]
     list_select_related = ["task"]
     ordering = ["-created_at"]
-    exclude = [
-        "message",
-        "result",
-        "usage",
-        "progress_events",
-        "history_text",
-        "partial_text",
-        "partial_text_chars",
-        "partial_text_bytes",
+    # Read first: who, what state, and the text as the model sees it; the raw fields folded.
+    fieldsets = [
+        (
+            None,
+            {
+                "fields": [
+                    ("task", "message_id", "parent_message_id", "kind"),
+                    ("role", "sender", "bot", "executor"),
+                    ("status", "error_code", "attempts", "releases"),
+                    "error",
+                    ("created_at", "started_at", "finished_at"),
+                ]
+            },
+        ),
+        (
+            "Text as the model sees it",
+            {"fields": ["text_sizes", "history_text_shown"]},
+        ),
+        (
+            "Message and result as sent",
+            {"fields": ["message_text", "result_as_sent"], "classes": ["collapse"]},
+        ),
+        (
+            "Claim, lease and session",
+            {
+                "fields": [
+                    ("claimed_by", "lease_owner", "lease_expires_at"),
+                    ("pending_since", "not_before", "stop_confirmed_at"),
+                    ("pipeline_step", "context_passing"),
+                    ("native_session_id", "session_worker"),
+                    ("token_cap", "context_overflows"),
+                ],
+                "classes": ["collapse"],
+            },
+        ),
+        (
+            "Usage and progress",
+            {
+                "fields": ["usage_json", "partial_text_shown", "progress_updated_at"],
+                "classes": ["collapse"],
+            },
+        ),
+        (
+            "Ingestion",
+            {
+                "fields": [
+                    ("history_text_tokens", "history_text_tokens_o200k"),
+                    ("history_tokens_estimated", "history_replaced_chars"),
+                    ("history_is_preview", "result_value_in_artifact", "recorded_at"),
+                ],
+                "classes": ["collapse"],
+            },
+        ),
+        (
+            "Summary job",
+            {
+                "fields": [
+                    ("summary_first_message_id", "summary_last_message_id", "summary_previous")
+                ],
+                "classes": ["collapse"],
+            },
+        ),
     ]
     readonly_fields = [
         "message_text",
         "result_as_sent",
         "usage_json",
+        "text_sizes",
         "history_text_shown",
         "partial_text_shown",
     ]
+
+    @admin.display(description="size")
+    def text_sizes(self, subtask: Subtask) -> str:
+        """The whole text's size and, for a spilled text, the preview's, with the whole text."""
+        if subtask.history_chars is None:
+            return "no text yet"
+        whole = format_html(
+            "{} chars, {} lines, {} bytes, {}{} tokens",
+            subtask.history_chars,
+            subtask.history_lines,
+            subtask.history_bytes,
+            "~" if subtask.history_tokens_estimated else "",
+            subtask.history_tokens,
+        )
+        if subtask.history_is_preview:
+            whole = format_html("{}; the preview below: {} chars", whole, len(subtask.history_text))
+        if subtask.artifact_id is None:
+            return whole
+        url = reverse("artifact-content", kwargs={"artifact_id": subtask.artifact_id})
+        return format_html('{} · <a href="{}" class="whole-text">whole text</a>', whole, url)
 
     @admin.display(description="message")
     def message_text(self, subtask: Subtask) -> str:
@@ -192,9 +265,17 @@ class SubtaskAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[Subtask]):
     def usage_json(self, subtask: Subtask) -> str:
         return "-" if subtask.usage is None else json.dumps(subtask.usage, indent=2)
 
-    @admin.display(description="history text")
+    @admin.display(description="text")
     def history_text_shown(self, subtask: Subtask) -> str:
-        return _bounded(subtask.history_text, DETAIL_TEXT_CHARS)
+        # Bounded at ingestion: the whole text, or the stored preview of a spilled one. As a
+        # block of its own, so its lines keep their indentation (a traceback's frames).
+        if not subtask.history_text:
+            return "-"
+        return format_html(
+            '<pre class="turn-text" style="white-space: pre-wrap; overflow-wrap: anywhere; '
+            'margin: 0">{}</pre>',
+            subtask.history_text,
+        )
 
 
 @admin.register(Bot)

@@ -1,4 +1,5 @@
-"""Fixtures of the end-to-end tests: a product account and a worker account on the live server."""
+"""Fixtures of the end-to-end tests: a product account and a worker account on the live server,
+and headless Chromium for the admin's (`tests/e2e/browser.py`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from django.contrib.auth import get_user_model
 from rest_framework.authtoken.models import Token
 
 from backend.dispatch.workers import ensure_worker_account
+from tests.e2e.browser import browser, shipped_policies  # noqa: F401 (the browser tests' fixtures)
 from tests.e2e.live import Baton
 
 

@@ -1,134 +1,32 @@
-"""An operator tunes a history policy in the admin and sees the prompt change, in a real browser:
-after saving, and live on the preview page as they edit a draft.
-
-Headless Chromium from Debian's `chromium` and `chromium-driver` packages (`.ci/install-browser`
-installs them), driven by Selenium with both paths given, so Selenium Manager never downloads a
-browser or a driver. The browser talks to pytest-django's live server over HTTP; the database is
-transactional because the server answers from another thread.
+"""An operator tunes a history policy in the admin and sees the prompt change, in a real browser
+(headless Chromium: `tests/e2e/browser.py`): after saving, and live on the preview page as they
+edit a draft.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-from django.apps import apps
 from django.contrib.auth import get_user_model
-from selenium import webdriver
-from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from backend.dispatch.models import HistoryPolicy
 from tests.dispatch.test_admin import long_task
+from tests.e2e.browser import BROWSER_TEST, WAIT_SECONDS, click_and_wait, log_in, wait_for
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-CHROMIUM_OPTIONS = (
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-dev-shm-usage",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--window-size=1280,1024",
-)
-WAIT_SECONDS = 20
 ROLE_LABEL = re.compile(r"^(?:User|Assistant)(?:\[[^\]]*\])?:", re.MULTILINE)
 OMISSION_NOTICE = re.compile(r"^\[omitted earlier messages: .*\]$", re.MULTILINE)
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.usefixtures("shipped_bots"),
-    pytest.mark.skipif(
-        not (CHROMIUM.is_file() and CHROMEDRIVER.is_file()),
-        reason=(
-            f"headless browser test needs {CHROMIUM} and {CHROMEDRIVER} "
-            "(Debian packages chromium and chromium-driver; run .ci/install-browser)"
-        ),
-    ),
-]
-
-
-@pytest.fixture
-def shipped_policies(transactional_db) -> None:
-    """The shipped policy rows as the migrations leave them (with the fields each sets), which an
-    earlier transactional test's flush may have removed."""
-    shipped = importlib.import_module("backend.dispatch.migrations.0002_shipped_policies")
-    shipped.create_shipped_policies(apps, None)
-    overrides = importlib.import_module("backend.dispatch.migrations.0005_policy_overrides")
-    overrides.set_overrides(apps, None)
-
-
-@pytest.fixture
-def browser() -> Iterator[WebDriver]:
-    with tempfile.TemporaryDirectory(prefix="baton-chromium-") as profile:
-        options = webdriver.ChromeOptions()
-        options.binary_location = str(CHROMIUM)
-        for argument in (*CHROMIUM_OPTIONS, f"--user-data-dir={profile}"):
-            options.add_argument(argument)
-        driver = webdriver.Chrome(
-            service=Service(executable_path=str(CHROMEDRIVER)), options=options
-        )
-        driver.set_page_load_timeout(WAIT_SECONDS)
-        try:
-            yield driver
-        finally:
-            driver.quit()
-
-
-def wait_for(browser: WebDriver, element_id: str):
-    return WebDriverWait(browser, WAIT_SECONDS).until(
-        expected_conditions.presence_of_element_located((By.ID, element_id))
-    )
-
-
-def click_and_wait(browser: WebDriver, element, element_id: str):
-    """Click something that loads a new page, then wait for an element of that page."""
-    old_page = browser.find_element(By.TAG_NAME, "html")
-    element.click()
-    WebDriverWait(browser, WAIT_SECONDS).until(lambda _: _left_the_document(old_page))
-    return wait_for(browser, element_id)
-
-
-def _left_the_document(element) -> bool:
-    """`expected_conditions.staleness_of`, and also Chrome's other answer when asked about an
-    element of a page it is leaving at that moment ("does not belong to the document")."""
-    try:
-        element.is_enabled()
-    except StaleElementReferenceException:
-        return True
-    except WebDriverException as error:
-        if "does not belong to the document" in str(error):
-            return True
-        raise
-    return False
+pytestmark = BROWSER_TEST
 
 
 def shown_prompt(browser: WebDriver) -> str:
     # textContent is the exact text of the <pre>, with no layout applied.
     return wait_for(browser, "prompt-text").get_attribute("textContent")
-
-
-def log_in(browser: WebDriver, live_server) -> None:
-    """Log in as `operator` through the admin's login form."""
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
-    browser.find_element(By.ID, "id_username").send_keys("operator")
-    browser.find_element(By.ID, "id_password").send_keys("operator-password")
-    click_and_wait(browser, browser.find_element(By.CSS_SELECTOR, "input[type=submit]"), "content")
-    assert "/admin/login/" not in browser.current_url
 
 
 def count_draft_requests(browser: WebDriver) -> None:
@@ -166,7 +64,7 @@ def test_the_preview_follows_the_draft_without_reloading(live_server, browser, s
     )
     owner = get_user_model().objects.create_user(username="alice")
     task = long_task(owner=owner, rounds=6)
-    log_in(browser, live_server)
+    log_in(browser, live_server.url, username="operator", password="operator-password")
     browser.get(f"{live_server.url}/admin/dispatch/historypolicy/preview/?task={task.pk}")
     before = shown_prompt(browser)
     assert len(ROLE_LABEL.findall(before)) == 13
@@ -233,7 +131,7 @@ def test_the_policy_list_shows_what_each_row_sets_within_1400_px(
     get_user_model().objects.create_superuser(
         username="operator", password="operator-password", email="operator@example.com"
     )
-    log_in(browser, live_server)
+    log_in(browser, live_server.url, username="operator", password="operator-password")
     browser.set_window_size(1400, 1000)
     browser.get(f"{live_server.url}/admin/dispatch/historypolicy/")
     cells = {
@@ -263,7 +161,7 @@ def test_changing_max_messages_changes_the_previewed_prompt(live_server, browser
     # 12 history turns (6 questions and answers) and a 7th question waiting for its answer.
     task = long_task(owner=owner, rounds=6)
 
-    log_in(browser, live_server)
+    log_in(browser, live_server.url, username="operator", password="operator-password")
 
     # Before: the task page's button previews the whole conversation under `code` v1.
     browser.get(f"{live_server.url}/admin/tasks/task/{task.pk}/change/")
