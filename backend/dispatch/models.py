@@ -21,6 +21,10 @@ from backend.prompting.policy import ContextPassing
 
 DEFAULT_TASK_TYPE = ""
 
+# The kinds of prompt a dispatch builds: "full", the whole bounded prompt; "resume", only what
+# a live native session has not seen. A dispatch that offers a resume builds both.
+PROMPT_KINDS = ["full", "resume"]
+
 CAP_HELP = {
     "enabled": (
         "History injection on or off. Off: the prompt is the current message only (plus the "
@@ -287,7 +291,7 @@ class PromptReport(models.Model):
                 name="promptreport_policy_source_valid",
             ),
             models.CheckConstraint(
-                condition=Q(kind__in=["full", "resume"]), name="promptreport_kind_valid"
+                condition=Q(kind__in=PROMPT_KINDS), name="promptreport_kind_valid"
             ),
         ]
 
