@@ -87,7 +87,7 @@ def _sent_prompt_note(report: PromptReport) -> SafeString:
     url = reverse("admin:dispatch_promptreport_change", args=[report.pk])
     return format_html(
         '<div class="sent-prompt kind-{}"><strong>{}</strong> · {}{}'
-        "<details><summary>attempt {}, report {}</summary>"
+        "<details><summary>attempt {}, prompt report {}</summary>"
         "{} chars; {} messages included, {} omitted, {} cut; policy {}; worker {}; {}"
         "</details></div>",
         report.kind,
@@ -95,7 +95,7 @@ def _sent_prompt_note(report: PromptReport) -> SafeString:
         _tokens_against_budget(report),
         format_html(" · why: {}", _why(report)) if _why(report) else "",
         report.attempt,
-        format_html('<a href="{}">#{}</a>', url, report.pk),
+        format_html('<a href="{}">{}</a>', url, report.pk),
         report.chars,
         report.messages_included,
         report.messages_omitted,

@@ -296,7 +296,10 @@ class PromptReport(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"prompt for task {self.task_id} turn {self.subtask_id} (attempt {self.attempt})"
+        # The turn's name ("task 3 message 7") would cost its row: the admin lists it beside.
+        return (
+            f"prompt report {self.pk} ({self.kind}, attempt {self.attempt}) of task {self.task_id}"
+        )
 
 
 class ConfigurationVersion(models.Model):
