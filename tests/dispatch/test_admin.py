@@ -356,7 +356,7 @@ def test_task_page_shows_reports_artifacts_and_the_preview_button(admin_client, 
     response = admin_client.get(f"/admin/tasks/task/{dispatched.task_id}/change/")
     assert response.status_code == 200
     page = response.content.decode()
-    assert "prompt reports (one per dispatch)" in page.lower()
+    assert "Dispatches and their prompts (1 dispatch, 1 prompt)" in page
     assert "w-1" in page  # the report's worker
     assert "code v1" in page
     assert "artifacts" in page.lower()

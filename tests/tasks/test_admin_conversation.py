@@ -162,7 +162,8 @@ def test_beside_each_assistant_turn_what_was_sent(admin_client, user, worker):
     assert re.search(r"\d+ of \d+ model tokens", sent)
     report = PromptReport.objects.get(subtask=claimed.subtask)
     url = reverse("admin:dispatch_promptreport_change", args=[report.pk])
-    assert f'<summary>attempt 1, prompt report <a href="{url}">{report.pk}</a></summary>' in sent
+    assert '<div class="dispatch-line">attempt 1 · worker w-1 · 1 prompt</div>' in sent
+    assert f'<summary>prompt report <a href="{url}">{report.pk}</a></summary>' in sent
     # A user turn has nothing beside it.
     assert "sent-prompts" not in turn_block(page, 1)
 
