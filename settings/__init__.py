@@ -238,6 +238,7 @@ SPECTACULAR_SETTINGS = {
         "ReportedStatusEnum": ["COMPLETED", "FAILED", "RETRY", "RELEASE"],
         "ContextPassingEnum": "backend.tasks.models.CONTEXT_PASSING_CHOICES",
         "SubtaskKindEnum": "backend.tasks.models.SubtaskKind",
+        "PromptKindEnum": "backend.dispatch.models.PROMPT_KINDS",
         "FollowUpStrategyEnum": "backend.tasks.follow_up_strategies.FollowUpStrategy",
         # Artifacts keep the name their kinds had before turns had a kind too.
         "KindEnum": "backend.artifacts.models.ARTIFACT_KIND_CHOICES",

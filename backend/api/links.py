@@ -34,3 +34,10 @@ def turn_text_url(*, request: Request, task_id: int, subtask_id: int) -> str:
     return request.build_absolute_uri(
         reverse("turn-text", kwargs={"task_id": task_id, "subtask_id": subtask_id})
     )
+
+
+def prompt_report_url(*, request: Request, report_id: int) -> str:
+    """Where a prompt report is served (`prompt_report_views.PromptReportDetailApi`)."""
+    return request.build_absolute_uri(
+        reverse("prompt-report-detail", kwargs={"report_id": report_id})
+    )

@@ -17,6 +17,7 @@ from backend.api.artifact_views import ArtifactContentApi, ArtifactDetailApi
 from backend.api.errors import PathHoldsNul
 from backend.api.event_views import TaskEventsApi
 from backend.api.health_views import HealthApi
+from backend.api.prompt_report_views import PromptReportDetailApi
 
 
 class PathText(StringConverter):
@@ -73,6 +74,11 @@ urlpatterns = [
         "tasks/<id:task_id>/subtasks/<id:subtask_id>/cancel/",
         views.TurnCancelApi.as_view(),
         name="turn-cancel",
+    ),
+    path(
+        "prompt-reports/<id:report_id>/",
+        PromptReportDetailApi.as_view(),
+        name="prompt-report-detail",
     ),
     path("bots/", views.BotListApi.as_view(), name="bot-list"),
     path("bots/<text:name>/", views.BotDetailApi.as_view(), name="bot-detail"),

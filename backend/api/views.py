@@ -38,13 +38,14 @@ from backend.api.serializers import (
     page_of,
 )
 from backend.dispatch import stops
+from backend.dispatch.selectors import with_prompt_report_links
 from backend.tasks import partial_texts, selectors, services
 from backend.tasks.models import Subtask, Task
 from backend.tasks.services import PipelineStep
 
 
 def _with_turns(request: Request, task: Task) -> dict[str, Any]:
-    task.turns_for_output = list(selectors.task_turns(task=task))
+    task.turns_for_output = list(with_prompt_report_links(selectors.task_turns(task=task)))
     partial_texts.show_partial_texts(task.turns_for_output)
     task.queued_for_output = list(selectors.queued_messages(task=task))
     return TaskWithTurnsOutput(task, context={"request": request}).data
@@ -52,7 +53,11 @@ def _with_turns(request: Request, task: Task) -> dict[str, Any]:
 
 def _turns(request: Request, task: Task, turns: Sequence[Subtask]) -> Any:
     """`turns` as the task views show them, read again through `selectors.task_turns`."""
-    shown = list(selectors.task_turns(task=task).filter(pk__in=[turn.pk for turn in turns]))
+    shown = list(
+        with_prompt_report_links(selectors.task_turns(task=task)).filter(
+            pk__in=[turn.pk for turn in turns]
+        )
+    )
     partial_texts.show_partial_texts(shown)
     return SubtaskOutput(shown, many=True, context={"request": request}).data
 
@@ -210,7 +215,7 @@ class TaskSubtasksApi(TaskApi):
         task = self.task(request, task_id)
         context = {"request": request}
         page = TurnPagination().paginate(
-            selectors.task_turns(task=task),
+            with_prompt_report_links(selectors.task_turns(task=task)),
             request,
             query=query.page_query(),
             serialize=lambda turn: _shown_turn(turn, context=context),

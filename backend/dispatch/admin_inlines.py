@@ -2,17 +2,22 @@
 the prompts it was sent; and, folded, the list of every prompt report (`backend.dispatch.admin`
 adds it).
 
-Beside a turn (`sent_prompts`), one line per prompt a dispatch built for it: a full prompt or a
-resume, whether the worker sent it, why (`resume_reason`, `retry_reason`) and its tokens against
-the budget it was built under; the rest of the report folded. The list has one row per dispatch
-of the task's turns, newest first: which policy version built it, what it included, omitted and
-cut, its size and build time. Counts only; a prompt's text is never stored (see the preview page
-to see what a dispatch would send now, and a report's page for the prompt it rebuilds).
+A dispatch is one claim of a turn: its turn, attempt and worker (`Dispatch`). It built one
+prompt, or two when it offered a resume (the resume prompt and the full one, a report each), and
+both places show it as one dispatch with its prompts. Beside a turn (`sent_prompts`), each
+dispatch (attempt and worker) over one line per prompt: a full prompt or a resume, whether the
+worker sent it, why (`resume_reason`, `retry_reason`) and its tokens against the budget it was
+built under; the rest of the report folded. The list has one entry per dispatch of the task's
+turns, newest first, each with its prompts: which policy version built them, what they
+included, omitted and cut, their size and build time. Counts only; a prompt's text is never
+stored (see the preview page to see what a dispatch would send now, and a report's page for the
+prompt it rebuilds).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from django.contrib import admin
 from django.db.models import QuerySet
@@ -53,6 +58,37 @@ NOTE_FIELDS = (
 )
 
 
+@dataclass(frozen=True)
+class Dispatch:
+    """One claim of a turn and the prompts it built, oldest first (a report each)."""
+
+    subtask_id: int
+    attempt: int
+    worker_id: str
+    reports: tuple[PromptReport, ...]
+
+    @property
+    def prompts(self) -> str:
+        return "1 prompt" if len(self.reports) == 1 else f"{len(self.reports)} prompts"
+
+
+def dispatches_of(reports: Iterable[PromptReport]) -> list[Dispatch]:
+    """`reports` grouped by the dispatch that built them: its turn, attempt and worker. The
+    dispatches keep the order of their first report; each one's reports are oldest first."""
+    grouped: dict[tuple[int, int, str], list[PromptReport]] = {}
+    for report in reports:
+        grouped.setdefault((report.subtask_id, report.attempt, report.worker_id), []).append(report)
+    return [
+        Dispatch(
+            subtask_id=subtask_id,
+            attempt=attempt,
+            worker_id=worker_id,
+            reports=tuple(sorted(group, key=lambda report: (report.created_at, report.pk))),
+        )
+        for (subtask_id, attempt, worker_id), group in grouped.items()
+    ]
+
+
 def report_policy_label(report: PromptReport) -> str:
     """The policy a report was built with: "code v3", "default v1", or "settings"."""
     if report.policy_source != "row":
@@ -87,22 +123,31 @@ def _sent_prompt_note(report: PromptReport) -> SafeString:
     url = reverse("admin:dispatch_promptreport_change", args=[report.pk])
     return format_html(
         '<div class="sent-prompt kind-{}"><strong>{}</strong> · {}{}'
-        "<details><summary>attempt {}, report {}</summary>"
-        "{} chars; {} messages included, {} omitted, {} cut; policy {}; worker {}; {}"
+        "<details><summary>prompt report {}</summary>"
+        "{} chars; {} messages included, {} omitted, {} cut; policy {}; {}"
         "</details></div>",
         report.kind,
         _sent_label(report),
         _tokens_against_budget(report),
         format_html(" · why: {}", _why(report)) if _why(report) else "",
-        report.attempt,
-        format_html('<a href="{}">#{}</a>', url, report.pk),
+        format_html('<a href="{}">{}</a>', url, report.pk),
         report.chars,
         report.messages_included,
         report.messages_omitted,
         report.truncated_count,
         report_policy_label(report),
-        report.worker_id,
         report.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+    )
+
+
+def _dispatch_note(dispatch: Dispatch) -> SafeString:
+    return format_html(
+        '<div class="dispatch"><div class="dispatch-line">attempt {} · worker {} · {}</div>'
+        "{}</div>",
+        dispatch.attempt,
+        dispatch.worker_id,
+        dispatch.prompts,
+        format_html_join("", "{}", ((_sent_prompt_note(report),) for report in dispatch.reports)),
     )
 
 
@@ -122,7 +167,9 @@ def sent_prompts(task: Task, turns: Sequence[Subtask]) -> dict[int, SafeString]:
     return {
         subtask_id: format_html(
             '<div class="sent-prompts"><strong>Sent</strong>{}</div>',
-            format_html_join("", "{}", ((_sent_prompt_note(report),) for report in sent)),
+            format_html_join(
+                "", "{}", ((_dispatch_note(dispatch),) for dispatch in dispatches_of(sent))
+            ),
         )
         for subtask_id, sent in reports.items()
     }
@@ -132,39 +179,79 @@ register_turn_notes(sent_prompts)
 
 
 class PromptReportInline(ReadOnlyAdminMixin, admin.TabularInline[PromptReport, Task]):
+    """The task's dispatches, newest first, each with the prompts it built
+    (`admin/dispatch/task/prompt_reports.html`, grouped by `dispatches_of`)."""
+
     model = PromptReport
     fk_name = "task"
     extra = 0
     ordering = ["-created_at", "-id"]
-    # Every column is shown and none is editable (a tuple suits both attributes' types).
-    fields = readonly_fields = (
-        "created_at",
-        "subtask",
-        "attempt",
-        "worker_id",
-        "kind",
-        "sent",
-        "resume_reason",
-        "retry_reason",
-        "policy_label",
-        "history_enabled",
-        "context_passing",
-        "messages_included",
-        "messages_omitted",
-        "truncated_count",
-        "chars",
-        "tokens",
-        "token_budget",
-        "build_ms",
-    )
-    show_change_link = True
-    verbose_name_plural = "prompt reports (one per dispatch)"
+    # The template shows each report, and the formset edits nothing: its forms have no fields.
+    fields = readonly_fields = ("attempt",)
+    template = "admin/dispatch/task/prompt_reports.html"
+    verbose_name = "prompt report"
+    verbose_name_plural = "dispatches and their prompts"
     classes = ["collapse"]  # the conversation shows each turn's prompts beside it
 
-    @admin.display(description="Policy")
-    def policy_label(self, report: PromptReport) -> str:
-        return report_policy_label(report)
-
     def get_queryset(self, request: HttpRequest) -> QuerySet[PromptReport]:
-        # The subtask and policy columns would otherwise cost one query per row.
-        return super().get_queryset(request).select_related("subtask", "policy")
+        # The turn's name and the policy would otherwise cost one query per row; the report's
+        # snapshots, for replay, are never shown here.
+        return (
+            super()
+            .get_queryset(request)
+            .select_related("subtask", "policy")
+            .defer("policy_snapshot", "input_snapshot", *(f"subtask__{c}" for c in _TURN_TEXTS))
+        )
+
+
+# The turn columns the list never reads: it names the turn, and shows none of its texts.
+_TURN_TEXTS = (
+    "message",
+    "result",
+    "error",
+    "history_text",
+    "preview_head",
+    "preview_tail",
+    "preview_layout",
+    "progress_events",
+    "partial_text",
+)
+
+
+def dispatch_entry(dispatch: Dispatch) -> SafeString:
+    """One dispatch in the task's list: a line naming it, then a row per prompt it built."""
+    turn = dispatch.reports[0].subtask
+    head = format_html(
+        '<tr class="dispatch"><td colspan="9"><strong>{}</strong> · attempt {} · worker {} · {}'
+        " · {}</td></tr>",
+        turn.name,
+        dispatch.attempt,
+        dispatch.worker_id,
+        dispatch.prompts,
+        dispatch.reports[0].created_at.strftime("%Y-%m-%d %H:%M:%S"),
+    )
+    prompts = format_html_join(
+        "",
+        '<tr class="prompt kind-{}"><td><a href="{}">prompt report {}</a></td><td>{}</td>'
+        "<td>{}</td><td>{}</td><td>{}</td><td>{} included, {} omitted, {} cut</td>"
+        "<td>{}</td><td>{}</td><td>{} ms</td></tr>",
+        (
+            (
+                report.kind,
+                reverse("admin:dispatch_promptreport_change", args=[report.pk]),
+                report.pk,
+                _sent_label(report),
+                _why(report) or "-",
+                report_policy_label(report),
+                "history on" if report.history_enabled else "history off",
+                report.messages_included,
+                report.messages_omitted,
+                report.truncated_count,
+                report.chars,
+                _tokens_against_budget(report),
+                f"{report.build_ms:.1f}",
+            )
+            for report in dispatch.reports
+        ),
+    )
+    return format_html("{}{}", head, prompts)

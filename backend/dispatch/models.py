@@ -21,6 +21,10 @@ from backend.prompting.policy import ContextPassing
 
 DEFAULT_TASK_TYPE = ""
 
+# The kinds of prompt a dispatch builds: "full", the whole bounded prompt; "resume", only what
+# a live native session has not seen. A dispatch that offers a resume builds both.
+PROMPT_KINDS = ["full", "resume"]
+
 CAP_HELP = {
     "enabled": (
         "History injection on or off. Off: the prompt is the current message only (plus the "
@@ -287,12 +291,15 @@ class PromptReport(models.Model):
                 name="promptreport_policy_source_valid",
             ),
             models.CheckConstraint(
-                condition=Q(kind__in=["full", "resume"]), name="promptreport_kind_valid"
+                condition=Q(kind__in=PROMPT_KINDS), name="promptreport_kind_valid"
             ),
         ]
 
     def __str__(self) -> str:
-        return f"prompt for task {self.task_id} turn {self.subtask_id} (attempt {self.attempt})"
+        # The turn's name ("task 3 message 7") would cost its row: the admin lists it beside.
+        return (
+            f"prompt report {self.pk} ({self.kind}, attempt {self.attempt}) of task {self.task_id}"
+        )
 
 
 class ConfigurationVersion(models.Model):

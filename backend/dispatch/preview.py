@@ -265,7 +265,9 @@ def preview_prompt(
         if subtask is None:
             raise NotFound(f"Task {task.pk} has no assistant turn to preview.", field="task")
     elif subtask.task_id != task.pk:
-        raise InvalidInput(f"Turn {subtask.pk} is not a turn of task {task.pk}.", field="subtask")
+        raise InvalidInput(
+            f"Subtask {subtask.pk} is not a turn of task {task.pk}.", field="subtask"
+        )
     previewed = _resolve(task=task, values_or_row=values_or_row)
     resolved = previewed.resolved
     budget = effective_max_tokens(

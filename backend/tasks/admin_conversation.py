@@ -1,7 +1,8 @@
 """A task's conversation as its admin page shows it: one entry per turn, in message order.
 
-Each entry gives the turn's facts on one line (message id, role and sender or bot, executor,
-status, sizes, when) and its text as the model sees it: `history_text`, which for a text that
+Each entry gives the turn's facts on one line (its name, "message 7", as Baton names a turn
+everywhere: `Subtask.name`; role and sender or bot, executor, status, sizes, when) and its
+text as the model sees it: `history_text`, which for a text that
 spilled at ingestion is the stored kind-aware preview whose markers count what was left out of
 the whole text. It is shown as stored, never cut again, with the whole text's true size beside
 the preview's and a link to the whole text (the artifact's content, which honours permissions).

@@ -148,13 +148,15 @@ def spilled_text_artifact(*, task: Task, subtask_id: int) -> Artifact:
     turn = (
         Subtask.objects.filter(TURNS, task_id=task.pk, pk=subtask_id)
         .select_related("artifact")
-        .only("id", "history_is_preview", "artifact")
+        .only("id", "task_id", "message_id", "history_is_preview", "artifact")
         .first()
     )
     if turn is None:
-        raise NotFound(f"Task {task.pk} has no turn {subtask_id}.")
+        raise NotFound(f"Task {task.pk} has no turn of subtask id {subtask_id}.")
     if not turn.history_is_preview or turn.artifact is None:
-        raise NotFound(f"Turn {subtask_id}'s text did not spill: the turn shows it whole.")
+        raise NotFound(
+            f"{turn.name_in_task.capitalize()}'s text did not spill: the turn shows it whole."
+        )
     return turn.artifact
 
 

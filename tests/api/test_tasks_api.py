@@ -453,8 +453,9 @@ def test_subtasks_query_count_does_not_grow_with_turns(api, django_assert_num_qu
     for i in range(rounds - 1):
         finish_pending(task_id)
         api.post(f"/api/tasks/{task_id}/messages/", {"message": f"more {i}"}, format="json")
-    # task, turn count, turn rows (the token's account is remembered from the requests before)
-    with django_assert_num_queries(3):
+    # task, turn count, turn rows, their prompt report links (the token's account is
+    # remembered from the requests before)
+    with django_assert_num_queries(4):
         response = api.get(f"/api/tasks/{task_id}/subtasks/")
     body = response.json()
     assert body["count"] == 3 * rounds
@@ -463,9 +464,9 @@ def test_subtasks_query_count_does_not_grow_with_turns(api, django_assert_num_qu
 
 def test_retrieve_query_count(api, django_assert_num_queries):
     task_id = create(api, PIPELINE)["id"]
-    # task with owner, turns, queued messages (the token's account is remembered from the
-    # requests before)
-    with django_assert_num_queries(3):
+    # task with owner, turns, their prompt report links, queued messages (the token's account
+    # is remembered from the requests before)
+    with django_assert_num_queries(4):
         api.get(f"/api/tasks/{task_id}/")
 
 

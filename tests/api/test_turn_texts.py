@@ -142,6 +142,10 @@ def test_small_texts_stay_inline_and_have_no_text_endpoint(api, worker_api):
     response = api.get(f"/api/tasks/{turn['task_id']}/subtasks/{turn['subtask_id']}/text/")
     assert response.status_code == 404
     assert response.json()["code"] == "not_found"
+    # The turn named as Baton names turns, by its message id, not its subtask id.
+    assert response.json()["detail"] == (
+        f"Task {turn['task_id']} message 2's text did not spill: the turn shows it whole."
+    )
 
 
 def test_a_spilled_message_is_a_preview_everywhere_turns_are_answered(api, worker_api):
@@ -195,6 +199,9 @@ def test_the_text_endpoint_follows_the_task_views_access_rules(
     other = answered(api, worker_api, result={"value": LOG + "more"})
     response = api.get(f"/api/tasks/{turn['task_id']}/subtasks/{other['subtask_id']}/text/")
     assert response.status_code == 404
+    assert response.json()["detail"] == (
+        f"Task {turn['task_id']} has no turn of subtask id {other['subtask_id']}."
+    )
 
 
 # --- pages bounded in bytes -----------------------------------------------------------------

@@ -356,7 +356,7 @@ def test_task_page_shows_reports_artifacts_and_the_preview_button(admin_client, 
     response = admin_client.get(f"/admin/tasks/task/{dispatched.task_id}/change/")
     assert response.status_code == 200
     page = response.content.decode()
-    assert "prompt reports (one per dispatch)" in page.lower()
+    assert "Dispatches and their prompts (1 dispatch, 1 prompt)" in page
     assert "w-1" in page  # the report's worker
     assert "code v1" in page
     assert "artifacts" in page.lower()
@@ -398,6 +398,11 @@ def test_preview_shows_the_exact_prompt_of_the_next_dispatch(admin_client, user)
     )
     assert shown_prompt(page) == built.build.text
     assert "code v1" in page
+    # The turn named as everywhere: its message id, its subtask id, the message it answers.
+    assert (
+        f"<tr><th>Turn</th><td>message 4 (subtask {subtask.pk}, Pending, bot "
+        f"{subtask.bot}, OpenAI Codex CLI), in reply to message 3</td></tr>"
+    ) in page
     assert "2 considered, 2 included, 0 omitted" in page
     # The budget bar: history, current message (and no previous result for a first step).
     report = built.build.report

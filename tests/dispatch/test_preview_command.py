@@ -32,7 +32,10 @@ def test_prints_the_prompt_then_the_report_then_the_bar(user):
     output = preview(str(subtask.pk))
     assert output.startswith("=== Prompt ===\n" + SMALL_TASK_PROMPT + "\n=== Report ===\n")
     report = output.split("=== Report ===\n", 1)[1]
-    assert f"turn: subtask {subtask.pk}, message 4 (PENDING), answering message 3" in report
+    assert (
+        f"\nturn: task {task.pk} message 4 (subtask {subtask.pk}, PENDING), in reply to message 3\n"
+        in report
+    )
     assert "policy: code v1" in report
     assert "messages: 2 considered, 2 included, 0 omitted (0 user, 0 assistant)" in report
     assert "truncated: none" in report
@@ -89,7 +92,7 @@ def test_invalid_policy_json_names_the_problem(user, policy_json, fragment):
 
 def test_unknown_and_user_turns_are_refused(user):
     task = converse(owner=user, exchanges=[("Hi", "Hello")], follow_up="Bye")
-    with pytest.raises(CommandError, match="No turn with id 999999"):
+    with pytest.raises(CommandError, match="No subtask 999999"):
         preview("999999")
     user_turn = task.subtasks.get(message_id=1)
     assert user_turn.role == Role.USER
@@ -102,7 +105,10 @@ def test_a_finished_turn_previews_what_a_rerun_would_send(user):
     answered = task.subtasks.get(message_id=2)
     output = preview(str(answered.pk))
     assert output.startswith("=== Prompt ===\nWhat is 2+2?\n=== Report ===")
-    assert "message 2 (COMPLETED)" in output
+    assert (
+        f"\nturn: task {task.pk} message 2 (subtask {answered.pk}, COMPLETED), "
+        "in reply to message 1\n"
+    ) in output
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,26 @@ def test_a_changed_turn_is_caught_and_the_command_says_so(api, worker_api, capsy
     assert "sha256 differs: recorded" in capsys.readouterr().out
 
 
+def test_the_command_names_the_turn_it_was_built_for_and_the_message_it_answered(
+    api, worker_api, capsys
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    report(worker_api, turn, result={"value": "first answer"})
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "second"}, format="json")
+    [second] = dispatch(worker_api)
+    row = PromptReport.objects.get(subtask_id=second["subtask_id"])
+    assert (second["message_id"], row.attempt) == (4, 1)
+
+    call_command("replay_prompt", row.pk)
+    assert capsys.readouterr().out == (
+        f"prompt report {row.pk}: task {task['id']} message 4 (subtask {second['subtask_id']}), "
+        f"attempt 1, full prompt, rendering rules {row.builder_version}\n"
+        "in reply to message 3\n"
+        f"sha256 matches: {row.prompt_sha256}\n"
+    )
+
+
 def test_reports_from_before_replay_and_deleted_turns_say_why(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)

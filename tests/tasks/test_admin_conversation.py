@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils.html import escape
 
 from backend.dispatch.claims import claim_turns
+from backend.dispatch.models import PromptReport
 from backend.prompting.truncate import truncation_marker
 from backend.tasks.factories import conversation
 from backend.tasks.models import Subtask, SubtaskStatus, Task
@@ -125,6 +126,16 @@ def test_the_turns_read_in_order_with_who_said_them(admin_client, user):
     assert ids == list(range(1, 9))
     assert "Conversation (8 turns)" in page
     answer = turn_block(page, 2)
+    # Named as everywhere in Baton: by its message id, with the subtask id and the message it
+    # answered in its details.
+    turn = Subtask.objects.get(task=task, message_id=2)
+    assert (
+        f'<a href="/admin/tasks/subtask/{turn.pk}/change/" class="turn-id">'
+        "<strong>message 2</strong></a>"
+    ) in answer
+    assert "<dt>in reply to</dt><dd>message 1</dd>" in answer
+    assert f"<dt>subtask id</dt><dd>{turn.pk}</dd>" in answer
+    assert "<dt>in reply to</dt><dd>-</dd>" in turn_block(page, 1)
     assert "Assistant codex" in answer and "OpenAI Codex CLI" in answer
     assert "Completed" in answer and "Answer 0." in answer
     # The raw per-turn fields are folded.
@@ -149,6 +160,10 @@ def test_beside_each_assistant_turn_what_was_sent(admin_client, user, worker):
     assert "full prompt offered" in sent  # the worker has not said which it ran yet
     assert "why: no_session" in sent
     assert re.search(r"\d+ of \d+ model tokens", sent)
+    report = PromptReport.objects.get(subtask=claimed.subtask)
+    url = reverse("admin:dispatch_promptreport_change", args=[report.pk])
+    assert '<div class="dispatch-line">attempt 1 · worker w-1 · 1 prompt</div>' in sent
+    assert f'<summary>prompt report <a href="{url}">{report.pk}</a></summary>' in sent
     # A user turn has nothing beside it.
     assert "sent-prompts" not in turn_block(page, 1)
 

@@ -15,6 +15,7 @@ from backend.api.serializers.inputs import (
     label_name_field,
 )
 from backend.api.serializers.pages import PAGE_PARAMETERS, page_of
+from backend.api.serializers.reports import PromptReportLinkOutput, PromptReportOutput
 from backend.api.serializers.strict import StrictInput, StrictQuery, TextField
 from backend.api.serializers.tasks import (
     BotOutput,
@@ -48,6 +49,8 @@ __all__ = [
     "PipelineInput",
     "PipelineStepInput",
     "PipelineStepOutput",
+    "PromptReportLinkOutput",
+    "PromptReportOutput",
     "QueuedMessageOutput",
     "ResultField",
     "SpilledArtifactOutput",

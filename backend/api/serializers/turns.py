@@ -13,8 +13,10 @@ from rest_framework import serializers
 
 from backend import executor_kinds
 from backend.api.links import artifact_download_url, turn_text_url
+from backend.api.serializers.reports import PromptReportLinkOutput
 from backend.api.serializers.strict import StrictInput
 from backend.artifacts.models import Artifact
+from backend.dispatch.selectors import LINKS_ATTRIBUTE
 from backend.tasks.models import (
     Subtask,
 )
@@ -160,7 +162,8 @@ TEXT_OR_SPILLED_SCHEMA = {"oneOf": [{"type": "string"}, SPILLED_TEXT_SCHEMA]}
 
 
 class SubtaskOutput(serializers.ModelSerializer[Subtask]):
-    """One turn. Read from `selectors.task_turns` rows (their `shown_*` columns).
+    """One turn. Read from `selectors.task_turns` rows (their `shown_*` columns) with their
+    prompt report links (`backend.dispatch.selectors.with_prompt_report_links`).
 
     A text that spilled is shown as a `SpilledTextOutput` where the text stood, and `spilled`
     names that place (`selectors.spilled_place`): `message`, `error`, `result.value` (the
@@ -177,6 +180,20 @@ class SubtaskOutput(serializers.ModelSerializer[Subtask]):
     usage = serializers.SerializerMethodField()
     # A USER turn runs no executor: "" (as every answer has always shown it).
     executor = serializers.ChoiceField(choices=executor_kinds.CHOICES, allow_blank=True)
+    prompt_reports = serializers.SerializerMethodField()
+
+    @extend_schema_field(
+        PromptReportLinkOutput(
+            many=True,
+            help_text="An assistant turn's prompt reports, oldest first: one per dispatch, two "
+            "(a resume and a full prompt, one `attempt`) for a dispatch that offered a resume. "
+            "Empty for a user turn and for a turn not dispatched yet.",
+        )
+    )
+    def get_prompt_reports(self, subtask: Subtask) -> Any:
+        # Prefetched for the whole page: a turn never reads its reports on its own.
+        links = getattr(subtask, LINKS_ATTRIBUTE)
+        return PromptReportLinkOutput(links, many=True, context=self.context).data
 
     @extend_schema_field(UsageFields(allow_null=True))
     def get_usage(self, subtask: Subtask) -> dict[str, Any] | None:
@@ -271,6 +288,7 @@ class SubtaskOutput(serializers.ModelSerializer[Subtask]):
             "progress_events",
             "progress_updated_at",
             "attempts",
+            "prompt_reports",
             "not_before",
             "created_at",
             "started_at",

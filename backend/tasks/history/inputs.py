@@ -33,7 +33,7 @@ def prompt_inputs_for(
     for request in batch:
         if request.subtask.role != Role.ASSISTANT or request.subtask.parent_message_id is None:
             raise HistoryUnavailable(
-                f"turn {request.subtask.pk} is not an ASSISTANT turn answering a message"
+                f"subtask {request.subtask.pk} is not an ASSISTANT turn answering a message"
             )
     if not batch:
         return {}

@@ -40,9 +40,11 @@ from backend.tasks.models.turns import (
     Subtask,
     SubtaskKind,
     SubtaskStatus,
+    message_name,
 )
 
 __all__ = [
+    "message_name",
     "ACTIVE_SUBTASK_STATUSES",
     "CONTEXT_PASSING_CHOICES",
     "DATED_SNAPSHOT",

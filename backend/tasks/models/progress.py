@@ -35,4 +35,4 @@ class ProgressPiece(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"piece at {self.offset} of turn {self.subtask_id} (attempt {self.attempt})"
+        return f"piece at {self.offset} of subtask {self.subtask_id} (attempt {self.attempt})"

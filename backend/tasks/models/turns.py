@@ -55,6 +55,13 @@ class SubtaskKind(models.TextChoices):
 TURNS = Q(kind=SubtaskKind.TURN)
 
 
+def message_name(message_id: int | None) -> str:
+    """How Baton names a turn to the people who read it: by its message id in its task, the
+    API's `message_id`, as the task's conversation numbers it ("message 7"). The subtask id
+    (the API's turn `id`) is shown only where a path or a command takes it ("subtask 35")."""
+    return f"message {message_id}"
+
+
 class Subtask(models.Model):
     # No index of its own: `subtask_message_id_unique` (task, message_id) leads with it, and
     # every index is written again by each claim and result (a change of status is never a
@@ -283,4 +290,14 @@ class Subtask(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"task {self.task_id} message {self.message_id} ({self.role} {self.status})"
+        return f"{self.name_in_task} ({self.role} {self.status})"
+
+    @property
+    def name(self) -> str:
+        """The turn's name on its task's pages: "message 7" (`message_name`)."""
+        return message_name(self.message_id)
+
+    @property
+    def name_in_task(self) -> str:
+        """The turn's name anywhere else: "task 3 message 7"."""
+        return f"task {self.task_id} {self.name}"

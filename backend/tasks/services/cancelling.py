@@ -135,11 +135,11 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
             .first()
         )
         if subtask is None:
-            raise NotFound(f"Task {task.pk} has no assistant turn {subtask_id}.")
+            raise NotFound(f"Task {task.pk} has no assistant turn of subtask id {subtask_id}.")
         if subtask.status not in ACTIVE_SUBTASK_STATUSES:
             raise Conflict(
-                f"Turn {subtask_id} is already {subtask.status}; only pending or running "
-                "turns can be cancelled."
+                f"{subtask.name_in_task.capitalize()} is already {subtask.status}; only "
+                "pending or running turns can be cancelled."
             )
         turns = list(
             Subtask.objects.select_for_update()

@@ -236,7 +236,7 @@ def _locked_active_turn(*, subtask: Subtask, locked: Task | None) -> Task:
     else:
         task = locked
     if subtask.status not in ACTIVE_SUBTASK_STATUSES:
-        raise Conflict(f"Turn {subtask.message_id} of task {task.pk} is already {subtask.status}.")
+        raise Conflict(f"{subtask.name_in_task.capitalize()} is already {subtask.status}.")
     return task
 
 

@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from backend.dispatch.preview import BudgetSegment, PromptPreview, preview_prompt
 from backend.errors import BatonError
-from backend.tasks.models import Subtask
+from backend.tasks.models import Subtask, message_name
 
 BAR_WIDTH = 60
 BAR_CHARS = {
@@ -58,8 +58,8 @@ def render_preview(preview: PromptPreview) -> str:
         preview.text,
         "=== Report ===",
         f"task: {preview.task.pk} ({preview.task.task_type})",
-        f"turn: subtask {subtask.pk}, message {subtask.message_id} ({subtask.status}), "
-        f"answering message {subtask.parent_message_id}",
+        f"turn: {subtask.name_in_task} (subtask {subtask.pk}, {subtask.status}), "
+        f"in reply to {message_name(subtask.parent_message_id)}",
         f"policy: {preview.policy_label}",
     ]
     if preview.kill_switch:
@@ -100,7 +100,11 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("subtask_id", type=int, help="Id of the ASSISTANT turn (Subtask).")
+        parser.add_argument(
+            "subtask_id",
+            type=int,
+            help="Subtask id of the ASSISTANT turn (its `id` in the task API).",
+        )
         parser.add_argument(
             "--policy-json",
             default=None,
@@ -118,7 +122,7 @@ class Command(BaseCommand):
                 raise CommandError("--policy-json must be a JSON object of policy fields.")
         subtask = Subtask.objects.select_related("task").filter(pk=subtask_id).first()
         if subtask is None:
-            raise CommandError(f"No turn with id {subtask_id}.")
+            raise CommandError(f"No subtask {subtask_id}.")
         try:
             preview = preview_prompt(task=subtask.task, values_or_row=values, subtask=subtask)
         except BatonError as error:
