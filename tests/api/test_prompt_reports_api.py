@@ -7,22 +7,9 @@ import pytest
 from django.core.management import call_command
 
 from backend.dispatch.models import PromptReport
-from tests.dispatch.test_dispatch_api import PIPELINE, create, dispatch, report
+from tests.dispatch.test_dispatch_api import create, dispatch, report, resumed_dispatch
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
-
-
-def resumed_dispatch(api, worker_api) -> tuple[dict, dict]:
-    """A task whose coder's second turn was offered a resume: the task and that claim."""
-    task = create(api, PIPELINE)
-    [coder] = dispatch(worker_api)
-    report(worker_api, coder, result={"value": "patched"}, native_session_id="sess-1")
-    [reviewer] = dispatch(worker_api, kinds=("claude_code",))
-    report(worker_api, reviewer, result={"value": "looks good"})
-    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "ship it"}, format="json")
-    [coder] = dispatch(worker_api)
-    assert coder["resume_prompt"]
-    return task, coder
 
 
 def test_each_assistant_turn_links_its_reports_and_a_resumed_dispatch_links_two(api, worker_api):

@@ -586,3 +586,16 @@ def test_every_cut_section_points_to_its_whole_text_in_the_manifest(api, worker_
     kept = len(coder_turn.preview_head) + len(coder_turn.preview_tail)
     assert coder_turn.preview_head.endswith("\n")  # cut on a line boundary
     assert row.previous_result_removed_chars == len(answer) - kept > len(answer) - 4_000
+
+
+def resumed_dispatch(api, worker_api) -> tuple[dict, dict]:
+    """A task whose coder's second turn was offered a resume: the task and that claim."""
+    task = create(api, PIPELINE)
+    [coder] = dispatch(worker_api)
+    report(worker_api, coder, result={"value": "patched"}, native_session_id="sess-1")
+    [reviewer] = dispatch(worker_api, kinds=("claude_code",))
+    report(worker_api, reviewer, result={"value": "looks good"})
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "ship it"}, format="json")
+    [coder] = dispatch(worker_api)
+    assert coder["resume_prompt"]
+    return task, coder

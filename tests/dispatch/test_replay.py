@@ -9,7 +9,7 @@ from backend.dispatch.models import HistoryPolicy, PromptReport
 from backend.dispatch.replay import replay_prompt
 from backend.prompting.addressing import content_sha256
 from backend.tasks.models import Subtask
-from tests.dispatch.test_dispatch_api import PIPELINE, create, dispatch, report
+from tests.dispatch.test_dispatch_api import create, dispatch, report, resumed_dispatch
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
 
@@ -52,14 +52,7 @@ def test_every_dispatch_of_a_long_conversation_replays_after_the_policy_changed(
 
 
 def test_pipeline_steps_and_resume_prompts_replay(api, worker_api):
-    task = create(api, PIPELINE)
-    [coder] = dispatch(worker_api)
-    report(worker_api, coder, result={"value": "patched"}, native_session_id="sess-1")
-    [reviewer] = dispatch(worker_api, kinds=("claude_code",))
-    report(worker_api, reviewer, result={"value": "looks good"})
-    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "ship it"}, format="json")
-    [coder] = dispatch(worker_api)
-    assert coder["resume_prompt"]
+    task, coder = resumed_dispatch(api, worker_api)
     rows = PromptReport.objects.filter(task_id=task["id"])
     assert {row.kind for row in rows} == {"full", "resume"}
     for row in rows:
