@@ -114,7 +114,7 @@ def test_a_short_text_is_shown_whole_without_a_link(admin_client, user):
     task = long_log_task(owner=user)
     block = turn_block(task_page(admin_client, task), 1)
     assert "Why does the upload test fail?" in block
-    assert "30 chars, 1 lines" in block
+    assert "30 chars, 1 line," in block
     assert "whole-text" not in block
     assert "truncated" not in block
 
