@@ -74,6 +74,19 @@ def other_user(db):
     return get_user_model().objects.create_user(username="mallory", password="mallory-password")
 
 
+@pytest.fixture
+def superuser(db):
+    return get_user_model().objects.create_superuser(
+        username="root", password="root-password", email="root@example.com"
+    )
+
+
+@pytest.fixture
+def admin_client(client, superuser):
+    client.force_login(superuser)
+    return client
+
+
 # What the operator of the tests may do, as the admin grants it: read every task and artifact,
 # read and edit history policies (the API asks the same model permissions).
 OPERATOR_PERMISSIONS = [

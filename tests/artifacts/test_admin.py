@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from django.contrib import admin
-from django.contrib.auth import get_user_model
 from django.test import RequestFactory
 
 from backend.artifacts.admin_inlines import ArtifactInline
@@ -12,13 +11,6 @@ from backend.tasks.models import Task
 from tests.artifacts.conftest import spill
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def superuser(db):
-    return get_user_model().objects.create_superuser(
-        username="root", password="root-password", email="root@example.com"
-    )
 
 
 def test_changelist_lists_artifacts_with_links(client, superuser, user) -> None:

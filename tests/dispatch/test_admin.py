@@ -8,7 +8,6 @@ import re
 from typing import Any
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.db import connection
 from django.test import Client
@@ -63,19 +62,6 @@ def long_task(*, owner, rounds: int = 6) -> Task:
         exchanges=[(f"Question {n}?", f"Answer {n}.") for n in range(1, rounds + 1)],
         follow_up="Last question?",
     )
-
-
-@pytest.fixture
-def superuser(db):
-    return get_user_model().objects.create_superuser(
-        username="root", password="root-password", email="root@example.com"
-    )
-
-
-@pytest.fixture
-def admin_client(client, superuser):
-    client.force_login(superuser)
-    return client
 
 
 def form_data(values: dict[str, Any]) -> dict[str, str]:

@@ -20,7 +20,6 @@ from backend.dispatch.replay import replay_prompt
 from backend.prompting import PromptPolicy
 from backend.prompting.tokenizers import COUNTINGS, Tokenizer, counting_for, fit_ratio
 from backend.tasks.models import Bot, LanguageModel
-from tests.dispatch.test_admin import admin_client, superuser  # noqa: F401 - fixtures
 from tests.dispatch.test_dispatch_api import create, dispatch, report
 
 CLAUDE_3 = counting_for(Tokenizer.CLAUDE_3)
@@ -475,7 +474,7 @@ def test_a_bot_with_few_reports_keeps_the_shipped_factor():
 
 
 @pytest.mark.django_db
-def test_the_bot_admin_shows_the_learned_ratio_beside_the_overhead(admin_client):  # noqa: F811
+def test_the_bot_admin_shows_the_learned_ratio_beside_the_overhead(admin_client):
     bot = Bot.objects.get(name="claude-code")
     page = admin_client.get(f"/admin/tasks/bot/{bot.pk}/change/").content.decode()
     assert "the shipped estimate (not learned)" in page

@@ -6,7 +6,6 @@ import html
 import re
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.urls import reverse
 from django.utils.html import escape
 
@@ -64,19 +63,6 @@ def turn_block(page: str, message_id: int) -> str:
     )
     assert match, f"no turn {message_id} on the page"
     return match.group(0)
-
-
-@pytest.fixture
-def superuser(db):
-    return get_user_model().objects.create_superuser(
-        username="root", password="root-password", email="root@example.com"
-    )
-
-
-@pytest.fixture
-def admin_client(client, superuser):
-    client.force_login(superuser)
-    return client
 
 
 def task_page(admin_client, task: Task) -> str:
