@@ -29,7 +29,7 @@ from django.utils.safestring import SafeString
 from backend.admin_mixins import ReadOnlyAdminMixin
 from backend.dispatch.models import PromptReport
 from backend.prompting.inputs import Role
-from backend.tasks.admin_conversation import register_turn_notes
+from backend.tasks.admin_conversation import UNREAD_COLUMNS, register_turn_notes
 from backend.tasks.models import Subtask, Task
 
 # The report fields a turn's note reads (a report row is wide: its snapshots stay unread).
@@ -204,18 +204,9 @@ class PromptReportInline(ReadOnlyAdminMixin, admin.TabularInline[PromptReport, T
         )
 
 
-# The turn columns the list never reads: it names the turn, and shows none of its texts.
-_TURN_TEXTS = (
-    "message",
-    "result",
-    "error",
-    "history_text",
-    "preview_head",
-    "preview_tail",
-    "preview_layout",
-    "progress_events",
-    "partial_text",
-)
+# The turn columns the list never reads: it names the turn, and shows none of its texts (not
+# even those the conversation shows).
+_TURN_TEXTS = (*UNREAD_COLUMNS, "error", "history_text", "preview_head", "preview_tail")
 
 
 def dispatch_entry(dispatch: Dispatch) -> SafeString:
