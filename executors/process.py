@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import queue
 import select
 import signal
 import subprocess
@@ -62,9 +63,20 @@ class ExecutorProcess:
     Threads: a writer feeds stdin (it may be larger than a pipe buffer, so writing must never
     wait for stdout to be read) and a reader keeps the last 64 KiB of stderr. `lines()` is read
     by one thread; `stop()` may be called from any thread, any number of times, meanwhile.
+
+    Stdin is written in order from a queue: the launch's bytes first, then whatever an
+    interactive run's parser writes (`write_stdin`) until it closes it (`close_stdin`). A run
+    that is not interactive closes stdin after the launch's bytes.
     """
 
-    def __init__(self, popen: subprocess.Popen[bytes], *, marker: str, stdin: bytes) -> None:
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        *,
+        marker: str,
+        stdin: bytes,
+        interactive: bool = False,
+    ) -> None:
         """Use `ExecutorProcess.start()`; this only wires an already started Popen."""
         self._popen = popen
         self.pid: int = popen.pid
@@ -79,8 +91,14 @@ class ExecutorProcess:
         self._stderr_lock = threading.Lock()
         self._stderr_tail = bytearray()
         self._lines_started = False
+        self._stdin_lock = threading.Lock()
+        self._stdin_queue: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._stdin_closed = False
+        self.write_stdin(stdin)
+        if not interactive:
+            self.close_stdin()
         self._stdin_thread = threading.Thread(
-            target=self._write_stdin, args=(stdin,), name=f"baton-stdin-{self.pid}", daemon=True
+            target=self._write_stdin, name=f"baton-stdin-{self.pid}", daemon=True
         )
         self._stderr_thread = threading.Thread(
             target=self._drain_stderr, name=f"baton-stderr-{self.pid}", daemon=True
@@ -122,7 +140,24 @@ class ExecutorProcess:
             popen.pid,
             marker,
         )
-        return cls(popen, marker=marker, stdin=launch.stdin)
+        return cls(popen, marker=marker, stdin=launch.stdin, interactive=launch.interactive)
+
+    def write_stdin(self, data: bytes) -> bool:
+        """Queue `data` for stdin after what was queued before; False once stdin is closed."""
+        with self._stdin_lock:
+            if self._stdin_closed:
+                return False
+            if data:
+                self._stdin_queue.put(data)
+            return True
+
+    def close_stdin(self) -> None:
+        """Close stdin once everything queued before is written."""
+        with self._stdin_lock:
+            if self._stdin_closed:
+                return
+            self._stdin_closed = True
+            self._stdin_queue.put(None)
 
     def lines(self) -> Iterator[str]:
         """Stdout lines as they arrive, decoded as UTF-8 (errors replaced), without the newline.
@@ -279,7 +314,7 @@ class ExecutorProcess:
             if owned_pids[self.pid] <= 0:
                 del owned_pids[self.pid]
 
-    def _write_stdin(self, data: bytes) -> None:
+    def _write_stdin(self) -> None:
         pipe = self._popen.stdin
         assert pipe is not None  # started with stdin=PIPE
         try:
@@ -288,20 +323,35 @@ class ExecutorProcess:
             os.set_blocking(fd, False)
             poller = select.poll()
             poller.register(fd, select.POLLOUT)
-            view = memoryview(data)
-            while view and not self._run_over():
-                if not poller.poll(_POLL_MS):
-                    continue
+            while not self._run_over():
                 try:
-                    written = os.write(fd, view)
-                except BlockingIOError:
+                    data = self._stdin_queue.get(timeout=_POLL_MS / 1000)
+                except queue.Empty:
                     continue
-                except BrokenPipeError:
-                    return  # the child exited or closed stdin before reading it all: its choice
-                view = view[written:]
+                if data is None or not self._write_all(fd, poller, data):
+                    return
         finally:
+            with self._stdin_lock:
+                self._stdin_closed = True
             with contextlib.suppress(OSError):
                 pipe.close()
+
+    def _write_all(self, fd: int, poller: select.poll, data: bytes) -> bool:
+        """Write `data` whole; False when the run ended or the child closed its stdin."""
+        view = memoryview(data)
+        while view:
+            if self._run_over():
+                return False
+            if not poller.poll(_POLL_MS):
+                continue
+            try:
+                written = os.write(fd, view)
+            except BlockingIOError:
+                continue
+            except BrokenPipeError:
+                return False  # the child exited or closed stdin before reading it all
+            view = view[written:]
+        return True
 
     def _drain_stderr(self) -> None:
         pipe = self._popen.stderr

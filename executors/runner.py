@@ -26,7 +26,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from executors.adapters.base import BotConfig, ExecutorAdapter, ModelEndpoint, RunRequest
+from executors.adapters.base import (
+    BotConfig,
+    ExecutorAdapter,
+    ModelEndpoint,
+    RunRequest,
+    SteerableParser,
+    SteerRefusal,
+    SteerResult,
+)
 from executors.client import (
     BackendClient,
     BackendError,
@@ -101,6 +109,7 @@ class TurnRun:
     # What was reported for the claim ("COMPLETED", "FAILED", "RETRY", "RELEASE"), or None.
     reported: str | None = None
     _process: ExecutorProcess | None = None
+    _parser: SteerableParser | None = None  # while an interactive executor runs
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -124,6 +133,22 @@ class TurnRun:
         if process is not None:
             # stop() waits out the grace period: not on the caller's thread.
             threading.Thread(target=process.stop, args=(STOP_GRACE_SECONDS,), daemon=True).start()
+
+    def steer(self, text: str, done: Callable[[SteerResult], None]) -> None:
+        """Give `text` to the running agent as more user input (`SteerableParser.steer`);
+        `done` hears exactly once whether it got there. Refused at once when this executor
+        cannot take input while it runs, or when no executor of the claim runs now."""
+        with self._lock:
+            parser = self._parser
+            over = self.stop_reason is not None or self.executor_done
+        if parser is None:
+            steerable = self.adapter.steerable
+            refusal = SteerRefusal.NOT_RUNNING if steerable else SteerRefusal.NOT_STEERABLE
+            done(SteerResult.refused(refusal))
+        elif over:
+            done(SteerResult.refused(SteerRefusal.NOT_RUNNING))
+        else:
+            parser.steer(text, done)
 
     # -- the run's own thread ---------------------------------------------------------------
 
@@ -252,12 +277,19 @@ class TurnRun:
             if self.stop_reason is not None:
                 return None, None  # stopped before the executor started
             self._process = process = ExecutorProcess.start(launch, marker=self.marker)
+            if launch.interactive and isinstance(parser, SteerableParser):
+                parser.attach(process)
+                self._parser = parser
         self.timings.started = time.monotonic()
-        for line in process.lines():
-            events = parser.feed(line)
-            if events:
-                self.progress.add(events)
-        exit_code = process.wait()
+        try:
+            for line in process.lines():
+                events = parser.feed(line)
+                if events:
+                    self.progress.add(events)
+            exit_code = process.wait()
+        finally:
+            with self._lock:
+                self._parser = None
         # From here on the time is the worker's own (leftover cleanup, parsing, reporting).
         self.timings.exited = time.monotonic()
         self.executor_done = True

@@ -11,10 +11,11 @@ for the `Outcome` when the process has exited.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import ClassVar, Protocol, runtime_checkable
 
 from executors.events import Event, Outcome
 
@@ -78,7 +79,12 @@ class Launch:
     argv: list[str]
     env: dict[str, str] = field(repr=False)  # the complete environment of the process
     cwd: Path
-    stdin: bytes = field(repr=False)  # written whole, then stdin is closed
+    # Written whole first; then stdin is closed, unless the run is `interactive`.
+    stdin: bytes = field(repr=False)
+    # An executor Baton keeps talking to while it runs (a JSON-RPC server, a stream-json
+    # input): stdin stays open, its parser writes to it (`SteerableParser.attach`) and closes
+    # it when the run's work is done.
+    interactive: bool = False
 
 
 class StreamParser(Protocol):
@@ -91,8 +97,58 @@ class StreamParser(Protocol):
         """The run's outcome once the process has exited with `exit_code`."""
 
 
+class Stdin(Protocol):
+    """A running executor's stdin, as its parser may use it (`ExecutorProcess` is one)."""
+
+    def write_stdin(self, data: bytes) -> bool:
+        """Queue `data` to be written after everything written before it; False once stdin
+        is closed (the bytes are dropped). Never blocks on the executor reading."""
+
+    def close_stdin(self) -> None:
+        """Close stdin once everything queued is written (again: nothing)."""
+
+
+class SteerRefusal(StrEnum):
+    """Why a steer did not reach the running agent; the worker reports it and Baton falls back
+    to queueing the message behind the turn (`enqueue`)."""
+
+    NOT_STEERABLE = "not_steerable"  # this executor kind cannot take input while it runs
+    FINISHED = "finished"  # the agent already made its last model call of the turn
+    NOT_RUNNING = "not_running"  # no executor runs for the claim (not started, stopped, ended)
+    REFUSED = "refused"  # the executor answered the steer with an error
+
+
+@dataclass(frozen=True)
+class SteerResult:
+    """What became of one steer: delivered to the running agent, or refused and why."""
+
+    delivered: bool
+    refusal: SteerRefusal | None = None
+
+    @classmethod
+    def refused(cls, refusal: SteerRefusal) -> SteerResult:
+        return cls(delivered=False, refusal=refusal)
+
+
+@runtime_checkable
+class SteerableParser(StreamParser, Protocol):
+    """The parser of an interactive run (`Launch.interactive`): it writes to the executor's
+    stdin as the run goes (replies, the next request, the end) and can steer the running turn."""
+
+    def attach(self, stdin: Stdin) -> None:
+        """Called once, right after the process started and before the first line is fed."""
+
+    def steer(self, text: str, done: Callable[[SteerResult], None]) -> None:
+        """Give `text` to the running turn as more user input. Called from another thread
+        than `feed`; never blocks. `done` is called exactly once, from any thread, when the
+        executor has taken it (`delivered`) or it cannot (`refused`), at the latest when the
+        run ends. A text the agent received must reach its next model request."""
+
+
 class ExecutorAdapter(ABC):
     kind: ClassVar[str]  # its name in `executors.kinds.KINDS`
+    # Whether its runs are interactive and take more user input while they run (`steer`).
+    steerable: ClassVar[bool] = False
     _located: str | None = None
 
     def locate(self) -> str:
