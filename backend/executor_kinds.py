@@ -28,6 +28,8 @@ class ExecutorKindSpec:
     default_overhead_tokens: int
     # The model a bot of this kind names unless told otherwise (the demo bots').
     default_model: str
+    # Whether a running turn takes more user input (strategy `steer`); else a steer is queued.
+    steerable: bool = False
 
 
 EXECUTOR_KINDS: tuple[ExecutorKindSpec, ...] = (
@@ -37,6 +39,7 @@ EXECUTOR_KINDS: tuple[ExecutorKindSpec, ...] = (
         resumable=True,
         default_overhead_tokens=16_000,  # Codex's base instructions and tools
         default_model="gpt-5.5",
+        steerable=True,  # `turn/steer` of `codex app-server`
     ),
     ExecutorKindSpec(
         name="claude_code",
@@ -44,6 +47,7 @@ EXECUTOR_KINDS: tuple[ExecutorKindSpec, ...] = (
         resumable=True,
         default_overhead_tokens=24_000,  # Claude Code's long system prompt and tools
         default_model="claude-sonnet-4-5",
+        steerable=True,  # a user message on its stream-json input
     ),
     ExecutorKindSpec(
         name="agno",

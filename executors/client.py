@@ -216,22 +216,33 @@ class BackendClient:
         claims: Sequence[tuple[int, int]],
         *,
         progress: Mapping[tuple[int, int], dict[str, Any]] | None = None,
+        steers: Mapping[tuple[int, int], list[dict[str, Any]]] | None = None,
     ) -> list[ClaimState]:
         """The state of each (subtask_id, attempt) claim; renews the running ones when due.
         `progress` carries, by claim, what a progress post's body would (events and the
         partial text, `ProgressBatch.to_json`); each claim's `ClaimState.progress` says what
-        Baton did with it."""
+        Baton did with it. `steers` says, by claim, what became of the steers it was handed
+        (`TurnRun.steer_results`); `ClaimState.steers` are the ones to hand over now."""
         progress = progress or {}
+        steers = steers or {}
         turns = []
         for subtask_id, attempt in claims:
             turn: dict[str, Any] = {"subtask_id": subtask_id, "attempt": attempt}
             if (report := progress.get((subtask_id, attempt))) is not None:
                 turn["progress"] = report
+            if results := steers.get((subtask_id, attempt)):
+                turn["steers"] = results
             turns.append(turn)
         body = {"worker_id": self.worker_id, "turns": turns}
         answer = self._post("/api/executor/heartbeat/", body, budget=5.0)
         return [
-            ClaimState(item["subtask_id"], item["attempt"], item["state"], _progress_outcome(item))
+            ClaimState(
+                item["subtask_id"],
+                item["attempt"],
+                item["state"],
+                _progress_outcome(item),
+                tuple((offer["steer_id"], offer["message"]) for offer in item.get("steers", ())),
+            )
             for item in answer["turns"]
         ]
 

@@ -136,3 +136,5 @@ class ClaimState:
     attempt: int
     state: str  # running, cancelled, lease_lost, finished
     progress: ProgressOutcome | None = None  # when the heartbeat carried progress
+    # Follow-ups for the running agent (strategy steer): (steer_id, message), oldest first.
+    steers: tuple[tuple[int, str], ...] = ()

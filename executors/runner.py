@@ -13,6 +13,7 @@ counted separately (`artifacts_ms`) and the executor's run time beside it (`exec
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -110,6 +111,11 @@ class TurnRun:
     reported: str | None = None
     _process: ExecutorProcess | None = None
     _parser: SteerableParser | None = None  # while an interactive executor runs
+    # Steers handed to this run, by id, and what became of each once known: each is given to
+    # the executor once, and its result is sent until a heartbeat or the report is answered.
+    _steers_taken: set[int] = field(default_factory=set)
+    _steer_results: dict[int, SteerResult] = field(default_factory=dict)
+    _steer_results_sent: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -133,6 +139,48 @@ class TurnRun:
         if process is not None:
             # stop() waits out the grace period: not on the caller's thread.
             threading.Thread(target=process.stop, args=(STOP_GRACE_SECONDS,), daemon=True).start()
+
+    def take_steers(self, offers: tuple[tuple[int, str], ...]) -> None:
+        """Hand each steer Baton offers to the executor, once per steer id (a heartbeat lists
+        a steer again until it hears what became of it)."""
+        for steer_id, text in offers:
+            with self._lock:
+                if steer_id in self._steers_taken:
+                    continue
+                self._steers_taken.add(steer_id)
+            self.steer(text, functools.partial(self._steered, steer_id))
+
+    def steer_results(self, *, unsent_only: bool) -> list[dict[str, Any]]:
+        """What became of the steers handed to this run, as the heartbeat and the report
+        carry it: all of them, or those no answered heartbeat carried yet."""
+        with self._lock:
+            results = dict(self._steer_results)
+            sent = set(self._steer_results_sent)
+        return [
+            {
+                "steer_id": steer_id,
+                "delivered": result.delivered,
+                "refusal": None if result.refusal is None else str(result.refusal),
+            }
+            for steer_id, result in sorted(results.items())
+            if not (unsent_only and steer_id in sent)
+        ]
+
+    def steer_results_sent(self, entries: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._steer_results_sent.update(entry["steer_id"] for entry in entries)
+
+    def _steered(self, steer_id: int, result: SteerResult) -> None:
+        with self._lock:
+            self._steer_results[steer_id] = result
+        logger.info(
+            _log_line(
+                "turn_steered" if result.delivered else "turn_steer_refused",
+                self,
+                steer=steer_id,
+                refusal=None if result.refusal is None else str(result.refusal),
+            )
+        )
 
     def steer(self, text: str, done: Callable[[SteerResult], None]) -> None:
         """Give `text` to the running agent as more user input (`SteerableParser.steer`);
@@ -361,6 +409,8 @@ class TurnRun:
         outcome: Outcome | None = None,
     ) -> None:
         body: dict[str, Any] = {"status": status, "error": error, "error_code": str(error_code)}
+        if steers := self.steer_results(unsent_only=False):
+            body["steers"] = steers
         if result is not None:
             body["result"] = result
         if outcome is not None:

@@ -277,10 +277,14 @@ class Worker:
                 continue
             room -= size
             carried.append((run, batch))
+        steers = {
+            run.claim: results for run in runs if (results := run.steer_results(unsent_only=True))
+        }
         try:
             states = self.client.heartbeat(
                 [run.claim for run in runs],
                 progress={run.claim: batch.to_json() for run, batch in carried},
+                steers=steers,
             )
         except BackendError as error:
             logger.warning(json.dumps({"event": "heartbeat_failed", "status": error.status}))
@@ -290,6 +294,10 @@ class Worker:
         by_claim = {(state.subtask_id, state.attempt): state for state in states}
         for run in runs:
             state = by_claim.get(run.claim)
+            if state is not None and run.claim in steers:
+                run.steer_results_sent(steers[run.claim])
+            if state is not None and state.steers:
+                run.take_steers(state.steers)
             if state is not None and state.state == "cancelled":
                 run.request_stop(CANCELLED)
             elif state is not None and state.state == "lease_lost":

@@ -20,6 +20,7 @@ from backend.artifacts.selectors import ManifestPart
 from backend.dispatch.claims import MAX_CLAIM_LIMIT
 from backend.dispatch.reports import REPORT_STATUSES
 from backend.tasks.models import SubtaskKind
+from backend.tasks.services import steering
 
 ERROR_CODE_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
@@ -106,9 +107,49 @@ class ProgressFields(StrictInput):
         return attrs
 
 
+class SteerResultInput(StrictInput):
+    steer_id = serializers.IntegerField(min_value=1)
+    delivered = serializers.BooleanField(help_text="Whether the running agent received it.")
+    refusal = serializers.ChoiceField(
+        choices=steering.WORKER_REFUSALS,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Why not, when not delivered; the steer then falls back to the queue.",
+    )
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs["delivered"] and attrs["refusal"] is None:
+            raise serializers.ValidationError({"refusal": ["Say why it was not delivered."]})
+        if attrs["delivered"] and attrs["refusal"] is not None:
+            raise serializers.ValidationError({"refusal": ["A delivered steer has none."]})
+        return attrs
+
+
+def steer_results_field() -> SteerResultInput:
+    return SteerResultInput(
+        many=True,
+        required=False,
+        default=list,
+        help_text=(
+            "What became of the steers the claim was handed: each one's id, and whether the "
+            "agent received it. Sent again until a heartbeat or the report is answered; "
+            "a result Baton already holds changes nothing."
+        ),
+    )
+
+
+def steer_results(entries: list[dict[str, Any]]) -> dict[int, str | None]:
+    """A claim's steer results as `steering.settle_steers` takes them."""
+    return {
+        entry["steer_id"]: None if entry["delivered"] else entry["refusal"] for entry in entries
+    }
+
+
 class ClaimRef(StrictInput):
     subtask_id = serializers.IntegerField(min_value=1)
     attempt = serializers.IntegerField(min_value=1)
+    steers = steer_results_field()
     progress = ProgressFields(
         required=False,
         help_text=(
@@ -136,6 +177,7 @@ class ProgressInput(ClaimInput, ProgressFields):
 
 
 class ResultInput(ClaimInput):
+    steers = steer_results_field()
     status = serializers.ChoiceField(
         choices=REPORT_STATUSES,
         help_text=(
@@ -334,9 +376,23 @@ class ProgressOutcomeOutput(serializers.Serializer[dict[str, Any]]):
     detail = serializers.CharField(allow_null=True)
 
 
+class SteerOfferOutput(serializers.Serializer[dict[str, Any]]):
+    steer_id = serializers.IntegerField()
+    message = serializers.CharField(help_text="The follow-up, to give the running agent.")
+
+
 class HeartbeatTurnOutput(LeaseStateOutput):
     progress = ProgressOutcomeOutput(
         required=False, help_text="Only for a claim whose heartbeat carried progress."
+    )
+    steers = SteerOfferOutput(
+        many=True,
+        required=False,
+        help_text=(
+            "Follow-ups sent with strategy steer, for the running agent, oldest first; only "
+            "for a running claim that has some waiting. Listed again until the worker says "
+            "what became of each (its heartbeat's or report's `steers`)."
+        ),
     )
 
 

@@ -30,6 +30,7 @@ from backend.api.executor_serializers import (
     ResultInput,
     ResultOutput,
     ValueUploadOutput,
+    steer_results,
 )
 from backend.api.links import artifact_download_urls
 from backend.api.permissions import IsExecutorWorker, authenticated_user
@@ -38,6 +39,7 @@ from backend.artifacts.selectors import ManifestEntry, ManifestPart
 from backend.dispatch import claims, leases, reports, waiting
 from backend.dispatch.payload import ClaimedTurn
 from backend.tasks.models import Subtask, SubtaskKind
+from backend.tasks.services import steering
 
 # How DRF writes a datetime (the API's one format).
 _DATETIME = serializers.DateTimeField()
@@ -221,6 +223,14 @@ class HeartbeatBatchApi(ExecutorApi):
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
         worker = authenticated_user(request)
+        steering.settle_steers(
+            worker_id=data["worker_id"],
+            results={
+                (turn["subtask_id"], turn["attempt"]): steer_results(turn["steers"])
+                for turn in data["turns"]
+                if turn["steers"]
+            },
+        )
         progress = reports.record_claims_progress(
             worker=worker,
             worker_id=data["worker_id"],
@@ -262,6 +272,10 @@ def heartbeat_answer(
             if state.lease_expires_at is None
             else _DATETIME.to_representation(state.lease_expires_at),
         }
+        if state.steers:
+            turn["steers"] = [
+                {"steer_id": offer.steer_id, "message": offer.message} for offer in state.steers
+            ]
         outcome = progress.get((state.subtask_id, state.attempt))
         if outcome is not None:
             turn["progress"] = {
@@ -357,6 +371,12 @@ class ResultApi(ExecutorApi):
         payload = ResultInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
+        if data["steers"]:
+            # First, so that a steer the agent received is answered by this result.
+            steering.settle_steers(
+                worker_id=data["worker_id"],
+                results={(subtask_id, data["attempt"]): steer_results(data["steers"])},
+            )
         subtask, changed = reports.report_result(
             worker=authenticated_user(request),
             worker_id=data["worker_id"],

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.http import HttpResponseBase
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, PolymorphicProxySerializer, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -28,6 +28,7 @@ from backend.api.serializers import (
     CancelQuery,
     MessageInput,
     QueuedMessageOutput,
+    SteerOutput,
     SubtaskOutput,
     TaskCreateInput,
     TaskListFilters,
@@ -152,8 +153,18 @@ class TaskMessagesApi(TaskApi):
                 SubtaskOutput(many=True), description="The round started: the new turns."
             ),
             202: OpenApiResponse(
-                QueuedMessageOutput,
-                description="Queued (strategy enqueue): sent when the turns before it finish.",
+                PolymorphicProxySerializer(
+                    component_name="FollowUpAccepted",
+                    serializers=[QueuedMessageOutput, SteerOutput],
+                    resource_type_field_name=None,
+                ),
+                description=(
+                    "Queued (strategy enqueue, or steer with no running turn that can take "
+                    "it: `steer_fallback` says why): sent when the turns before it finish. "
+                    "Or steered (strategy steer): stored as a USER turn and given to the "
+                    "running turn, whose answer answers both; `turn.steered` in the task's "
+                    "events says when the agent received it, `message.queued` if it fell back."
+                ),
             ),
             409: error_response(
                 "The task takes no more messages (it is cancelled), or no more queued ones."
@@ -179,9 +190,13 @@ class TaskMessagesApi(TaskApi):
             ),
             strategy=payload.validated_data.get("strategy"),
         )
+        if follow_up.steer is not None:
+            return Response(SteerOutput(follow_up.steer).data, status=status.HTTP_202_ACCEPTED)
         if follow_up.queued is not None:
+            context = {"steer_fallback": follow_up.steer_fallback}
             return Response(
-                QueuedMessageOutput(follow_up.queued).data, status=status.HTTP_202_ACCEPTED
+                QueuedMessageOutput(follow_up.queued, context=context).data,
+                status=status.HTTP_202_ACCEPTED,
             )
         return Response(_turns(request, task, follow_up.turns), status=status.HTTP_201_CREATED)
 

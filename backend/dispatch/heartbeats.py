@@ -15,7 +15,7 @@ outcome travels back in the heartbeat's answer.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -41,6 +41,7 @@ from backend.prompting import Role
 from backend.tasks import partial_texts, task_events
 from backend.tasks.history import any_of
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus
+from backend.tasks.services.steering import offered_steers
 
 MAX_PROGRESS_EVENTS = 200
 
@@ -96,7 +97,9 @@ def heartbeat_claims(
     last extended more than a heartbeat interval ago. The extension is a compare-and-set on
     the claim (owner, attempt, RUNNING, lease not yet run out), so it needs no task lock and
     cannot revive a lease that ran out, or a turn that was cancelled or reclaimed meanwhile.
-    A claim whose lease ran out is `lease_lost`, and its turn is reclaimed at once.
+    A claim whose lease ran out is `lease_lost`, and its turn is reclaimed at once. A running
+    claim whose turn has steers open is handed the ones still waiting (one more read, only
+    then).
     """
     if not claims:
         return []
@@ -143,6 +146,17 @@ def heartbeat_claims(
             state = LEASE_LOST  # cancelled, reclaimed or run out between the read and the renewal
         expires = renewed_until if subtask_id in renewed else row.lease_expires_at
         states.append(LeaseState(subtask_id, attempt, state, expires))
+    steered = [
+        (state.subtask_id, state.attempt)
+        for state in states
+        if state.state == RUNNING and rows[state.subtask_id].steers_open
+    ]
+    if steered:
+        offers = offered_steers(claims=steered)
+        states = [
+            replace(state, steers=offers.get((state.subtask_id, state.attempt), ()))
+            for state in states
+        ]
     run_out = [
         subtask_id
         for subtask_id, row in rows.items()

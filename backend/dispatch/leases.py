@@ -56,6 +56,7 @@ from backend.tasks.models import (
 )
 from backend.tasks.partial_texts import end_attempts
 from backend.tasks.services import lock_task, record_result, refresh_task_status
+from backend.tasks.services.steering import SteerOffer, end_steers
 from backend.tasks.wakeups import announce_pending
 
 RECLAIM_BATCH = 200
@@ -76,6 +77,8 @@ class LeaseState:
     # holds or finished it) or "finished" (this claim reported the turn's result).
     state: str
     lease_expires_at: datetime | None
+    # Steers for the running agent, to hand over (`backend.tasks.services.steering`).
+    steers: tuple[SteerOffer, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,9 +102,18 @@ class LeaseFields(Protocol):
     def attempts(self) -> int: ...
     @property
     def lease_expires_at(self) -> datetime | None: ...
+    @property
+    def steers_open(self) -> int: ...
 
 
-LEASE_COLUMNS = ("status", "error_code", "lease_owner", "attempts", "lease_expires_at")
+LEASE_COLUMNS = (
+    "status",
+    "error_code",
+    "lease_owner",
+    "attempts",
+    "lease_expires_at",
+    "steers_open",
+)
 
 
 def lease_until(*, now: datetime) -> datetime:
@@ -210,6 +222,7 @@ def requeue(
         updated_at=now,
     )
     end_attempts(turns=[subtask])
+    end_steers(turns=[subtask])
     announce_pending(executors=[subtask.executor])
     if subtask.kind == SubtaskKind.TURN:
         subtask.status, subtask.error_code = SubtaskStatus.PENDING, error_code

@@ -226,7 +226,9 @@ def record_session(
     seen_now = {*(sent or []), subtask.parent_message_id, subtask.message_id}
     if subtask.pipeline_step:
         assert subtask.parent_message_id is not None  # an ASSISTANT turn answers a message
-        seen_now.add(subtask.parent_message_id + subtask.pipeline_step)  # the previous step
+        seen_now.add(
+            subtask.message_id - 1
+        )  # the previous step: a round's answers are numbered in a row
     context_tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
     existing = session_of(task_id=subtask.task_id, bot=subtask.bot, executor=subtask.executor)
     if resumed and existing is not None and existing.session_id == session_id:

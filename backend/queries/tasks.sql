@@ -97,7 +97,8 @@ SELECT pg_notify(%(channel)s, CAST(task_id AS text))
 FROM (SELECT DISTINCT task_id FROM written) AS announced
 
 -- name: latest_round_statuses
--- The statuses of the turns answering the task's latest USER message (marker false), and a
+-- The statuses of the turns answering the task's latest USER message (marker false; a steer
+-- given to a running turn starts no round), and a
 -- row with marker true when a message of the task is queued: every result report asks.
 -- Measured in process on PostgreSQL (bench/dispatch.py --only cpu --cpu-report --native-sessions
 -- --dispatches 200 --blocks 1, under cProfile): the ORM's UNION of a Subquery and a queued
@@ -110,6 +111,7 @@ WHERE turn.task_id = %(task_id)s
     SELECT latest.message_id
     FROM {subtask} AS latest
     WHERE latest.task_id = %(task_id)s AND latest.role = {user_role}
+      AND latest.steered_into_message_id IS NULL
     ORDER BY latest.message_id DESC
     LIMIT 1
   )

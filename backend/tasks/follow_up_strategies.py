@@ -21,9 +21,10 @@ class FollowUpStrategy(models.TextChoices):
     ENQUEUE = "enqueue", "Queue it; it is sent when the turns before it have finished"
     INTERRUPT = "interrupt", "Stop the running turn, keep what it wrote, send it now"
     ROLLBACK = "rollback", "Stop the running turn, drop it from the history, send it now"
+    STEER = "steer", "Give it to the running agent, which answers both; else queue it"
 
 
 def listed(strategies: Iterable[str] = FollowUpStrategy.values) -> str:
-    """`strategies` as a sentence lists them: "reject, enqueue, interrupt or rollback"."""
+    """`strategies` as a sentence lists them: "reject, enqueue, interrupt, rollback or steer"."""
     names = list(strategies)
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"

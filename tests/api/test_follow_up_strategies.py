@@ -67,7 +67,7 @@ def test_reject_is_a_409_that_stores_nothing(api):
     task = create(api, {**SINGLE, "follow_up_strategy": "reject"})
     response = send(api, task, "and also this")
     assert response.status_code == 409
-    assert "strategy enqueue, interrupt or rollback" in response.json()["detail"]
+    assert "strategy enqueue, interrupt, rollback or steer" in response.json()["detail"]
     assert rows(task) == [(1, "USER", "COMPLETED", ""), (2, "ASSISTANT", "PENDING", "")]
     assert not QueuedMessage.objects.exists()
     # A follow-up may choose for itself, whatever its task says.

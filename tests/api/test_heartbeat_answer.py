@@ -15,6 +15,7 @@ from backend.dispatch.leases import (
     LeaseState,
     heartbeat_interval_seconds,
 )
+from backend.tasks.services.steering import SteerOffer
 
 STATES = [
     LeaseState(7, 1, RUNNING, datetime(2026, 12, 4, 19, 0, 5, 123456, tzinfo=UTC)),
@@ -22,7 +23,23 @@ STATES = [
     LeaseState(9, 1, CANCELLED, datetime(2026, 12, 4, 19, 0, tzinfo=UTC)),
     LeaseState(10, 3, LEASE_LOST, None),
     LeaseState(11, 1, FINISHED, None),
+    LeaseState(
+        12,
+        1,
+        RUNNING,
+        datetime(2026, 12, 4, 19, 0, tzinfo=UTC),
+        steers=(SteerOffer(3, "also cover the Windows path"), SteerOffer(5, "and\nthis")),
+    ),
 ]
+
+
+def represented(state: LeaseState) -> dict:
+    """What the serializer is given for a state: its steers as dicts, none when it has none."""
+    turn = vars(state).copy()
+    steers = turn.pop("steers")
+    if steers:
+        turn["steers"] = [vars(offer) for offer in steers]
+    return turn
 
 
 def test_the_answer_is_what_the_serializer_represents():
@@ -31,7 +48,7 @@ def test_the_answer_is_what_the_serializer_represents():
         answer
         == HeartbeatOutput(
             {
-                "turns": [vars(state) for state in STATES],
+                "turns": [represented(state) for state in STATES],
                 "heartbeat_interval_seconds": heartbeat_interval_seconds(),
             }
         ).data
@@ -43,6 +60,10 @@ def test_the_answer_is_what_the_serializer_represents():
         "lease_expires_at": "2026-12-04T19:00:05.123456Z",
     }
     assert answer["turns"][1]["lease_expires_at"] == "2026-12-04T19:00:00Z"
+    assert answer["turns"][5]["steers"] == [
+        {"steer_id": 3, "message": "also cover the Windows path"},
+        {"steer_id": 5, "message": "and\nthis"},
+    ]
 
 
 def test_no_claims_is_an_empty_list():
@@ -65,7 +86,7 @@ def test_progress_outcomes_are_what_the_serializer_represents():
     answer = heartbeat_answer(STATES, PROGRESS)
     turns = []
     for state in STATES:
-        turn = vars(state).copy()
+        turn = represented(state)
         if (outcome := PROGRESS.get((state.subtask_id, state.attempt))) is not None:
             turn["progress"] = vars(outcome)
         turns.append(turn)

@@ -21,6 +21,7 @@ from backend.api.serializers.tasks import (
     BotOutput,
     PipelineStepOutput,
     QueuedMessageOutput,
+    SteerOutput,
     TaskOutput,
     TaskWithTurnsOutput,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "PromptReportLinkOutput",
     "PromptReportOutput",
     "QueuedMessageOutput",
+    "SteerOutput",
     "ResultField",
     "SpilledArtifactOutput",
     "SpilledTextOutput",

@@ -10,6 +10,7 @@ from backend.api.serializers.turns import SubtaskOutput
 from backend.tasks.models import (
     Bot,
     QueuedMessage,
+    Steer,
     Task,
 )
 from backend.tasks.services import follow_up_strategy
@@ -44,13 +45,72 @@ class QueuedMessageOutput(serializers.ModelSerializer[QueuedMessage]):
     turn = serializers.IntegerField(
         source="subtask_id",
         allow_null=True,
-        help_text="The id of the USER turn it became once sent; null while queued.",
+        help_text=(
+            "The id of the USER turn it became once sent; null while queued, except for a "
+            "steer that fell back to the queue, which is a turn already."
+        ),
+    )
+    steer_fallback = serializers.SerializerMethodField(
+        help_text=(
+            "Only when the follow-up was sent with strategy steer and queued instead: why "
+            "(not_running: no turn of the task runs on an executor yet; not_steerable: the "
+            "running executor takes no input while it runs)."
+        )
     )
 
     class Meta:
         model = QueuedMessage
-        fields = ["id", "status", "message", "sender", "turn", "created_at", "sent_at"]
+        fields = [
+            "id",
+            "status",
+            "message",
+            "sender",
+            "turn",
+            "created_at",
+            "sent_at",
+            "steer_fallback",
+        ]
         read_only_fields = fields
+
+    def get_steer_fallback(self, queued: QueuedMessage) -> str | None:
+        return self.context.get("steer_fallback") or None
+
+
+class SteerOutput(serializers.ModelSerializer[Steer]):
+    """A follow-up given to the running agent (strategy steer)."""
+
+    steered = serializers.SerializerMethodField(
+        help_text="Always true: the message went to the running turn, not to the queue."
+    )
+    steer_id = serializers.IntegerField(source="pk")
+    turn = serializers.IntegerField(
+        source="message_id", help_text="The id of the USER turn the message is stored as."
+    )
+    message_id = serializers.IntegerField(source="message.message_id")
+    target = serializers.IntegerField(
+        source="target_id", help_text="The id of the running ASSISTANT turn it was given to."
+    )
+    target_message_id = serializers.IntegerField(source="target.message_id")
+
+    class Meta:
+        model = Steer
+        fields = [
+            "steered",
+            "steer_id",
+            "status",
+            "turn",
+            "message_id",
+            "target",
+            "target_message_id",
+            "attempt",
+            "fallback_reason",
+            "created_at",
+            "delivered_at",
+        ]
+        read_only_fields = fields
+
+    def get_steered(self, steer: Steer) -> bool:
+        return True
 
 
 class TaskOutput(serializers.ModelSerializer[Task]):

@@ -24,6 +24,7 @@ from backend.tasks.models.configuration import (
 from backend.tasks.models.progress import ProgressPiece
 from backend.tasks.models.queued_messages import QueuedMessage, QueuedMessageStatus
 from backend.tasks.models.sessions import NativeSession, TranscriptPart
+from backend.tasks.models.steers import Steer, SteerStatus
 from backend.tasks.models.tasks import (
     TASK_TYPE_PATTERN,
     Task,
@@ -64,6 +65,8 @@ __all__ = [
     "Subtask",
     "SubtaskKind",
     "SubtaskStatus",
+    "Steer",
+    "SteerStatus",
     "Task",
     "TaskEvent",
     "TaskStatus",

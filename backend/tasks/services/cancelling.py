@@ -34,6 +34,7 @@ from backend.tasks.models import (
 from backend.tasks.partial_texts import end_attempts
 from backend.tasks.services.rounds import _apply_ingestion, lock_task
 from backend.tasks.services.status import refresh_task_status
+from backend.tasks.services.steering import end_steers
 from backend.tasks.turn_events import (
     announce_ended_turns,
 )
@@ -78,6 +79,7 @@ def _stop_turns(*, task: Task, turns: list[Subtask], interrupt: bool) -> list[Su
         turn.not_before = None
         turn.finished_at = now
         turn.save()
+    end_steers(turns=turns, task=task)
     task_events.record(task_id=task.pk, events=[task_events.finished_event(t) for t in turns])
     announce_ended_turns(task=task, turns=turns, occurred_at=now)
     return turns
@@ -109,6 +111,8 @@ def cancel_task(*, task: Task) -> Task:
         for turn in stopped:
             turn.status, turn.error_code = SubtaskStatus.CANCELLED, "cancelled"
         end_attempts(turns=stopped)
+        task.status = TaskStatus.CANCELLED  # its steers are cancelled with it
+        end_steers(turns=stopped, task=task)
         task_events.record(
             task_id=task.pk, events=[task_events.finished_event(turn) for turn in stopped]
         )
@@ -173,6 +177,7 @@ def cancel_turn(*, task: Task, subtask_id: int) -> list[Subtask]:
         )
         Subtask.objects.filter(pk__in=[turn.pk for turn in turns]).update(updated_at=now)
         end_attempts(turns=turns)
+        end_steers(turns=turns, task=task)
         task_events.record(
             task_id=task.pk, events=[task_events.finished_event(turn) for turn in turns]
         )

@@ -27,12 +27,14 @@ from backend.tasks.models import (
     TURNS,
     QueuedMessage,
     QueuedMessageStatus,
+    Steer,
     Subtask,
     Task,
     TaskStatus,
 )
 from backend.tasks.services.cancelling import _stop_turns
 from backend.tasks.services.rounds import _create_round, lock_task
+from backend.tasks.services.steering import steer_running_turn, steerable_turn
 from backend.tasks.services.validation import (
     _validate_sender,
     _validate_strategy,
@@ -44,12 +46,15 @@ from backend.tasks.services.validation import (
 class FollowUp:
     """What a follow-up did: the round it started now (`turns`: its USER turn and PENDING
     answers), or the queue entry it waits in (`queued`); and the turns it stopped to start now
-    (`stopped`: interrupted or rolled back)."""
+    (`stopped`: interrupted or rolled back). A steer: its USER turn (`turns`) and its `steer`;
+    or, when no running turn could take it, the queue entry and why (`steer_fallback`)."""
 
     strategy: str
     turns: list[Subtask]
     queued: QueuedMessage | None = None
     stopped: tuple[Subtask, ...] = ()
+    steer: Steer | None = None
+    steer_fallback: str = ""
 
 
 def follow_up_strategy(*, task: Task, strategy: str | None = None) -> str:
@@ -156,6 +161,22 @@ def _rollback(arrival: _Arrival) -> FollowUp:
     return _stop_and_start(arrival, strategy=FollowUpStrategy.ROLLBACK)
 
 
+def _steer(arrival: _Arrival) -> FollowUp:
+    """Stored at once as a USER turn given to the running turn, whose answer answers both
+    (`steering`); when no turn runs yet, or its executor takes no input while it runs,
+    queued as `enqueue` would, saying why."""
+    running, why_not = steerable_turn(arrival.active)
+    if running is None:
+        queued = _enqueue(task=arrival.task, message=arrival.message, sender=arrival.sender)
+        return FollowUp(
+            strategy=FollowUpStrategy.ENQUEUE, turns=[], queued=queued, steer_fallback=why_not
+        )
+    steer = steer_running_turn(
+        task=arrival.task, running=running, message=arrival.message, sender=arrival.sender
+    )
+    return FollowUp(strategy=FollowUpStrategy.STEER, turns=[steer.message], steer=steer)
+
+
 def _stop_and_start(arrival: _Arrival, *, strategy: FollowUpStrategy) -> FollowUp:
     task = arrival.task
     interrupt = strategy == FollowUpStrategy.INTERRUPT
@@ -171,6 +192,7 @@ HANDLERS: dict[FollowUpStrategy, Callable[[_Arrival], FollowUp]] = {
     FollowUpStrategy.ENQUEUE: _enqueue_behind,
     FollowUpStrategy.INTERRUPT: _interrupt,
     FollowUpStrategy.ROLLBACK: _rollback,
+    FollowUpStrategy.STEER: _steer,
 }
 
 
@@ -207,6 +229,11 @@ def withdraw_queued_message(*, task: Task, queued_id: int) -> QueuedMessage:
             raise Conflict(
                 f"Queued message {queued_id} was already {queued.status}; only a message "
                 "still waiting can be withdrawn."
+            )
+        if queued.subtask_id is not None:
+            raise Conflict(
+                f"Queued message {queued_id} is a steer that fell back to the queue: it is "
+                "already a turn of the conversation and will be answered."
             )
         queued.status = QueuedMessageStatus.CANCELLED
         queued.cancelled_at = timezone.now()

@@ -46,6 +46,7 @@ from backend.tasks.models import (
 from backend.tasks.partial_texts import end_attempts
 from backend.tasks.services.rounds import _apply_ingestion, _ingestion_fields, lock_task
 from backend.tasks.services.status import refresh_task_status
+from backend.tasks.services.steering import end_steers
 from backend.tasks.services.validation import check_text_size
 from backend.tasks.transcripts import (
     TranscriptRequest,
@@ -199,6 +200,7 @@ def record_result(
             now=now,
         )
         end_attempts(turns=[subtask])
+        end_steers(turns=[subtask], task=task)
         if subtask.kind == SubtaskKind.SUMMARY:
             _finish_summary(subtask=subtask, task=task)
             return subtask

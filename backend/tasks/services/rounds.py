@@ -65,15 +65,47 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
     steps = task.pipeline
     first_id = allocate_message_ids(task_id=task.pk, count=1 + len(steps))
     now = timezone.now()
-    session_workers = dict(
-        ((bot, executor), worker_id)
-        for bot, executor, worker_id in NativeSession.objects.filter(task_id=task.pk).values_list(
-            "bot", "executor", "worker_id"
-        )
+    user_turn = _user_turn(task=task, message=message, sender=sender, message_id=first_id, now=now)
+    turns = [user_turn, *_answers(task=task, parent_message_id=first_id, now=now)]
+    Subtask.objects.bulk_create(turns)
+    _round_created(task=task, turns=turns, now=now)
+    return turns
+
+
+def _store_user_turn(
+    *, task: Task, message: str, sender: str, steered_into_message_id: int
+) -> Subtask:
+    """Store a USER turn given to a running turn (a steer): no answers of its own, for now."""
+    message_id = allocate_message_ids(task_id=task.pk, count=1)
+    now = timezone.now()
+    turn = _user_turn(task=task, message=message, sender=sender, message_id=message_id, now=now)
+    turn.steered_into_message_id = steered_into_message_id
+    turn.save(force_insert=True)
+    task_events.record(
+        task_id=task.pk, events=[task_events.turn_event(task_events.TURN_CREATED, turn)]
     )
-    user_turn = Subtask(
+    return turn
+
+
+def _answer_stored_turn(*, task: Task, user_turn: Subtask) -> list[Subtask]:
+    """Start the round of a USER turn stored earlier (a steer that fell back to the queue): its
+    PENDING answers, after every turn before them. From now on it is a round's message."""
+    first_id = allocate_message_ids(task_id=task.pk, count=len(task.pipeline))
+    now = timezone.now()
+    answers = _answers(
+        task=task, parent_message_id=user_turn.message_id, now=now, first_id=first_id
+    )
+    Subtask.objects.bulk_create(answers)
+    Subtask.objects.filter(pk=user_turn.pk).update(steered_into_message_id=None)
+    user_turn.steered_into_message_id = None
+    _round_created(task=task, turns=answers, now=now)
+    return answers
+
+
+def _user_turn(*, task: Task, message: str, sender: str, message_id: int, now: Any) -> Subtask:
+    turn = Subtask(
         task=task,
-        message_id=first_id,
+        message_id=message_id,
         role=Role.USER,
         status=SubtaskStatus.COMPLETED,
         sender=sender,
@@ -81,36 +113,52 @@ def _create_round(*, task: Task, message: str, sender: str) -> list[Subtask]:
         created_at=now,
         finished_at=now,
     )
-    _apply_ingestion(user_turn, ingest_text(text=message, task=task), recorded_at=now)
-    turns = [user_turn]
-    for index, step in enumerate(steps):
-        turns.append(
-            Subtask(
-                task=task,
-                message_id=first_id + 1 + index,
-                parent_message_id=first_id,
-                role=Role.ASSISTANT,
-                status=SubtaskStatus.PENDING,
-                bot=step["bot"],
-                pipeline_step=index,
-                executor=step["executor"],
-                context_passing=step["context_passing"] or "",
-                # Only the first step is dispatchable now; each later step becomes eligible
-                # when the step before it completes.
-                pending_since=now if index == 0 else None,
-                created_at=now,
-                session_worker=session_workers.get((step["bot"], step["executor"]), ""),
-            )
+    _apply_ingestion(turn, ingest_text(text=message, task=task), recorded_at=now)
+    return turn
+
+
+def _answers(
+    *, task: Task, parent_message_id: int, now: Any, first_id: int | None = None
+) -> list[Subtask]:
+    """One PENDING ASSISTANT turn per pipeline step, answering `parent_message_id`, numbered
+    from `first_id` (the message right after it by default)."""
+    first_id = parent_message_id + 1 if first_id is None else first_id
+    session_workers = dict(
+        ((bot, executor), worker_id)
+        for bot, executor, worker_id in NativeSession.objects.filter(task_id=task.pk).values_list(
+            "bot", "executor", "worker_id"
         )
-    Subtask.objects.bulk_create(turns)
+    )
+    return [
+        Subtask(
+            task=task,
+            message_id=first_id + index,
+            parent_message_id=parent_message_id,
+            role=Role.ASSISTANT,
+            status=SubtaskStatus.PENDING,
+            bot=step["bot"],
+            pipeline_step=index,
+            executor=step["executor"],
+            context_passing=step["context_passing"] or "",
+            # Only the first step is dispatchable now; each later step becomes eligible
+            # when the step before it completes.
+            pending_since=now if index == 0 else None,
+            created_at=now,
+            session_worker=session_workers.get((step["bot"], step["executor"]), ""),
+        )
+        for index, step in enumerate(task.pipeline)
+    ]
+
+
+def _round_created(*, task: Task, turns: list[Subtask], now: Any) -> None:
     task_events.record(
         task_id=task.pk,
         events=[task_events.turn_event(task_events.TURN_CREATED, turn) for turn in turns],
     )
+    steps = task.pipeline
     announce_pending(executors=[steps[0]["executor"]] if steps else [])
     Task.objects.filter(pk=task.pk).update(status=TaskStatus.PENDING, updated_at=now)
     task.status = TaskStatus.PENDING
-    return turns
 
 
 def _ingestion_fields(ingested: IngestedText, *, recorded_at: Any) -> dict[str, Any]:

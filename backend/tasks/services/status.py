@@ -7,7 +7,7 @@ When that round has finished and a message is queued, the queued message's round
 from __future__ import annotations
 
 from django.db import connection
-from django.db.models import BooleanField, CharField, Subquery, Value
+from django.db.models import BooleanField, CharField, F, Subquery, Value
 from django.utils import timezone
 
 from backend import queries
@@ -21,7 +21,7 @@ from backend.tasks.models import (
     Task,
     TaskStatus,
 )
-from backend.tasks.services.rounds import _create_round
+from backend.tasks.services.rounds import _answer_stored_turn, _create_round
 
 
 def refresh_task_status(*, task: Task) -> str:
@@ -69,7 +69,7 @@ def _latest_round_statuses(*, task: Task) -> tuple[set[str], bool]:
 def _latest_round_rows_by_orm(*, task: Task) -> list[tuple[str, bool]]:
     """`latest_round_statuses`' rows, by the ORM: SQLite's path and the statement's oracle."""
     latest = (
-        Subtask.objects.filter(task_id=task.pk, role=Role.USER)
+        Subtask.objects.filter(task_id=task.pk, role=Role.USER, steered_into_message_id=None)
         .order_by("-message_id")
         .values("message_id")[:1]
     )
@@ -85,12 +85,21 @@ def _latest_round_rows_by_orm(*, task: Task) -> list[tuple[str, bool]]:
 
 def start_next_queued(*, task: Task) -> list[Subtask]:
     """Start the round of the task's oldest queued message (its message_ids are allocated
-    now, after every turn before it); none when nothing is queued. The caller holds the task's
-    lock and has checked that no turn of the task is active."""
-    queued = task.queued_messages.filter(status=QueuedMessageStatus.QUEUED).order_by("id").first()
+    now, after every turn before it); none when nothing is queued. A steer that fell back to
+    the queue is a USER turn already, older than any round a queued message will start: its
+    answers start first. The caller holds the task's lock and has checked that no turn of the
+    task is active."""
+    queued = (
+        task.queued_messages.filter(status=QueuedMessageStatus.QUEUED)
+        .order_by(F("subtask_id").asc(nulls_last=True), "id")
+        .first()
+    )
     if queued is None:
         return []
-    turns = _create_round(task=task, message=queued.message, sender=queued.sender)
+    if queued.subtask is not None:
+        turns = [queued.subtask, *_answer_stored_turn(task=task, user_turn=queued.subtask)]
+    else:
+        turns = _create_round(task=task, message=queued.message, sender=queued.sender)
     queued.status = QueuedMessageStatus.SENT
     queued.subtask = turns[0]
     queued.sent_at = turns[0].created_at
