@@ -54,7 +54,7 @@ WITH claimed AS (
         history_tokens, history_tokens_estimated, history_replaced_chars, artifact_id,
         history_is_preview, result_value_in_artifact, recorded_at, summary_first_message_id,
         summary_last_message_id, summary_previous_id, created_at, updated_at, started_at,
-        finished_at, stop_confirmed_at
+        finished_at, stop_confirmed_at, steered_into_message_id, steers_open
 )
 SELECT
     claimed.id, claimed.task_id, claimed.kind, claimed.message_id,
@@ -71,6 +71,7 @@ SELECT
     claimed.result_value_in_artifact, claimed.recorded_at, claimed.summary_first_message_id,
     claimed.summary_last_message_id, claimed.summary_previous_id, claimed.created_at,
     claimed.updated_at, claimed.started_at, claimed.finished_at, claimed.stop_confirmed_at,
+    claimed.steered_into_message_id, claimed.steers_open,
     task.id, task.owner_id, task.title, task.task_type, task.is_group_chat, task.status,
     task.follow_up_strategy, task.pipeline, task.next_message_id, task.next_event_seq,
     task.transcript_id, task.turn_index_id, task.created_at, task.updated_at,
@@ -145,6 +146,7 @@ SELECT
     turn.result_value_in_artifact, turn.recorded_at, turn.summary_first_message_id,
     turn.summary_last_message_id, turn.summary_previous_id, turn.created_at,
     turn.updated_at, turn.started_at, turn.finished_at, turn.stop_confirmed_at,
+    turn.steered_into_message_id, turn.steers_open,
     task.id, task.owner_id, task.title, task.task_type, task.is_group_chat, task.status,
     task.follow_up_strategy, task.pipeline, task.next_message_id, task.next_event_seq,
     task.transcript_id, task.turn_index_id, task.created_at, task.updated_at,

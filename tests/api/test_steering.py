@@ -1,0 +1,268 @@
+"""Strategy steer through the API: a follow-up handed to the running turn's worker.
+
+Checked by what the product sees (the 202, the task's turns, queue and events), by what the
+worker is handed and asked (its heartbeat), and by what the model finally receives (the next
+dispatched prompt): a steer is answered once, by the turn that received it or by a round of
+its own, never lost and never twice.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from backend.tasks.models import QueuedMessage, Steer, Subtask, TaskEvent
+from tests.api.test_follow_up_strategies import detail, rows, send
+from tests.dispatch.test_dispatch_api import PIPELINE, SINGLE, create, dispatch, report
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
+
+
+def heartbeat(worker_api, turn, *, steers=(), worker_id="w1") -> dict:
+    """The batched heartbeat for one claim, saying what became of `steers` (id, refusal)."""
+    entry = {"subtask_id": turn["subtask_id"], "attempt": turn["attempt"]}
+    if steers:
+        entry["steers"] = [
+            {"steer_id": steer_id, "delivered": refusal is None, "refusal": refusal}
+            for steer_id, refusal in steers
+        ]
+    response = worker_api.post(
+        "/api/executor/heartbeat/", {"worker_id": worker_id, "turns": [entry]}, format="json"
+    )
+    assert response.status_code == 200, response.json()
+    [state] = response.json()["turns"]
+    return state
+
+
+def steer(api, task, text="also cover the Windows path") -> dict:
+    response = send(api, task, text, strategy="steer")
+    assert response.status_code == 202, response.json()
+    return response.json()
+
+
+def event_types(task) -> list[str]:
+    return list(
+        TaskEvent.objects.filter(task_id=task["id"]).order_by("seq").values_list("type", flat=True)
+    )
+
+
+def test_a_steer_is_a_user_turn_at_once_offered_until_the_worker_answers(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task)
+    assert body["steered"] is True
+    assert body["status"] == "pending"
+    assert (body["message_id"], body["target"], body["target_message_id"]) == (
+        3,
+        turn["subtask_id"],
+        2,
+    )
+    assert body["attempt"] == 1 and body["fallback_reason"] == ""
+    # Stored at once, in order, and the task still runs the turn it was given to.
+    assert [row[:3] for row in rows(task)] == [
+        (1, "USER", "COMPLETED"),
+        (2, "ASSISTANT", "RUNNING"),
+        (3, "USER", "COMPLETED"),
+    ]
+    shown = detail(api, task)
+    assert shown["status"] == "RUNNING" and shown["queued_messages"] == []
+    assert shown["turns"][2]["message"] == "also cover the Windows path"
+
+    offer = {"steer_id": body["steer_id"], "message": "also cover the Windows path"}
+    assert heartbeat(worker_api, turn)["steers"] == [offer]
+    assert heartbeat(worker_api, turn)["steers"] == [offer]  # again until answered
+    state = heartbeat(worker_api, turn, steers=[(body["steer_id"], None)])
+    assert "steers" not in state and state["state"] == "running"
+    # The same answer again (its heartbeat's answer was lost) changes nothing.
+    heartbeat(worker_api, turn, steers=[(body["steer_id"], None)])
+    steer_row = Steer.objects.get(pk=body["steer_id"])
+    assert steer_row.status == "delivered" and steer_row.delivered_at is not None
+    assert event_types(task).count("turn.steered") == 1
+
+    # The running turn's answer answers both: no round of its own, nothing queued.
+    assert report(worker_api, turn, result={"value": "done, Windows too"}).status_code == 200
+    assert [row[:3] for row in rows(task)] == [
+        (1, "USER", "COMPLETED"),
+        (2, "ASSISTANT", "COMPLETED"),
+        (3, "USER", "COMPLETED"),
+    ]
+    final = detail(api, task)
+    assert final["status"] == "COMPLETED" and final["queued_messages"] == []
+    assert dispatch(worker_api) == []
+    # The next follow-up is an ordinary round after it.
+    assert send(api, task, "thanks").status_code == 201
+    [after] = dispatch(worker_api)
+    assert after["message_id"] == 5
+    assert "also cover the Windows path" in after["prompt"]
+
+
+def test_a_steer_the_executor_refused_falls_back_to_a_round_after_the_running_turn(
+    api, worker_api
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task, "and the migrations")
+    heartbeat(worker_api, turn, steers=[(body["steer_id"], "finished")])
+    steer_row = Steer.objects.get(pk=body["steer_id"])
+    assert (steer_row.status, steer_row.fallback_reason) == ("queued", "finished")
+    [queued] = detail(api, task)["queued_messages"]
+    assert queued["turn"] == steer_row.message_id and queued["status"] == "queued"
+    assert "steers" not in heartbeat(worker_api, turn)
+    assert dispatch(worker_api) == []  # it waits for the running turn
+
+    assert report(worker_api, turn, result={"value": "first answer"}).status_code == 200
+    [answer] = dispatch(worker_api)
+    # Its own round answers the stored turn: no second USER turn, answered after the first.
+    assert answer["message_id"] == 4
+    assert answer["prompt"].endswith("## Current Message\n\nUser:\nand the migrations\n")
+    assert "first answer" in answer["prompt"]
+    assert report(worker_api, answer, result={"value": "second"}).status_code == 200
+    assert [row[:3] for row in rows(task)] == [
+        (1, "USER", "COMPLETED"),
+        (2, "ASSISTANT", "COMPLETED"),
+        (3, "USER", "COMPLETED"),
+        (4, "ASSISTANT", "COMPLETED"),
+    ]
+    assert Subtask.objects.get(task_id=task["id"], message_id=3).steered_into_message_id is None
+    assert detail(api, task)["status"] == "COMPLETED"
+
+
+def test_a_steer_still_waiting_when_the_turn_completes_falls_back_before_queued_messages(
+    api, worker_api
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    assert send(api, task, "queued first", strategy="enqueue").status_code == 202
+    body = steer(api, task, "steered second")
+    # The worker reports before it handed the steer over: the steer was not answered.
+    assert report(worker_api, turn, result={"value": "answer"}).status_code == 200
+    steer_row = Steer.objects.get(pk=body["steer_id"])
+    assert (steer_row.status, steer_row.fallback_reason) == ("queued", "attempt_ended")
+    [answer] = dispatch(worker_api)
+    # The steer is a turn already (message 4, before anything the queue will start): first.
+    assert answer["prompt"].endswith("## Current Message\n\nUser:\nsteered second\n")
+    assert report(worker_api, answer, result={"value": "ok"}).status_code == 200
+    [then] = dispatch(worker_api)
+    assert then["prompt"].endswith("## Current Message\n\nUser:\nqueued first\n")
+
+
+def test_the_report_settles_the_steers_it_names_before_the_result(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task)
+    steers = [{"steer_id": body["steer_id"], "delivered": True}]
+    assert report(worker_api, turn, result={"value": "both"}, steers=steers).status_code == 200
+    assert Steer.objects.get(pk=body["steer_id"]).status == "delivered"
+    assert QueuedMessage.objects.filter(task_id=task["id"]).count() == 0
+    assert detail(api, task)["status"] == "COMPLETED"
+
+
+def test_a_delivered_steer_whose_attempt_is_retried_gets_a_round_of_its_own(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task, "steer me")
+    heartbeat(worker_api, turn, steers=[(body["steer_id"], None)])
+    retry = {"status": "RETRY", "error": "503", "error_code": "upstream_error"}
+    assert report(worker_api, turn, **retry).status_code == 200
+    # The next attempt starts fresh from the prompt: it never saw the steer, so the steer
+    # is answered by its own round, after that attempt.
+    assert Steer.objects.get(pk=body["steer_id"]).status == "queued"
+    Subtask.objects.filter(pk=turn["subtask_id"]).update(not_before=None)
+    [again] = dispatch(worker_api)
+    assert again["attempt"] == 2 and "steer me" not in again["prompt"]
+    assert "steers" not in heartbeat(worker_api, again)
+    assert report(worker_api, again, result={"value": "fixed"}).status_code == 200
+    [own] = dispatch(worker_api)
+    assert own["prompt"].endswith("## Current Message\n\nUser:\nsteer me\n")
+
+
+def test_without_a_running_turn_that_can_take_it_a_steer_is_queued_and_says_why(
+    api, worker_api
+):
+    task = create(api)
+    pending = send(api, task, "not yet", strategy="steer")
+    assert pending.status_code == 202
+    assert pending.json()["status"] == "queued"
+    assert pending.json()["steer_fallback"] == "not_running"
+
+    agno = create(api, {**SINGLE, "executor": "agno"})
+    dispatch(worker_api, kinds=("agno",))
+    response = send(api, agno, "steer agno", strategy="steer")
+    assert response.status_code == 202
+    assert response.json()["steer_fallback"] == "not_steerable"
+    assert Steer.objects.count() == 0
+    # An ordinary queued message answers no `steer_fallback`.
+    plain = send(api, task, "plain", strategy="enqueue").json()
+    assert plain["steer_fallback"] is None
+
+
+def test_another_workers_word_about_a_steer_changes_nothing(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task)
+    heartbeat(worker_api, turn, steers=[(body["steer_id"], None)], worker_id="w2")
+    assert Steer.objects.get(pk=body["steer_id"]).status == "pending"
+    assert heartbeat(worker_api, turn)["steers"][0]["steer_id"] == body["steer_id"]
+
+
+def test_cancelling_the_task_cancels_its_steers(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task)
+    assert api.post(f"/api/tasks/{task['id']}/cancel/").status_code == 200
+    assert Steer.objects.get(pk=body["steer_id"]).status == "cancelled"
+    assert not QueuedMessage.objects.filter(task_id=task["id"], status="queued").exists()
+
+
+def test_interrupting_a_steered_turn_queues_its_steer_behind_the_new_round(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task, "steered")
+    heartbeat(worker_api, turn, steers=[(body["steer_id"], None)])
+    assert send(api, task, "stop, do this", strategy="interrupt").status_code == 201
+    assert Steer.objects.get(pk=body["steer_id"]).status == "queued"
+    [now] = dispatch(worker_api)
+    assert now["prompt"].endswith("## Current Message\n\nUser:\nstop, do this\n")
+    assert report(worker_api, now, result={"value": "done"}).status_code == 200
+    [later] = dispatch(worker_api)
+    assert later["prompt"].endswith("## Current Message\n\nUser:\nsteered\n")
+
+
+def test_a_pipeline_steers_its_running_step(api, worker_api):
+    task = create(api, PIPELINE)
+    [coder] = dispatch(worker_api)
+    body = steer(api, task, "keep it small")
+    # Numbered after the round's two answers; the reviewer's step stays pending behind it.
+    assert (body["message_id"], body["target_message_id"]) == (4, 2)
+    heartbeat(worker_api, coder, steers=[(body["steer_id"], None)])
+    assert report(worker_api, coder, result={"value": "small patch"}).status_code == 200
+    [reviewer] = dispatch(worker_api, kinds=("claude_code",))
+    assert reviewer["message_id"] == 3
+    assert report(worker_api, reviewer, result={"value": "lgtm"}).status_code == 200
+    assert detail(api, task)["status"] == "COMPLETED"
+    assert dispatch(worker_api, kinds=("codex", "claude_code")) == []
+
+
+@pytest.mark.parametrize(
+    ("entry", "field"),
+    [
+        ({"steer_id": 1, "delivered": False}, "refusal"),
+        ({"steer_id": 1, "delivered": True, "refusal": "finished"}, "refusal"),
+        ({"steer_id": 1, "delivered": False, "refusal": "bored"}, "refusal"),
+        ({"steer_id": 0, "delivered": True}, "steer_id"),
+    ],
+)
+def test_a_bad_steer_result_is_a_400_naming_the_field(api, worker_api, entry, field):
+    create(api)
+    [turn] = dispatch(worker_api)
+    response = worker_api.post(
+        "/api/executor/heartbeat/",
+        {
+            "worker_id": "w1",
+            "turns": [
+                {"subtask_id": turn["subtask_id"], "attempt": turn["attempt"], "steers": [entry]}
+            ],
+        },
+        format="json",
+    )
+    assert response.status_code == 400
+    assert field in str(response.json())
