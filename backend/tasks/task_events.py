@@ -50,6 +50,7 @@ TURN_CREATED = "turn.created"
 TURN_CLAIMED = "turn.claimed"
 TURN_PROGRESS = "turn.progress"
 TURN_REQUEUED = "turn.requeued"
+TURN_STEERED = "turn.steered"  # a steer reached the running agent
 MESSAGE_QUEUED = "message.queued"
 MESSAGE_WITHDRAWN = "message.withdrawn"
 # A turn that finished, by its final status.

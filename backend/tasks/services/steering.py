@@ -32,8 +32,6 @@ from backend.tasks.models import (
 )
 from backend.tasks.services.rounds import _store_user_turn, lock_task
 
-TURN_STEERED = "turn.steered"
-
 # Why a steer fell back to the queue. The first four are the worker's words (its
 # `SteerRefusal`); Baton says the rest.
 NOT_STEERABLE = "not_steerable"  # the running executor kind takes no input while it runs
@@ -138,7 +136,7 @@ def settle_steers(
                     steer.save(update_fields=["status", "delivered_at"])
                     task_events.record(
                         task_id=task.pk,
-                        events=[task_events.Event(TURN_STEERED, steer.target_id, _data(steer))],
+                        events=[task_events.Event(task_events.TURN_STEERED, steer.target_id, _data(steer))],
                     )
                 else:
                     _fall_back(task=task, steer=steer, reason=refusal, now=now)

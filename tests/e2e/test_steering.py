@@ -1,0 +1,155 @@
+"""End to end: a follow-up steered into a running turn, through the real HTTP stack, the real
+worker and the real executors, against the model server on loopback.
+
+Codex (through `codex app-server`'s `turn/steer`) and Claude Code (a user message on its
+stream-json input) take it while a tool command runs, and the turn's next model request
+carries it: the running turn's answer answers both. Agno cannot take it, so it is queued and
+answered by a round of its own. Interrupting or cancelling a steered turn still stops it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from backend.dispatch.policies import set_policy
+from backend.tasks.models import Steer
+from tests.e2e.live import worker
+from tests.e2e.test_executors import _alive, tool_call
+from tests.e2e.test_follow_ups import send, wait_for
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("shipped_bots"),
+]
+
+STEERABLE = ["codex", "claude_code"]
+WAIT_FOR_GO = "while [ ! -f go ]; do sleep 0.05; done; echo built"
+STEER = "Also cover the Windows path (C:\\Users\\ci)."
+
+
+def tool_started(baton, task_id: int) -> bool:
+    events = baton.task(task_id)["turns"][1]["progress_events"] or []
+    return any(event["type"] == "tool_started" for event in events)
+
+
+def carries(request, text: str) -> int:
+    """How many times `text` is in a model request's body (as JSON escapes it)."""
+    return json.dumps(request.body).count(json.dumps(text)[1:-1])
+
+
+@pytest.mark.parametrize("kind", STEERABLE)
+def test_a_steer_reaches_the_running_agents_next_model_request(
+    kind, baton, model_server, tmp_path
+):
+    set_policy(task_type="code", values={"resume_native_sessions": False})
+    model_server.set_turns([tool_call(kind, WAIT_FOR_GO), {"text": "Built, Windows too."}])
+    with worker(baton, model_server, tmp_path, [kind]) as running:
+        task = baton.create(executor=kind, message="Run the build.")
+        wait_for(lambda: tool_started(baton, task["id"]), running)
+        steered = send(baton, task["id"], STEER, strategy="steer")
+        assert steered["steered"] is True and steered["status"] == "pending"
+        wait_for(
+            lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running
+        )
+        assert len(model_server.model_requests()) == 1  # the agent is still in its tool
+        (running.workspace_root / str(task["id"]) / "go").touch()
+        done = baton.wait(task["id"])
+    requests = model_server.model_requests()
+    assert len(requests) == 2, [request.path for request in requests]
+    # The first request never had it; the next one of the same turn has it once.
+    assert [carries(request, STEER) for request in requests] == [0, 1]
+    # One answer for both: no round of its own, nothing queued.
+    assert [(t["role"], t["status"]) for t in done["turns"]] == [
+        ("USER", "COMPLETED"),
+        ("ASSISTANT", "COMPLETED"),
+        ("USER", "COMPLETED"),
+    ]
+    assert done["turns"][1]["result"]["value"] == "Built, Windows too."
+    assert done["turns"][2]["message"] == STEER
+    assert done["queued_messages"] == []
+    steer = Steer.objects.get(pk=steered["steer_id"])
+    assert (steer.status, steer.fallback_reason) == ("delivered", "")
+
+
+def test_agno_cannot_take_a_steer_so_it_is_answered_by_a_round_of_its_own(
+    baton, model_server, tmp_path
+):
+    kind = "agno"
+    model_server.set_turns(
+        [tool_call(kind, WAIT_FOR_GO), {"text": "Built."}, {"text": "Windows covered."}]
+    )
+    with worker(baton, model_server, tmp_path, [kind]) as running:
+        task = baton.create(executor=kind, message="Run the build.")
+        wait_for(lambda: tool_started(baton, task["id"]), running)
+        queued = send(baton, task["id"], STEER, strategy="steer")
+        assert queued["status"] == "queued" and queued["steer_fallback"] == "not_steerable"
+        (running.workspace_root / str(task["id"]) / "go").touch()
+        done = baton.wait(task["id"])
+    assert [(t["role"], t["status"]) for t in done["turns"]] == [
+        ("USER", "COMPLETED"),
+        ("ASSISTANT", "COMPLETED"),
+    ] * 2
+    assert [t["result"]["value"] for t in done["turns"][1::2]] == ["Built.", "Windows covered."]
+    assert done["turns"][2]["message"] == STEER
+    # The agent's first turn never saw it; the queued round's request is the first that does.
+    assert [carries(request, STEER) for request in model_server.model_requests()] == [0, 0, 1]
+
+
+@pytest.mark.parametrize("kind", STEERABLE)
+def test_a_steered_turn_can_still_be_interrupted(kind, baton, model_server, tmp_path):
+    set_policy(task_type="code", values={"resume_native_sessions": False})
+    command = "echo $$ > sleeper.pid; exec sleep 120"
+    model_server.set_turns(
+        [tool_call(kind, command), {"text": "Using tenacity now."}, {"text": "Windows too."}]
+    )
+    with worker(baton, model_server, tmp_path, [kind]) as running:
+        task = baton.create(executor=kind, message="Add retries to the uploader.")
+        pid_file = running.workspace_root / str(task["id"]) / "sleeper.pid"
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "", running)
+        sleeper = int(pid_file.read_text())
+        steered = send(baton, task["id"], STEER, strategy="steer")
+        wait_for(
+            lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running
+        )
+        turns = send(baton, task["id"], "Stop: use tenacity instead.", strategy="interrupt")
+        assert [t["role"] for t in turns] == ["USER", "ASSISTANT"]
+        wait_for(lambda: not _alive(sleeper), running, timeout=10)
+        done = baton.wait(task["id"])
+    # The interrupted turn never answered the steer: it is answered after the new round.
+    assert [(t["role"], t["status"]) for t in done["turns"]] == [
+        ("USER", "COMPLETED"),
+        ("ASSISTANT", "INTERRUPTED"),
+        ("USER", "COMPLETED"),
+        ("USER", "COMPLETED"),
+        ("ASSISTANT", "COMPLETED"),
+        ("ASSISTANT", "COMPLETED"),
+    ]
+    assert done["turns"][2]["message"] == STEER
+    assert Steer.objects.get(pk=steered["steer_id"]).fallback_reason == "attempt_ended"
+
+
+def test_cancelling_a_steered_turn_stops_its_executor(baton, model_server, tmp_path):
+    kind = "codex"
+    command = "echo $$ > sleeper.pid; exec sleep 120"
+    model_server.set_turns([tool_call(kind, command), {"text": "never"}])
+    with worker(baton, model_server, tmp_path, [kind]) as running:
+        task = baton.create(executor=kind, message="Add retries to the uploader.")
+        pid_file = running.workspace_root / str(task["id"]) / "sleeper.pid"
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "", running)
+        sleeper = int(pid_file.read_text())
+        steered = send(baton, task["id"], STEER, strategy="steer")
+        wait_for(
+            lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running
+        )
+        cancelled_at = time.monotonic()
+        response = baton.product.post(f"/api/tasks/{task['id']}/cancel/")
+        assert response.status_code == 200, response.text
+        wait_for(lambda: not _alive(sleeper), running, timeout=10)
+        stopped_after = time.monotonic() - cancelled_at
+    assert stopped_after < 4, stopped_after
+    assert Steer.objects.get(pk=steered["steer_id"]).status == "cancelled"
+    assert len(model_server.model_requests()) == 1
