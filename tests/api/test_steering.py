@@ -95,9 +95,7 @@ def test_a_steer_is_a_user_turn_at_once_offered_until_the_worker_answers(api, wo
     assert "also cover the Windows path" in after["prompt"]
 
 
-def test_a_steer_the_executor_refused_falls_back_to_a_round_after_the_running_turn(
-    api, worker_api
-):
+def test_a_steer_the_executor_refused_falls_back_to_a_round_after_the_running_turn(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
     body = steer(api, task, "and the migrations")
@@ -175,9 +173,7 @@ def test_a_delivered_steer_whose_attempt_is_retried_gets_a_round_of_its_own(api,
     assert own["prompt"].endswith("## Current Message\n\nUser:\nsteer me\n")
 
 
-def test_without_a_running_turn_that_can_take_it_a_steer_is_queued_and_says_why(
-    api, worker_api
-):
+def test_without_a_running_turn_that_can_take_it_a_steer_is_queued_and_says_why(api, worker_api):
     task = create(api)
     pending = send(api, task, "not yet", strategy="steer")
     assert pending.status_code == 202

@@ -42,9 +42,7 @@ def carries(request, text: str) -> int:
 
 
 @pytest.mark.parametrize("kind", STEERABLE)
-def test_a_steer_reaches_the_running_agents_next_model_request(
-    kind, baton, model_server, tmp_path
-):
+def test_a_steer_reaches_the_running_agents_next_model_request(kind, baton, model_server, tmp_path):
     set_policy(task_type="code", values={"resume_native_sessions": False})
     model_server.set_turns([tool_call(kind, WAIT_FOR_GO), {"text": "Built, Windows too."}])
     with worker(baton, model_server, tmp_path, [kind]) as running:
@@ -52,9 +50,7 @@ def test_a_steer_reaches_the_running_agents_next_model_request(
         wait_for(lambda: tool_started(baton, task["id"]), running)
         steered = send(baton, task["id"], STEER, strategy="steer")
         assert steered["steered"] is True and steered["status"] == "pending"
-        wait_for(
-            lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running
-        )
+        wait_for(lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running)
         assert len(model_server.model_requests()) == 1  # the agent is still in its tool
         (running.workspace_root / str(task["id"]) / "go").touch()
         done = baton.wait(task["id"])
@@ -112,9 +108,7 @@ def test_a_steered_turn_can_still_be_interrupted(kind, baton, model_server, tmp_
         wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "", running)
         sleeper = int(pid_file.read_text())
         steered = send(baton, task["id"], STEER, strategy="steer")
-        wait_for(
-            lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running
-        )
+        wait_for(lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running)
         turns = send(baton, task["id"], "Stop: use tenacity instead.", strategy="interrupt")
         assert [t["role"] for t in turns] == ["USER", "ASSISTANT"]
         wait_for(lambda: not _alive(sleeper), running, timeout=10)
@@ -142,9 +136,7 @@ def test_cancelling_a_steered_turn_stops_its_executor(baton, model_server, tmp_p
         wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "", running)
         sleeper = int(pid_file.read_text())
         steered = send(baton, task["id"], STEER, strategy="steer")
-        wait_for(
-            lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running
-        )
+        wait_for(lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running)
         cancelled_at = time.monotonic()
         response = baton.product.post(f"/api/tasks/{task['id']}/cancel/")
         assert response.status_code == 200, response.text

@@ -136,7 +136,11 @@ def settle_steers(
                     steer.save(update_fields=["status", "delivered_at"])
                     task_events.record(
                         task_id=task.pk,
-                        events=[task_events.Event(task_events.TURN_STEERED, steer.target_id, _data(steer))],
+                        events=[
+                            task_events.Event(
+                                task_events.TURN_STEERED, steer.target_id, _data(steer)
+                            )
+                        ],
                     )
                 else:
                     _fall_back(task=task, steer=steer, reason=refusal, now=now)
