@@ -21,7 +21,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench._suite import RESULTS_DIR, Scenario  # noqa: E402
 
 # In the order they run: the cheapest and most self-contained first.
-SCENARIOS = ("prompt_core", "ingestion", "dispatch", "dispatch_http", "streams", "load_profile")
+SCENARIOS = (
+    "prompt_core",
+    "ingestion",
+    "dispatch",
+    "dispatch_http",
+    "streams",
+    "steering",
+    "load_profile",
+)
 
 
 def scenario(name: str) -> Scenario:

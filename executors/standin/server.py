@@ -67,6 +67,8 @@ class RecordedRequest:
     api: str | None = None
     turn_index: int | None = None
     over_context_limit: bool = False  # refused for a prompt over the context limit
+    # When it arrived, by the wall clock (`time.time()`): benchmarks compare it with their own.
+    received_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -364,6 +366,7 @@ class _Handler(BaseHTTPRequestHandler):
             query=dict(parse_qsl(parts.query, keep_blank_values=True)),
             headers={name.lower(): value for name, value in self.headers.items()},
             body=body,
+            received_at=time.time(),
         )
         if route in _RENDERERS and isinstance(body, dict):
             assert route is not None
