@@ -288,3 +288,37 @@ def test_subreaper_adopts_orphans_and_their_zombies_are_reaped(tmp_path: Path) -
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ok\n"
+
+
+def test_an_interactive_runs_stdin_stays_open_for_writes_in_order_until_closed(
+    tmp_path: Path,
+) -> None:
+    # Echoes each stdin line back, and says when stdin ended.
+    script = 'while IFS= read -r line; do echo "got $line"; done; echo eof'
+    launch = Launch(
+        argv=["bash", "-c", script],
+        env={"PATH": os.environ["PATH"]},
+        cwd=tmp_path,
+        stdin=b"first\n",
+        interactive=True,
+    )
+    with _running(launch) as proc:
+        lines = proc.lines()
+        assert next(lines) == "got first"
+        # Nothing ends stdin but close_stdin: the child is still reading.
+        big = "x" * (256 * 1024)  # larger than a pipe buffer: written without blocking us
+        assert proc.write_stdin(b"second\n")
+        assert proc.write_stdin(big.encode() + b"\n")
+        assert next(lines) == "got second"
+        assert next(lines) == f"got {big}"
+        proc.close_stdin()
+        assert list(lines) == ["eof"]
+        assert proc.write_stdin(b"too late\n") is False
+        proc.close_stdin()  # again: nothing
+        assert proc.wait(timeout=5) == 0
+
+
+def test_a_run_that_is_not_interactive_closes_stdin_after_its_bytes(tmp_path: Path) -> None:
+    with _running(_bash(tmp_path, "cat; echo eof", stdin=b"all of it\n")) as proc:
+        assert list(proc.lines()) == ["all of it", "eof"]
+        assert proc.write_stdin(b"more\n") is False

@@ -941,3 +941,33 @@ def test_a_worker_that_must_end_when_idle_never_waits(backend, tmp_path):
     assert [json.loads(body) for _, _, _, body in backend.seen] == [
         {"kinds": ["codex"], "limit": 2, "worker_id": "w"}
     ]
+
+
+def test_a_steer_is_handed_over_once_and_its_result_rides_heartbeats_and_the_report(
+    backend, tmp_path
+):
+    # Agno takes no input while it runs: each steer is refused at once, as `not_steerable`.
+    run = agno_turn_run(turn=_turn(backend), client=_client(backend), root=tmp_path)
+    claim = {"subtask_id": 7, "attempt": 1, "state": "running", "lease_expires_at": None}
+    offers = [{"steer_id": 4, "message": "also Windows"}, {"steer_id": 5, "message": "and docs"}]
+    backend.script = [(200, {"turns": [{**claim, "steers": offers}]})]
+    [state] = run.client.heartbeat([run.claim])
+    assert state.steers == ((4, "also Windows"), (5, "and docs"))
+    run.take_steers(state.steers)
+    run.take_steers(state.steers)  # offered again before Baton heard: handed over once
+    refused = [
+        {"steer_id": 4, "delivered": False, "refusal": "not_steerable"},
+        {"steer_id": 5, "delivered": False, "refusal": "not_steerable"},
+    ]
+    assert run.steer_results(unsent_only=True) == refused
+    # Sent with the next heartbeat; once one is answered, no more.
+    backend.script = [(200, {"turns": [claim]})]
+    run.client.heartbeat([run.claim], steers={run.claim: refused})
+    sent = json.loads(backend.seen[-1][3])
+    assert sent["turns"] == [{"subtask_id": 7, "attempt": 1, "steers": refused}]
+    run.steer_results_sent(refused)
+    assert run.steer_results(unsent_only=True) == []
+    # The report names them all again: it settles whatever a lost heartbeat did not.
+    backend.script = [(200, {})]
+    run._report(status="COMPLETED", result={"value": "done"})
+    assert json.loads(backend.seen[-1][3])["steers"] == refused
