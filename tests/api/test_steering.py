@@ -209,18 +209,21 @@ def test_cancelling_the_task_cancels_its_steers(api, worker_api):
     assert not QueuedMessage.objects.filter(task_id=task["id"], status="queued").exists()
 
 
-def test_interrupting_a_steered_turn_queues_its_steer_behind_the_new_round(api, worker_api):
+@pytest.mark.parametrize("strategy", ["interrupt", "rollback"])
+def test_a_message_that_stops_a_steered_turn_answers_the_steer_too(api, worker_api, strategy):
     task = create(api)
     [turn] = dispatch(worker_api)
     body = steer(api, task, "steered")
     heartbeat(worker_api, turn, steers=[(body["steer_id"], None)])
-    assert send(api, task, "stop, do this", strategy="interrupt").status_code == 201
-    assert Steer.objects.get(pk=body["steer_id"]).status == "queued"
+    assert send(api, task, "stop, do this", strategy=strategy).status_code == 201
+    assert Steer.objects.get(pk=body["steer_id"]).status == "superseded"
     [now] = dispatch(worker_api)
-    assert now["prompt"].endswith("## Current Message\n\nUser:\nstop, do this\n")
+    # The new round's prompt shows the steer last in its history, then the new message.
+    history, current = now["prompt"].split("## Current Message")
+    assert "steered" in history and current == "\n\nUser:\nstop, do this\n"
     assert report(worker_api, now, result={"value": "done"}).status_code == 200
-    [later] = dispatch(worker_api)
-    assert later["prompt"].endswith("## Current Message\n\nUser:\nsteered\n")
+    assert dispatch(worker_api) == []  # no round of its own
+    assert detail(api, task)["status"] == "COMPLETED"
 
 
 def test_a_pipeline_steers_its_running_step(api, worker_api):

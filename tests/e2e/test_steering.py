@@ -113,17 +113,21 @@ def test_a_steered_turn_can_still_be_interrupted(kind, baton, model_server, tmp_
         assert [t["role"] for t in turns] == ["USER", "ASSISTANT"]
         wait_for(lambda: not _alive(sleeper), running, timeout=10)
         done = baton.wait(task["id"])
-    # The interrupted turn never answered the steer: it is answered after the new round.
+    # The interrupted turn never answered the steer: the new round does, its model reading
+    # the steer last in the history, just before the message that interrupted.
     assert [(t["role"], t["status"]) for t in done["turns"]] == [
         ("USER", "COMPLETED"),
         ("ASSISTANT", "INTERRUPTED"),
         ("USER", "COMPLETED"),
         ("USER", "COMPLETED"),
         ("ASSISTANT", "COMPLETED"),
-        ("ASSISTANT", "COMPLETED"),
     ]
     assert done["turns"][2]["message"] == STEER
-    assert Steer.objects.get(pk=steered["steer_id"]).fallback_reason == "attempt_ended"
+    assert Steer.objects.get(pk=steered["steer_id"]).status == "superseded"
+    last = model_server.model_requests()[-1]
+    assert carries(last, STEER) == 1
+    body = json.dumps(last.body)
+    assert body.index(json.dumps(STEER)[1:-1]) < body.index("Stop: use tenacity instead.")
 
 
 def test_cancelling_a_steered_turn_stops_its_executor(baton, model_server, tmp_path):

@@ -6,7 +6,10 @@ The worker holding that claim is offered it through its heartbeat and says wheth
 executor took it; the target's answer then answers both. A steer that cannot get there — the
 executor already made its last model call, the worker lost the claim, the attempt ended
 without an answer — falls back to the queue (`QUEUED`): its USER turn gets a round of its own
-when the turns before it have finished.
+when the turns before it have finished. When a newer message interrupts or rolls back that
+turn instead, the new round answers it (`SUPERSEDED`): its prompt's history ends with the
+steer, just before the newer message, and a round started after that message could not show
+the model what came between.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ class SteerStatus(models.TextChoices):
     PENDING = "pending", "Waiting to be handed to the running agent"
     DELIVERED = "delivered", "Received by the running agent"
     QUEUED = "queued", "Fell back to the queue"
+    # A newer message interrupted or rolled back the turn it was given to: the new round's
+    # prompt shows it in its history, just before that message.
+    SUPERSEDED = "superseded", "Read by the round of the message that stopped its turn"
     CANCELLED = "cancelled", "Its task was cancelled first"
 
 

@@ -79,7 +79,7 @@ def _stop_turns(*, task: Task, turns: list[Subtask], interrupt: bool) -> list[Su
         turn.not_before = None
         turn.finished_at = now
         turn.save()
-    end_steers(turns=turns, task=task)
+    end_steers(turns=turns, task=task, superseded=True)
     task_events.record(task_id=task.pk, events=[task_events.finished_event(t) for t in turns])
     announce_ended_turns(task=task, turns=turns, occurred_at=now)
     return turns

@@ -151,11 +151,15 @@ def settle_steers(
                 )
 
 
-def end_steers(*, turns: Sequence[Subtask], task: Task | None = None) -> None:
+def end_steers(
+    *, turns: Sequence[Subtask], task: Task | None = None, superseded: bool = False
+) -> None:
     """The turns' attempts are ending (their new status set in memory, in the transaction
     that ends them): each steer still PENDING for an attempt, and each one DELIVERED to an
     attempt that did not complete, falls back to the queue — or, when the task is being
-    cancelled, is cancelled with it. A completed turn's delivered steers are answered by it.
+    cancelled, is cancelled with it; or, when a newer message stops the turns
+    (`superseded`: interrupt, rollback), it is left to that message's round, whose history
+    shows it just before that message. A completed turn's delivered steers are answered by it.
     `task` is the task when the caller holds its lock; else it is locked here, and only when
     a turn has steers (most have none: this costs nothing then)."""
     ending = {turn.pk: turn for turn in turns if turn.steers_open}
@@ -174,8 +178,9 @@ def end_steers(*, turns: Sequence[Subtask], task: Task | None = None) -> None:
             continue
         if steer.status == SteerStatus.DELIVERED and turn.status == SubtaskStatus.COMPLETED:
             continue  # answered
-        if task.status == TaskStatus.CANCELLED:
-            steer.status, steer.settled_at = SteerStatus.CANCELLED, now
+        if task.status == TaskStatus.CANCELLED or superseded:
+            steer.status = SteerStatus.CANCELLED if not superseded else SteerStatus.SUPERSEDED
+            steer.settled_at = now
             steer.save(update_fields=["status", "settled_at"])
         else:
             _fall_back(task=task, steer=steer, reason=ATTEMPT_ENDED, now=now)
