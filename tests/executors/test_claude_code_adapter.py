@@ -59,7 +59,8 @@ from executors.events import (
 )
 from executors.standin import ModelServer
 from executors.standin.errors import ANTHROPIC_CONTEXT_MESSAGE
-from tests.executors.runs import FinishedRun, of_type, run_as_worker
+from tests.executors.claude_steering import run_attached
+from tests.executors.runs import FinishedRun, of_type
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "claude_code"
@@ -112,8 +113,10 @@ def _request(
 
 
 def _run(request: RunRequest) -> FinishedRun:
-    """Run Claude Code for `request` as the worker will: ExecutorProcess, parser, outcome."""
-    return run_as_worker(ClaudeCodeAdapter(), request)
+    """Run Claude Code for `request` as the worker will: ExecutorProcess, the parser attached
+    to its stdin, outcome."""
+    run, _ = run_attached(ClaudeCodeAdapter(), request)
+    return run
 
 
 def _dead_port_url() -> str:
@@ -898,6 +901,8 @@ def test_launch_full_access(adapter: ClaudeCodeAdapter, tmp_path: Path) -> None:
     assert launch.argv == [
         FAKE_BINARY,
         "-p",
+        "--input-format",
+        "stream-json",
         "--output-format",
         "stream-json",
         "--verbose",
@@ -937,7 +942,15 @@ def test_launch_full_access(adapter: ClaudeCodeAdapter, tmp_path: Path) -> None:
     assert launch.env == expected_env
     assert (tmp_path / "state" / "home").is_dir()
     assert launch.cwd == tmp_path / "workspace"
-    assert launch.stdin == "the prompt ✓".encode()
+    # The prompt is the first stream-json user message; stdin stays open for steers.
+    assert (
+        launch.stdin
+        == (
+            '{"type": "user", "message": {"role": "user", "content": "the prompt ✓"}, '
+            '"parent_tool_use_id": null, "session_id": ""}\n'
+        ).encode()
+    )
+    assert launch.interactive and adapter.steerable
     argv = " ".join(launch.argv)
     assert "the prompt" not in argv and API_KEY not in argv and "terse" not in argv
 
@@ -947,7 +960,7 @@ def test_launch_read_only_minimal(adapter: ClaudeCodeAdapter, tmp_path: Path) ->
         tmp_path, None, model="", permission_mode="read_only", base_url="", api_key=None
     )
     launch = adapter.launch(request)
-    assert launch.argv[10:] == ["--permission-mode", "dontAsk", "--tools", "Read,Glob,Grep"]
+    assert launch.argv[12:] == ["--permission-mode", "dontAsk", "--tools", "Read,Glob,Grep"]
     for absent in ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "IS_SANDBOX"):
         assert absent not in launch.env
     assert list((tmp_path / "tmp").iterdir()) == []  # no instructions, no file
