@@ -2,8 +2,11 @@
 
 Two layers, as EXECUTORS.md §4 asks. The parser tests replay streams the real `claude` 2.1.332
 printed (tests/executors/recordings/claude_code/*.jsonl) and need no binary. The real-binary
-tests run `claude -p` through ExecutorProcess against the `model_server` fixture and assert what
+tests run `claude -p` through ExecutorProcess, with the parser attached to its stdin as the
+worker does (`claude_steering.run_attached`), against the `model_server` fixture and assert what
 the model received and what the run produced; each would fail if the feature it names broke.
+Steering is tested both ways: on the real binary (where the steered text lands, when stdin
+closes) and line by line on a stand-in stdin (each steer answered once, from any thread).
 
 The recordings are re-made with `python -m tests.executors.test_claude_code_adapter` (it runs
 the same scenarios through the adapter). The run's temporary directories are written as
@@ -23,7 +26,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -142,10 +145,17 @@ class Scenario:
     bot: dict[str, Any] = field(default_factory=dict)
     resume: str | None = None
     dead_endpoint: bool = False
+    # Steered once the first model request arrived; then the file `go` is made in the workspace.
+    steer: str | None = None
 
 
 def _bash(command: str) -> dict[str, Any]:
     return {"tool": {"name": "Bash", "arguments": {"command": command}}}
+
+
+# No character JSON escapes, so the text can be counted in a request's JSON as it is.
+STEER_TEXT = "Also mention the bananas — ✓ steered"
+_WAIT_FOR_GO = "while [ ! -f go ]; do sleep 0.05; done; echo went"
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -206,6 +216,15 @@ SCENARIOS: dict[str, Scenario] = {
             },
         ]
     ),
+    # Steered while a command waits for `go`: the same turn takes the steer in.
+    "steer_during_tool": Scenario(
+        [_bash(_WAIT_FOR_GO), {"text": "Bananas mentioned."}], steer=STEER_TEXT
+    ),
+    # Steered while the turn's last model call answers: a second turn and result follow.
+    "steer_during_last_call": Scenario(
+        [{"text": "First answer.", "delay_seconds": 1.0}, {"text": "Covers the steer."}],
+        steer=STEER_TEXT,
+    ),
 }
 
 
@@ -220,8 +239,11 @@ def _record(name: str, scenario: Scenario, server: ModelServer, base: Path) -> N
     )
     workspace = str(request.workspace)
     turns = json.loads(json.dumps(scenario.turns).replace("{workspace}", workspace))
+    server.clear()
     server.set_turns(turns)
-    run = _run(request)
+    run, _ = run_attached(
+        ClaudeCodeAdapter(), request, meanwhile=_steering(scenario.steer, server, request)
+    )
     # Claude Code also names the workspace by its slug (projects/<slug>/); tool input streamed
     # in pieces may still hold a piece of the scratch path, which nothing reads.
     replacements = [(str(base / part), placeholder) for part, placeholder in PLACEHOLDERS.items()]
@@ -233,6 +255,24 @@ def _record(name: str, scenario: Scenario, server: ModelServer, base: Path) -> N
         lines.append(line)
     assert API_KEY not in "".join(lines)
     (RECORDINGS / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
+def _steering(
+    text: str | None, server: ModelServer, request: RunRequest
+) -> Callable[[AttachedRun], None] | None:
+    """What a recorded run does meanwhile: steer `text` once the first model request came,
+    wait until it is delivered, then make the file `go` in the workspace."""
+    if text is None:
+        return None
+
+    def steer(run: AttachedRun) -> None:
+        server.wait_for_requests(1)
+        answers = SteerAnswers()
+        run.parser.steer(text, answers)
+        assert answers.wait() == SteerResult(delivered=True)
+        (request.workspace / "go").touch()
+
+    return steer
 
 
 def _slug(path: str) -> str:
@@ -518,6 +558,47 @@ EXPECTED: dict[str, tuple[list[Event], Outcome]] = {
                 cost_usd=0.0019140000000000003,
             ),
             session_id="f9ddabbe-bf54-443a-8404-5888cdf21630",
+        ),
+    ),
+    # The steer's command_lifecycle frames are Baton's own business: no events.
+    "steer_during_tool": (
+        [
+            SessionStarted(session_id="9157a3a6-ea54-4d11-978d-770e17bf1411"),
+            ToolStarted(call_id="toolu_standin_2ccf1a7f_0001", tool="Bash", command=_WAIT_FOR_GO),
+            ToolFinished(call_id="toolu_standin_2ccf1a7f_0001", tool="Bash", command=_WAIT_FOR_GO),
+            MessageDelta(text="Bananas"),
+            MessageDelta(text=" mentioned."),
+            MessageCompleted(text="Bananas mentioned."),
+            UsageReported(usage=Usage(input_tokens=22, output_tokens=14, cost_usd=0.000276)),
+        ],
+        Outcome(
+            status=OutcomeStatus.COMPLETED,
+            final_text="Bananas mentioned.",
+            usage=Usage(input_tokens=22, output_tokens=14, cost_usd=0.000276),
+            session_id="9157a3a6-ea54-4d11-978d-770e17bf1411",
+            commands=({"command": _WAIT_FOR_GO, "exit_code": None},),
+        ),
+    ),
+    # Two turns, two results (a second `init` of the same session): both answers are
+    # messages, the last is the run's, and each model call counts once.
+    "steer_during_last_call": (
+        [
+            SessionStarted(session_id="57f3ff80-e9e2-47aa-b3a9-7ad79f3166ea"),
+            MessageDelta(text="First"),
+            MessageDelta(text=" answer."),
+            MessageCompleted(text="First answer."),
+            UsageReported(usage=Usage(input_tokens=11, output_tokens=7, cost_usd=0.000138)),
+            MessageDelta(text="Covers"),
+            MessageDelta(text=" the"),
+            MessageDelta(text=" steer."),
+            MessageCompleted(text="Covers the steer."),
+            UsageReported(usage=Usage(input_tokens=11, output_tokens=7, cost_usd=0.000138)),
+        ],
+        Outcome(
+            status=OutcomeStatus.COMPLETED,
+            final_text="Covers the steer.",
+            usage=Usage(input_tokens=22, output_tokens=14, cost_usd=0.000276),
+            session_id="57f3ff80-e9e2-47aa-b3a9-7ad79f3166ea",
         ),
     ),
 }
@@ -1409,10 +1490,6 @@ def test_resuming_an_unknown_session_is_recognised(
 
 
 # -- steering the running turn -----------------------------------------------------------------
-
-# No character JSON escapes, so the text can be counted in a request's JSON as it is.
-STEER_TEXT = "Also mention the bananas — ✓ steered"
-_WAIT_FOR_GO = "while [ ! -f go ]; do sleep 0.05; done; echo went"
 
 
 def _result_lines(run: FinishedRun) -> list[dict[str, Any]]:
