@@ -18,7 +18,11 @@ What Claude Code did with a user message written while a turn ran (seen with the
   and `total_cost_usd` in it are totals for the process, so they already include the first.
 
 So the run's last `result` is the one after which no written steer still waits to start a
-turn: only then is stdin closed, and from then on a steer is refused as FINISHED.
+turn: only then is stdin closed, and from then on a steer is refused as FINISHED. (Claude Code
+still ran a queued message's turn, or a background subagent's, after stdin closed; keeping stdin
+open until then is what lets a steer written during that turn reach it.) The frames used here
+are marked internal in Claude Code's schema: a version without them leaves steers unconfirmed
+and stdin open, which the steering tests catch.
 """
 
 from __future__ import annotations
@@ -94,20 +98,23 @@ class ClaudeCodeSteering:
         done(SteerResult.refused(refusal))
 
     def lifecycle(self, command_uuid: str, state: str) -> None:
-        """Claude Code's `command_lifecycle` frame for a message Baton wrote."""
-        result: SteerResult | None = None
+        """Claude Code's `command_lifecycle` frame for a message; only steers count."""
         with self._lock:
-            if state == "queued" or state == "started":
-                # `started` without `queued` before it would still mean the message was taken.
+            if command_uuid not in self._unstarted:
+                return  # not a steer, or one already taken into a turn (or dropped)
+            if state in _DROPPED_STATES:
+                result: SteerResult | None = SteerResult.refused(SteerRefusal.REFUSED)
+                self._unstarted.discard(command_uuid)
+            elif state in ("queued", "started"):
+                # `started` without `queued` before it would still mean the steer was taken.
                 result = SteerResult(delivered=True)
-            elif state in _DROPPED_STATES:
-                result = SteerResult.refused(SteerRefusal.REFUSED)
-            if state == "started":
-                self._unstarted.discard(command_uuid)
-                self._after_result = False  # a turn of its own: its result is yet to come
-            elif state in _DROPPED_STATES:
-                self._unstarted.discard(command_uuid)
-            done = self._unconfirmed.pop(command_uuid, None) if result is not None else None
+                if state == "started":
+                    self._unstarted.discard(command_uuid)
+                    # Taken into a turn: if one of its own, that turn's result is yet to come.
+                    self._after_result = False
+            else:
+                return
+            done = self._unconfirmed.pop(command_uuid, None)
             stdin = self._close_if_last()
         if stdin is not None:
             stdin.close_stdin()
