@@ -1,4 +1,5 @@
-"""The Claude Code adapter: `claude -p --output-format stream-json` mapped onto Baton's events.
+"""The Claude Code adapter: `claude -p` with stream-json input and output, mapped onto Baton's
+events, whose running turn Baton can steer.
 
 Verified against Claude Code 2.1.332 (bundled in `claude-agent-sdk==0.2.189`) and the stand-in
 model server; each flag and variable below was checked to do what its comment says, because
@@ -13,7 +14,8 @@ state dir) only: `--setting-sources user` keeps Claude Code from reading `.claud
 in the workspace, which is task content. Without it, such a file ran its hooks even in read_only
 mode, and its `env` redirected `ANTHROPIC_BASE_URL` — with our API key — to another host.
 
-The stream it prints is read in `claude_code_stream`.
+The stream it prints is read in `claude_code_stream`; what goes to its stdin, and how a steer
+reaches the running turn, is `claude_code_steering`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, Launch, RunRequest
+from executors.adapters.claude_code_steering import user_message_line
 from executors.adapters.claude_code_stream import ClaudeCodeStreamParser, is_missing_session
 from executors.events import Outcome
 
@@ -43,6 +46,7 @@ class ClaudeCodeAdapter(ExecutorAdapter):
     """Runs the Claude Code binary bundled in the `claude-agent-sdk` wheel."""
 
     kind = "claude_code"
+    steerable = True
 
     def _find(self) -> str:
         """The bundled `claude` binary's path, found once per adapter."""
@@ -52,7 +56,8 @@ class ClaudeCodeAdapter(ExecutorAdapter):
         return is_missing_session(outcome)
 
     def launch(self, request: RunRequest) -> Launch:
-        """`claude -p` in stream-json mode with the prompt on stdin.
+        """`claude -p` in stream-json mode, interactive, with the prompt as the first user
+        message on stdin.
 
         Side effects, both inside directories the worker gave this run: creates
         `<state_dir>/home` (HOME must exist) and writes the bot's instructions, when it has any,
@@ -64,6 +69,9 @@ class ClaudeCodeAdapter(ExecutorAdapter):
         argv = [
             binary,
             "-p",
+            # User messages as JSON lines on stdin: the prompt, then any steers.
+            "--input-format",
+            "stream-json",
             "--output-format",
             "stream-json",
             "--verbose",  # stream-json in -p mode requires it
@@ -97,7 +105,8 @@ class ClaudeCodeAdapter(ExecutorAdapter):
             argv=argv,
             env=_environment(request, home=home),
             cwd=request.workspace,
-            stdin=request.prompt.encode("utf-8", errors="replace"),
+            stdin=user_message_line(request.prompt),
+            interactive=True,
         )
 
     def parser(self, request: RunRequest) -> ClaudeCodeStreamParser:

@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from executors.adapters.base import MAX_ERROR_CHARS, bounded_error
+from executors.adapters.base import MAX_ERROR_CHARS, Stdin, SteerResult, bounded_error
+from executors.adapters.claude_code_steering import ClaudeCodeSteering
 from executors.adapters.context_overflow import mentions_context_overflow
 from executors.adapters.session_usage import SessionUsageStore
 from executors.events import (
@@ -238,6 +239,9 @@ class ClaudeCodeStreamParser:
     Edit that succeeded; `result` → UsageReported. Text from subagents (lines with a
     `parent_tool_use_id`) is not the answer and is skipped; their tool calls are reported, since
     they ran in the workspace. Lines that are not JSON objects are ignored.
+
+    It is a `SteerableParser`: attached to the run's stdin, it writes steers there and closes
+    it after the run's last `result` (see `claude_code_steering`).
     """
 
     def __init__(self, *, workspace: Path, state_dir: Path | None = None) -> None:
@@ -254,6 +258,13 @@ class ClaudeCodeStreamParser:
         self._tools: dict[str, _ToolUse] = {}
         self._commands: list[dict[str, Any]] = []
         self._files_changed: list[str] = []
+        self._steering = ClaudeCodeSteering()
+
+    def attach(self, stdin: Stdin) -> None:
+        self._steering.attach(stdin)
+
+    def steer(self, text: str, done: Callable[[SteerResult], None]) -> None:
+        self._steering.steer(text, done)
 
     def feed(self, line: str) -> list[Event]:
         try:
@@ -275,12 +286,20 @@ class ClaudeCodeStreamParser:
         elif kind == "user":
             return self._user(message)
         elif kind == "result":
-            return self._result_line(message)
+            events = self._result_line(message)
+            self._steering.result_seen()
+            return events
+        elif kind == "command_lifecycle":
+            command_uuid = _string(message.get("command_uuid"))
+            state = _string(message.get("state"))
+            if command_uuid and state:
+                self._steering.lifecycle(command_uuid, state)
         return []
 
     def _result_line(self, result: dict[str, Any]) -> list[Event]:
         # Usually one per run; a background subagent finishing after the main loop's answer
-        # resumes the loop and a second result follows. Its numbers are totals for the session
+        # resumes the loop and a second result follows, and so does a steer that came too late
+        # for the running turn and started one of its own. Its numbers are totals for the session
         # so far — after `--resume` Claude Code restores the session's earlier totals — so the
         # run's usage is the total less what the session had before it, and the event reports
         # what this result added.
@@ -310,6 +329,7 @@ class ClaudeCodeStreamParser:
         return any(is_missing_session(text) for text in texts)
 
     def finish(self, *, exit_code: int, stderr_tail: str) -> Outcome:
+        self._steering.run_ended()
         result = self._result
         common: dict[str, Any] = {
             "commands": tuple(self._commands),

@@ -2,8 +2,11 @@
 
 Two layers, as EXECUTORS.md §4 asks. The parser tests replay streams the real `claude` 2.1.332
 printed (tests/executors/recordings/claude_code/*.jsonl) and need no binary. The real-binary
-tests run `claude -p` through ExecutorProcess against the `model_server` fixture and assert what
+tests run `claude -p` through ExecutorProcess, with the parser attached to its stdin as the
+worker does (`claude_steering.run_attached`), against the `model_server` fixture and assert what
 the model received and what the run produced; each would fail if the feature it names broke.
+Steering is tested both ways: on the real binary (where the steered text lands, when stdin
+closes) and line by line on a stand-in stdin (each steer answered once, from any thread).
 
 The recordings are re-made with `python -m tests.executors.test_claude_code_adapter` (it runs
 the same scenarios through the adapter). The run's temporary directories are written as
@@ -16,11 +19,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,6 +41,8 @@ from executors.adapters.base import (
     ExecutorUnavailable,
     ModelEndpoint,
     RunRequest,
+    SteerRefusal,
+    SteerResult,
 )
 from executors.adapters.claude_code import INSTRUCTIONS_FILE, ClaudeCodeAdapter
 from executors.adapters.claude_code_stream import (
@@ -59,7 +67,8 @@ from executors.events import (
 )
 from executors.standin import ModelServer
 from executors.standin.errors import ANTHROPIC_CONTEXT_MESSAGE
-from tests.executors.runs import FinishedRun, of_type, run_as_worker
+from tests.executors.claude_steering import AttachedRun, SteerAnswers, run_attached
+from tests.executors.runs import FinishedRun, of_type
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "claude_code"
@@ -112,8 +121,10 @@ def _request(
 
 
 def _run(request: RunRequest) -> FinishedRun:
-    """Run Claude Code for `request` as the worker will: ExecutorProcess, parser, outcome."""
-    return run_as_worker(ClaudeCodeAdapter(), request)
+    """Run Claude Code for `request` as the worker will: ExecutorProcess, the parser attached
+    to its stdin, outcome."""
+    run, _ = run_attached(ClaudeCodeAdapter(), request)
+    return run
 
 
 def _dead_port_url() -> str:
@@ -134,10 +145,17 @@ class Scenario:
     bot: dict[str, Any] = field(default_factory=dict)
     resume: str | None = None
     dead_endpoint: bool = False
+    # Steered once the first model request arrived; then the file `go` is made in the workspace.
+    steer: str | None = None
 
 
 def _bash(command: str) -> dict[str, Any]:
     return {"tool": {"name": "Bash", "arguments": {"command": command}}}
+
+
+# No character JSON escapes, so the text can be counted in a request's JSON as it is.
+STEER_TEXT = "Also mention the bananas — ✓ steered"
+_WAIT_FOR_GO = "while [ ! -f go ]; do sleep 0.05; done; echo went"
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -198,6 +216,15 @@ SCENARIOS: dict[str, Scenario] = {
             },
         ]
     ),
+    # Steered while a command waits for `go`: the same turn takes the steer in.
+    "steer_during_tool": Scenario(
+        [_bash(_WAIT_FOR_GO), {"text": "Bananas mentioned."}], steer=STEER_TEXT
+    ),
+    # Steered while the turn's last model call answers: a second turn and result follow.
+    "steer_during_last_call": Scenario(
+        [{"text": "First answer.", "delay_seconds": 1.0}, {"text": "Covers the steer."}],
+        steer=STEER_TEXT,
+    ),
 }
 
 
@@ -212,8 +239,11 @@ def _record(name: str, scenario: Scenario, server: ModelServer, base: Path) -> N
     )
     workspace = str(request.workspace)
     turns = json.loads(json.dumps(scenario.turns).replace("{workspace}", workspace))
+    server.clear()
     server.set_turns(turns)
-    run = _run(request)
+    run, _ = run_attached(
+        ClaudeCodeAdapter(), request, meanwhile=_steering(scenario.steer, server, request)
+    )
     # Claude Code also names the workspace by its slug (projects/<slug>/); tool input streamed
     # in pieces may still hold a piece of the scratch path, which nothing reads.
     replacements = [(str(base / part), placeholder) for part, placeholder in PLACEHOLDERS.items()]
@@ -225,6 +255,24 @@ def _record(name: str, scenario: Scenario, server: ModelServer, base: Path) -> N
         lines.append(line)
     assert API_KEY not in "".join(lines)
     (RECORDINGS / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
+def _steering(
+    text: str | None, server: ModelServer, request: RunRequest
+) -> Callable[[AttachedRun], None] | None:
+    """What a recorded run does meanwhile: steer `text` once the first model request came,
+    wait until it is delivered, then make the file `go` in the workspace."""
+    if text is None:
+        return None
+
+    def steer(run: AttachedRun) -> None:
+        server.wait_for_requests(1)
+        answers = SteerAnswers()
+        run.parser.steer(text, answers)
+        assert answers.wait() == SteerResult(delivered=True)
+        (request.workspace / "go").touch()
+
+    return steer
 
 
 def _slug(path: str) -> str:
@@ -510,6 +558,47 @@ EXPECTED: dict[str, tuple[list[Event], Outcome]] = {
                 cost_usd=0.0019140000000000003,
             ),
             session_id="f9ddabbe-bf54-443a-8404-5888cdf21630",
+        ),
+    ),
+    # The steer's command_lifecycle frames are Baton's own business: no events.
+    "steer_during_tool": (
+        [
+            SessionStarted(session_id="9157a3a6-ea54-4d11-978d-770e17bf1411"),
+            ToolStarted(call_id="toolu_standin_2ccf1a7f_0001", tool="Bash", command=_WAIT_FOR_GO),
+            ToolFinished(call_id="toolu_standin_2ccf1a7f_0001", tool="Bash", command=_WAIT_FOR_GO),
+            MessageDelta(text="Bananas"),
+            MessageDelta(text=" mentioned."),
+            MessageCompleted(text="Bananas mentioned."),
+            UsageReported(usage=Usage(input_tokens=22, output_tokens=14, cost_usd=0.000276)),
+        ],
+        Outcome(
+            status=OutcomeStatus.COMPLETED,
+            final_text="Bananas mentioned.",
+            usage=Usage(input_tokens=22, output_tokens=14, cost_usd=0.000276),
+            session_id="9157a3a6-ea54-4d11-978d-770e17bf1411",
+            commands=({"command": _WAIT_FOR_GO, "exit_code": None},),
+        ),
+    ),
+    # Two turns, two results (a second `init` of the same session): both answers are
+    # messages, the last is the run's, and each model call counts once.
+    "steer_during_last_call": (
+        [
+            SessionStarted(session_id="57f3ff80-e9e2-47aa-b3a9-7ad79f3166ea"),
+            MessageDelta(text="First"),
+            MessageDelta(text=" answer."),
+            MessageCompleted(text="First answer."),
+            UsageReported(usage=Usage(input_tokens=11, output_tokens=7, cost_usd=0.000138)),
+            MessageDelta(text="Covers"),
+            MessageDelta(text=" the"),
+            MessageDelta(text=" steer."),
+            MessageCompleted(text="Covers the steer."),
+            UsageReported(usage=Usage(input_tokens=11, output_tokens=7, cost_usd=0.000138)),
+        ],
+        Outcome(
+            status=OutcomeStatus.COMPLETED,
+            final_text="Covers the steer.",
+            usage=Usage(input_tokens=22, output_tokens=14, cost_usd=0.000276),
+            session_id="57f3ff80-e9e2-47aa-b3a9-7ad79f3166ea",
         ),
     ),
 }
@@ -867,6 +956,156 @@ def test_subagent_text_is_not_a_message_but_its_tools_are_reported() -> None:
     assert parser.feed(json.dumps(delta)) == []
 
 
+# -- steering, line by line (no binary) --------------------------------------------------------
+
+
+class _Stdin:
+    """A run's stdin as the parser sees it: what was written, and whether it was closed."""
+
+    def __init__(self, *, open_: bool = True) -> None:
+        self.lines: list[dict[str, Any]] = []
+        self.closed = 0
+        self._open = open_
+
+    def write_stdin(self, data: bytes) -> bool:
+        if not self._open:
+            return False
+        assert data.endswith(b"\n") and data.count(b"\n") == 1
+        self.lines.append(json.loads(data))
+        return True
+
+    def close_stdin(self) -> None:
+        self.closed += 1
+        self._open = False
+
+
+def _lifecycle(command_uuid: str, state: str) -> str:
+    return json.dumps({"type": "command_lifecycle", "command_uuid": command_uuid, "state": state})
+
+
+def _attached() -> tuple[ClaudeCodeStreamParser, _Stdin]:
+    parser = ClaudeCodeStreamParser(workspace=Path("/w"))
+    stdin = _Stdin()
+    parser.attach(stdin)
+    return parser, stdin
+
+
+def test_a_steer_is_a_user_message_delivered_when_claude_code_queues_it() -> None:
+    parser, stdin = _attached()
+    answers = SteerAnswers()
+    parser.steer("Also this — ✓", answers)
+    [line] = stdin.lines
+    assert line == {
+        "type": "user",
+        "message": {"role": "user", "content": "Also this — ✓"},
+        "parent_tool_use_id": None,
+        "session_id": "",
+        "uuid": line["uuid"],
+    }
+    assert answers.answers == []
+    assert parser.feed(_lifecycle("another-uuid", "queued")) == []
+    assert answers.answers == []
+    assert parser.feed(_lifecycle(line["uuid"], "queued")) == []
+    # Claude Code repeats `queued` after an interrupt; `started` and `completed` follow.
+    for state in ("queued", "started", "completed"):
+        parser.feed(_lifecycle(line["uuid"], state))
+    assert answers.answers == [SteerResult(delivered=True)]
+
+
+@pytest.mark.parametrize("state", ["cancelled", "discarded", "refused"])
+def test_a_steer_claude_code_drops_is_refused(state: str) -> None:
+    parser, stdin = _attached()
+    answers = SteerAnswers()
+    parser.steer("x", answers)
+    parser.feed(_lifecycle(stdin.lines[0]["uuid"], state))
+    assert answers.answers == [SteerResult.refused(SteerRefusal.REFUSED)]
+    # Dropped, it starts no turn: the next result is the last.
+    parser.feed(json.dumps(_result(is_error=False)))
+    assert stdin.closed == 1
+
+
+def test_stdin_closes_after_the_result_no_steer_waits_for() -> None:
+    parser, stdin = _attached()
+    answers = SteerAnswers()
+    parser.steer("late", answers)
+    steer_uuid = stdin.lines[0]["uuid"]
+    parser.feed(_lifecycle(steer_uuid, "queued"))
+    # The steer came too late for this turn: a turn of its own and its result follow.
+    parser.feed(json.dumps(_result(is_error=False, result="First.")))
+    assert stdin.closed == 0
+    parser.feed(_lifecycle(steer_uuid, "started"))
+    parser.feed(json.dumps(_result(is_error=False, result="Second.")))
+    assert stdin.closed == 1
+    finished = SteerAnswers()
+    parser.steer("after the end", finished)
+    assert finished.answers == [SteerResult.refused(SteerRefusal.FINISHED)]
+    assert len(stdin.lines) == 1  # nothing written after the last result
+    outcome = parser.finish(exit_code=0, stderr_tail="")
+    assert outcome.final_text == "Second."
+    assert answers.answers == [SteerResult(delivered=True)]
+
+
+def test_the_recorded_text_run_closes_stdin_at_its_result() -> None:
+    parser, stdin = _attached()
+    lines = (RECORDINGS / "text.jsonl").read_text(encoding="utf-8").splitlines()
+    for line in lines[:-1]:
+        parser.feed(line)
+    assert stdin.closed == 0
+    parser.feed(lines[-1])
+    assert json.loads(lines[-1])["type"] == "result" and stdin.closed == 1
+
+
+def test_steers_the_run_never_took_are_not_running_once_at_the_end() -> None:
+    parser, stdin = _attached()
+    unconfirmed, delivered = SteerAnswers(), SteerAnswers()
+    parser.steer("one", unconfirmed)
+    parser.steer("two", delivered)
+    parser.feed(_lifecycle(stdin.lines[1]["uuid"], "queued"))
+    parser.finish(exit_code=-9, stderr_tail="")
+    assert unconfirmed.answers == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+    assert delivered.answers == [SteerResult(delivered=True)]
+    parser.feed(_lifecycle(stdin.lines[0]["uuid"], "queued"))  # too late to count
+    assert unconfirmed.answers == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+    after = SteerAnswers()
+    parser.steer("three", after)
+    assert after.answers == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+
+
+def test_a_steer_without_an_open_stdin_is_not_running() -> None:
+    unattached = SteerAnswers()
+    ClaudeCodeStreamParser(workspace=Path("/w")).steer("x", unattached)
+    assert unattached.answers == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+    parser = ClaudeCodeStreamParser(workspace=Path("/w"))
+    parser.attach(_Stdin(open_=False))  # the process exited and closed it
+    closed = SteerAnswers()
+    parser.steer("x", closed)
+    assert closed.answers == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+
+
+def test_each_of_many_concurrent_steers_is_answered_once() -> None:
+    parser, stdin = _attached()
+    answers = [SteerAnswers() for _ in range(200)]
+    steering = [
+        threading.Thread(target=parser.steer, args=(f"steer {index}", answer))
+        for index, answer in enumerate(answers)
+    ]
+    for thread in steering:
+        thread.start()
+    # Meanwhile the run's thread takes in whatever was written so far, and the run ends.
+    queued = 0
+    while any(thread.is_alive() for thread in steering) or queued < len(stdin.lines):
+        for line in stdin.lines[queued:]:
+            parser.feed(_lifecycle(line["uuid"], "queued"))
+            queued += 1
+    for thread in steering:
+        thread.join()
+    parser.feed(json.dumps(_result(is_error=False)))
+    parser.finish(exit_code=0, stderr_tail="")
+    assert [len(answer.answers) for answer in answers] == [1] * len(answers)
+    assert all(answer.answers[0].delivered for answer in answers)
+    assert len({line["uuid"] for line in stdin.lines}) == len(answers)
+
+
 # -- launch (no binary) ------------------------------------------------------------------------
 
 FAKE_BINARY = "/opt/claude/_bundled/claude"
@@ -898,6 +1137,8 @@ def test_launch_full_access(adapter: ClaudeCodeAdapter, tmp_path: Path) -> None:
     assert launch.argv == [
         FAKE_BINARY,
         "-p",
+        "--input-format",
+        "stream-json",
         "--output-format",
         "stream-json",
         "--verbose",
@@ -937,7 +1178,15 @@ def test_launch_full_access(adapter: ClaudeCodeAdapter, tmp_path: Path) -> None:
     assert launch.env == expected_env
     assert (tmp_path / "state" / "home").is_dir()
     assert launch.cwd == tmp_path / "workspace"
-    assert launch.stdin == "the prompt ✓".encode()
+    # The prompt is the first stream-json user message; stdin stays open for steers.
+    assert (
+        launch.stdin
+        == (
+            '{"type": "user", "message": {"role": "user", "content": "the prompt ✓"}, '
+            '"parent_tool_use_id": null, "session_id": ""}\n'
+        ).encode()
+    )
+    assert launch.interactive and adapter.steerable
     argv = " ".join(launch.argv)
     assert "the prompt" not in argv and API_KEY not in argv and "terse" not in argv
 
@@ -947,7 +1196,7 @@ def test_launch_read_only_minimal(adapter: ClaudeCodeAdapter, tmp_path: Path) ->
         tmp_path, None, model="", permission_mode="read_only", base_url="", api_key=None
     )
     launch = adapter.launch(request)
-    assert launch.argv[10:] == ["--permission-mode", "dontAsk", "--tools", "Read,Glob,Grep"]
+    assert launch.argv[12:] == ["--permission-mode", "dontAsk", "--tools", "Read,Glob,Grep"]
     for absent in ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "IS_SANDBOX"):
         assert absent not in launch.env
     assert list((tmp_path / "tmp").iterdir()) == []  # no instructions, no file
@@ -1238,6 +1487,134 @@ def test_resuming_an_unknown_session_is_recognised(
     assert is_missing_session(run.outcome)
     assert run.outcome.session_id == ""
     assert model_server.model_requests() == []
+
+
+# -- steering the running turn -----------------------------------------------------------------
+
+
+def _result_lines(run: FinishedRun) -> list[dict[str, Any]]:
+    messages = [json.loads(line) for line in run.lines if line.startswith("{")]
+    return [message for message in messages if message.get("type") == "result"]
+
+
+def _times_carried(server: ModelServer, text: str) -> list[int]:
+    """How often each model request's messages hold `text`."""
+    return [
+        json.dumps(request.body["messages"], ensure_ascii=False).count(text)
+        for request in server.model_requests()
+    ]
+
+
+@e2e
+def test_a_steer_during_a_tool_call_reaches_the_next_model_request_of_the_turn(
+    model_server: ModelServer, tmp_path: Path
+) -> None:
+    model_server.set_turns([_bash(_WAIT_FOR_GO), {"text": "Bananas mentioned."}])
+    request = _request(tmp_path, model_server)
+    answers = SteerAnswers()
+
+    def steer_while_the_command_waits(run: AttachedRun) -> None:
+        model_server.wait_for_requests(1)
+        run.parser.steer(STEER_TEXT, answers)
+        # Delivered while the command still waits: Claude Code queued it, it did not answer it.
+        assert answers.wait() == SteerResult(delivered=True)
+        assert len(model_server.model_requests()) == 1
+        (request.workspace / "go").touch()
+
+    run, parser = run_attached(
+        ClaudeCodeAdapter(), request, meanwhile=steer_while_the_command_waits
+    )
+    assert run.outcome.status == OutcomeStatus.COMPLETED, run.outcome.error
+    assert run.outcome.final_text == "Bananas mentioned."
+    assert run.exit_code == 0
+    assert answers.answers == [SteerResult(delivered=True)]
+    # The same turn: one result, and the request after the command carries the steer once,
+    # beside the command's output in its tool result.
+    assert [result["num_turns"] for result in _result_lines(run)] == [2]
+    assert _times_carried(model_server, STEER_TEXT) == [0, 1]
+    tool_result = model_server.model_requests()[1].body["messages"][-1]["content"][0]
+    assert tool_result["type"] == "tool_result"
+    assert tool_result["content"].startswith("went\n")
+    assert f"\n{STEER_TEXT}\n" in tool_result["content"]
+    finished = SteerAnswers()
+    parser.steer("Too late.", finished)
+    assert finished.answers == [SteerResult.refused(SteerRefusal.FINISHED)]
+
+
+@e2e
+def test_a_steer_during_the_last_model_call_is_answered_by_a_turn_of_its_own(
+    model_server: ModelServer, tmp_path: Path
+) -> None:
+    slow = 1.0  # seconds each of the first two answers takes: time to steer during them
+    model_server.set_turns(
+        [
+            {"text": "First answer.", "delay_seconds": slow},
+            {"text": "Covers the steer.", "delay_seconds": slow},
+            {"text": "Covers both steers."},
+        ]
+    )
+    first, second = SteerAnswers(), SteerAnswers()
+
+    def steer_while_the_model_answers(run: AttachedRun) -> None:
+        model_server.wait_for_requests(1)
+        run.parser.steer(STEER_TEXT, first)
+        assert first.wait() == SteerResult(delivered=True)
+        # The turn the first steer started runs after a result: stdin is still open for more.
+        model_server.wait_for_requests(2)
+        run.parser.steer("And the cherries.", second)
+        assert second.wait() == SteerResult(delivered=True)
+
+    run, _ = run_attached(
+        ClaudeCodeAdapter(),
+        _request(tmp_path, model_server),
+        meanwhile=steer_while_the_model_answers,
+    )
+    assert run.outcome.status == OutcomeStatus.COMPLETED, run.outcome.error
+    assert first.answers == second.answers == [SteerResult(delivered=True)]
+    # A result for each turn; the run's answer is the last one's.
+    assert [result["result"] for result in _result_lines(run)] == [
+        "First answer.",
+        "Covers the steer.",
+        "Covers both steers.",
+    ]
+    assert run.outcome.final_text == "Covers both steers."
+    assert run.exit_code == 0
+    assert _times_carried(model_server, STEER_TEXT) == [0, 1, 1]
+    assert _times_carried(model_server, "And the cherries.") == [0, 0, 1]
+    steered = model_server.model_requests()[1].body["messages"][-1]
+    assert (steered["role"], _text_blocks(steered)[-1]) == ("user", STEER_TEXT)
+    # Every model call (11 in, 7 out each) counted once.
+    three_calls = Usage(input_tokens=33, output_tokens=21, cost_usd=0.000414)
+    assert run.outcome.usage == three_calls
+    reported = of_type(run.events, UsageReported)
+    assert sum(event.usage.input_tokens for event in reported) == 33
+
+
+@e2e
+def test_a_steer_the_stopped_run_never_took_is_not_running_once(
+    model_server: ModelServer, tmp_path: Path
+) -> None:
+    model_server.set_turns([_bash("sleep 30"), {"text": "unused"}])
+    answers = SteerAnswers()
+
+    def steer_then_stop(run: AttachedRun) -> None:
+        model_server.wait_for_requests(1)
+        # Claude Code cannot read stdin while stopped: the steer stays unconfirmed.
+        os.kill(run.process.pid, signal.SIGSTOP)
+        run.parser.steer(STEER_TEXT, answers)
+        time.sleep(0.3)
+        assert answers.answers == []
+        run.process.stop(grace_seconds=0)
+
+    run, parser = run_attached(
+        ClaudeCodeAdapter(), _request(tmp_path, model_server), meanwhile=steer_then_stop
+    )
+    assert run.outcome.status == OutcomeStatus.FAILED
+    assert answers.answers == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+    after = SteerAnswers()
+    parser.steer(STEER_TEXT, after)
+    assert after.answers == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+    assert _times_carried(model_server, STEER_TEXT) == [0]
 
 
 if __name__ == "__main__":
