@@ -58,7 +58,8 @@ from executors.events import (
 )
 from executors.standin import ModelServer
 from executors.standin.errors import ANTHROPIC_CONTEXT_MESSAGE, openai_error
-from tests.executors.runs import FinishedRun, of_type, run_as_worker
+from tests.executors.runs import FinishedRun, of_type
+from tests.executors.steering import LiveRun, run_to_end
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "codex"
 # vLLM's words (and other OpenAI-compatible servers') for a prompt over the window: no code.
@@ -127,7 +128,7 @@ def _run(request: RunRequest, *, wrap: Sequence[str] = ()) -> FinishedRun:
     launch = adapter.launch(request)
     if wrap:
         launch = replace(launch, argv=[*wrap, *launch.argv])
-    return run_as_worker(adapter, request, launch=launch)
+    return run_to_end(adapter, request, launch=launch)
 
 
 # -- recordings --------------------------------------------------------------------------------
