@@ -374,10 +374,13 @@ class CodexStreamParser:
             if turn_id and (not self._turn_id or turn_id == self._turn_id):
                 return self._turn_completed(params.get("turn"))
         elif method == "error":
-            text = _string(_field(params.get("error"), "message"))
+            error = params.get("error")
+            text = _string(_field(error, "message"))
             if text:
                 if params.get("willRetry") is True:
-                    return [Warning(message=text)]
+                    # "Reconnecting... 1/5 (<the error>)", as `codex exec` printed it.
+                    details = _string(_field(error, "additionalDetails"))
+                    return [Warning(message=f"{text} ({details})" if details else text)]
                 self._last_error = text
         elif method == "warning":
             text = _string(params.get("message"))

@@ -57,7 +57,9 @@ class LiveRun:
         self.parser = adapter.parser(request)
         self._timeout = timeout
         self._started = time.monotonic()
-        self.process = ExecutorProcess.start(launch, marker=f"{adapter.kind}-test-{uuid.uuid4().hex}")
+        self.process = ExecutorProcess.start(
+            launch, marker=f"{adapter.kind}-test-{uuid.uuid4().hex}"
+        )
         if launch.interactive and isinstance(self.parser, SteerableParser):
             self.parser.attach(self.process)
         self._watchdog = threading.Timer(timeout, self.process.stop, kwargs={"grace_seconds": 0})
