@@ -1136,16 +1136,24 @@ def test_a_resume_of_a_thread_this_worker_lacks_is_recognised(
     assert model_server.requests == []
 
 
-def test_a_workspace_codex_config_is_ignored(model_server: ModelServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("trusted_before", [False, True])
+def test_a_workspace_codex_config_is_ignored(
+    trusted_before: bool, model_server: ModelServer, tmp_path: Path
+) -> None:
     model_server.set_turns([{"text": "ok"}])
     request = _request(tmp_path, model_server)
     (request.workspace / ".codex").mkdir()
     (request.workspace / ".codex" / "config.toml").write_text(
         'developer_instructions = "INJECTED"\n'
     )
-    _run(request)
+    user_config = request.state_dir / "config.toml"
+    if trusted_before:  # as app-server itself writes it for a full-access thread's cwd
+        user_config.write_text(f'[projects."{request.workspace}"]\ntrust_level = "trusted"\n')
+    run = _run(request)
+    assert run.outcome.status == OutcomeStatus.COMPLETED
     (call,) = _only_model_calls(model_server, 1)
     assert "INJECTED" not in json.dumps(call.body)
+    assert user_config.exists() == trusted_before  # Codex marked nothing trusted itself
 
 
 def test_without_a_key_no_authorization_is_sent(model_server: ModelServer, tmp_path: Path) -> None:
