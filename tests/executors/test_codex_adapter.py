@@ -1308,6 +1308,21 @@ def test_a_steer_of_a_run_that_is_stopped_is_not_running_once(
     assert model_server.requests == []
 
 
+def test_a_run_stopped_during_a_tool_command_leaves_no_process(
+    model_server: ModelServer, tmp_path: Path
+) -> None:
+    command = "touch started; sleep 30"
+    model_server.set_turns([{"tool": {"name": "exec_command", "arguments": {"cmd": command}}}])
+    request = _request(tmp_path, model_server)
+    run = LiveRun(CodexAdapter(), request)
+    _wait_for_file(request.workspace / "started")
+    started = time.monotonic()
+    assert run.process.stop(grace_seconds=0.5) == []  # the tool's sleep too
+    finished = run.finish()  # and checks again that nothing of the run is left
+    assert time.monotonic() - started < 5
+    assert finished.outcome.status == OutcomeStatus.FAILED
+
+
 def _open_turn(tmp_path: Path) -> tuple[CodexStreamParser, RecordedStdin]:
     parser = _parser(tmp_path)
     stdin = RecordedStdin()
