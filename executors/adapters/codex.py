@@ -1,23 +1,36 @@
-"""The Codex CLI adapter: `codex exec --json` as a subprocess, its JSONL mapped onto Baton's events.
+"""The Codex CLI adapter: `codex app-server` as a subprocess, spoken to over JSON-RPC on stdio.
 
-Verified against `openai-codex-cli-bin==0.163.0` and the stand-in model server; every flag and
-override below was checked to do what its comment says, because Codex changes behaviour between
-releases (see /work/shared/EXECUTORS.md §1).
+Why app-server and not `codex exec --json`: a running `exec` turn cannot take more user input,
+while app-server has `turn/steer`, which adds input to the turn in flight, so a Baton user's
+follow-up reaches the agent mid-turn (`ExecutorAdapter.steerable`). Everything else `exec`
+gave is kept: one process per run, the prompt on stdin (inside the `turn/start` request, never
+argv), the same events and outcome, and the process exits when Baton closes its stdin.
 
-Configuration comes from `-c` overrides alone: `--ignore-user-config` makes Codex skip both
-`$CODEX_HOME/config.toml` and a `.codex/config.toml` in the workspace. The workspace is task
-content; without the flag, a `.codex/config.toml` placed there did change the request (its
-`developer_instructions` reached the model). The model provider is always a custom one named
-`baton`, because Codex 0.163 ignores `OPENAI_BASE_URL`.
+Verified against `openai-codex-cli-bin==0.163.0` and the stand-in model server; every override
+below was checked to do what its comment says, because Codex changes behaviour between releases
+(see /work/shared/EXECUTORS.md §1).
 
-The JSONL it prints is read in `codex_stream`.
+Configuration comes from `-c` overrides. app-server has no `--ignore-user-config`, so what that
+flag guaranteed is kept another way: a `.codex/config.toml` in the workspace (task content) is
+loaded only for a trusted project, and app-server marks the project it starts a full-access
+thread in as trusted (it writes that into `$CODEX_HOME/config.toml`), after which a planted
+`developer_instructions` did reach the model. The `projects` override declares the workspace
+untrusted, replacing every trust entry of `$CODEX_HOME/config.toml`; then nothing is written
+and the workspace's config stays unloaded, also in a state dir an earlier run had marked. (The
+rest of `$CODEX_HOME/config.toml` is read: Baton writes none, and Codex no longer does.) The
+model provider is always a custom one named `baton`, because Codex 0.163 ignores
+`OPENAI_BASE_URL`.
+
+The conversation (requests, notifications, steers) is run by the parser in `codex_stream`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
+from pathlib import Path
 
 from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, Launch, RunRequest
 from executors.adapters.codex_stream import CodexStreamParser, is_missing_session
@@ -42,6 +55,7 @@ class CodexAdapter(ExecutorAdapter):
     """Runs the Codex CLI bundled in the `openai-codex-cli-bin` wheel."""
 
     kind = "codex"
+    steerable = True
 
     def _find(self) -> str:
         """The bundled `codex` binary's path, found once per adapter."""
@@ -51,26 +65,22 @@ class CodexAdapter(ExecutorAdapter):
         return is_missing_session(outcome)
 
     def launch(self, request: RunRequest) -> Launch:
-        """`codex exec` (or `codex exec resume <id>`) with the prompt on stdin.
+        """`codex app-server` on stdio; the parser writes the requests, the prompt among them.
 
         Raises ValueError for a request Codex cannot run as asked: an unknown permission mode, a
-        resume id that is not a UUID (Codex would treat it as a thread *name*, find none and
-        silently start a new thread), or instructions too long for one argument.
+        resume id that is not a UUID (Codex would look for a thread of that name and fail
+        later, or not at all), or instructions too long for one argument.
         """
-        argv = [self.locate(), "exec"]
         if request.resume_session_id is not None:
-            argv += ["resume", _thread_id(request.resume_session_id)]
-        argv += [
-            "--json",
-            "--skip-git-repo-check",
-            "--ignore-user-config",  # no config from CODEX_HOME or the workspace: see module doc
-            "--ignore-rules",  # nor execpolicy .rules files, for the same reason
-            *_permission_flags(request.bot.permission_mode),
-            *_config_flags(request),
-            "-",  # read the prompt from stdin; Launch.stdin is written whole, then closed
-        ]
-        # bot.max_turns is not passed: `codex exec` 0.163 has no turn limit (no flag, and no
-        # such key in the binary's config schema); the worker's timeout bounds a run instead.
+            _thread_id(request.resume_session_id)
+        if request.bot.permission_mode not in _PERMISSION_MODES:
+            raise ValueError(
+                f"unknown permission mode {request.bot.permission_mode!r}; "
+                f"expected {_PERMISSION_MODES}"
+            )
+        argv = [self.locate(), "app-server", *_config_flags(request)]
+        # bot.max_turns is not passed: Codex 0.163 has no turn limit (no such key in the
+        # binary's config schema); the worker's timeout bounds a run instead.
         for argument in argv:
             if len(os.fsencode(argument)) > _MAX_ARGUMENT_BYTES:
                 raise ValueError("a Codex argument (the bot's instructions?) exceeds 128 KiB")
@@ -89,12 +99,18 @@ class CodexAdapter(ExecutorAdapter):
         )
         if request.endpoint.api_key is not None:
             env[API_KEY_VARIABLE] = request.endpoint.api_key
-        # A lone surrogate cannot be sent as UTF-8 at all: it becomes "?" instead of no run.
-        stdin = request.prompt.encode("utf-8", errors="replace")
-        return Launch(argv=argv, env=env, cwd=request.workspace, stdin=stdin)
+        # Nothing up front: the parser writes every request once the process runs (`attach`).
+        return Launch(argv=argv, env=env, cwd=request.workspace, stdin=b"", interactive=True)
 
     def parser(self, request: RunRequest) -> CodexStreamParser:
-        return CodexStreamParser(workspace=request.workspace, state_dir=request.state_dir)
+        resume = request.resume_session_id
+        return CodexStreamParser(
+            workspace=request.workspace,
+            state_dir=request.state_dir,
+            prompt=request.prompt,
+            resume_session_id=_thread_id(resume) if resume is not None else None,
+            permission_mode=request.bot.permission_mode,
+        )
 
 
 def _bundled_binary() -> str:
@@ -120,19 +136,6 @@ def _thread_id(session_id: str) -> str:
         raise ValueError(f"{session_id!r} is not a Codex thread id (a UUID)") from None
 
 
-def _permission_flags(permission_mode: str) -> list[str]:
-    if permission_mode == "full_access":
-        # No sandbox and no approvals: commands run as the worker's user, in the workspace.
-        return ["--dangerously-bypass-approvals-and-sandbox"]
-    if permission_mode == "read_only":
-        # Codex's bwrap sandbox (shipped in the wheel; it works in this container): commands
-        # may read anything but write nowhere (workspace, TMPDIR, HOME) and have no network;
-        # apply_patch is rejected. Approval "never" turns a request to escalate into a refusal
-        # the model sees. `-c` rather than `--sandbox`, because `exec resume` has no --sandbox.
-        return ["-c", 'sandbox_mode="read-only"', "-c", 'approval_policy="never"']
-    raise ValueError(f"unknown permission mode {permission_mode!r}; expected {_PERMISSION_MODES}")
-
-
 def _config_flags(request: RunRequest) -> list[str]:
     """The `-c key=value` overrides: provider, retries, network hygiene, model, instructions."""
     endpoint = request.endpoint
@@ -154,6 +157,8 @@ def _config_flags(request: RunRequest) -> list[str]:
         # Codex passes its whole environment to the commands it runs (0.163 default): keep the
         # key away from model-written commands. Codex itself still reads it for the provider.
         f"shell_environment_policy.exclude=[{toml_string(API_KEY_VARIABLE)}]",
+        # The workspace is untrusted, and the only project Codex knows: see module doc.
+        f"projects={_untrusted_projects(request.workspace)}",
     ]
     if endpoint.api_key is not None:
         overrides.append(f"{provider}.env_key={toml_string(API_KEY_VARIABLE)}")
@@ -166,6 +171,17 @@ def _config_flags(request: RunRequest) -> list[str]:
     for override in overrides:
         flags += ["-c", override]
     return flags
+
+
+def _untrusted_projects(workspace: Path) -> str:
+    """A TOML inline table marking the workspace (as given and resolved) untrusted."""
+    paths = [str(workspace)]
+    with contextlib.suppress(OSError, RuntimeError):
+        real = os.path.realpath(workspace)
+        if real not in paths:
+            paths.append(real)
+    untrusted = f"{{trust_level={toml_string('untrusted')}}}"
+    return "{" + ",".join(f"{toml_string(path)}={untrusted}" for path in paths) + "}"
 
 
 def toml_string(value: str) -> str:

@@ -1,13 +1,16 @@
 """The Codex CLI adapter: its parser on recorded streams, and the real binary against the stand-in.
 
 Two layers, as EXECUTORS.md §4 asks. The parser tests replay streams the real `codex` 0.163
-printed (tests/executors/recordings/codex/*.jsonl) and need no binary. The real-binary tests run
-`codex exec` through ExecutorProcess against the `model_server` fixture and assert what the
-model received and what the run produced; each would fail if the feature it names broke.
+printed (tests/executors/recordings/codex/*.jsonl: `codex app-server`'s stdout, the responses
+to the run's requests and its notifications) and need no binary. The real-binary tests run
+`codex app-server` through ExecutorProcess, attached as the worker attaches it
+(tests/executors/steering.py), against the `model_server` fixture and assert what the model
+received and what the run produced; each would fail if the feature it names broke.
 
 The recordings are re-made with `python -m tests.executors.test_codex_adapter` (it runs the same
 scenarios through the adapter). The workspace's temporary path is written as
-`/baton/workspace` so the file paths in them are stable; nothing else is edited.
+`/baton/workspace` and its state dir as `/baton/state` so the paths in them are stable; nothing
+else is edited.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import re
 import shutil
 import sys
+import time
 import tomllib
 import uuid
 from collections.abc import Sequence
@@ -35,6 +39,8 @@ from executors.adapters.base import (
     Launch,
     ModelEndpoint,
     RunRequest,
+    SteerRefusal,
+    SteerResult,
 )
 from executors.adapters.codex import API_KEY_VARIABLE, CodexAdapter, toml_string
 from executors.adapters.codex_stream import (
@@ -58,7 +64,8 @@ from executors.events import (
 )
 from executors.standin import ModelServer
 from executors.standin.errors import ANTHROPIC_CONTEXT_MESSAGE, openai_error
-from tests.executors.runs import FinishedRun, of_type, run_as_worker
+from tests.executors.runs import FinishedRun, of_type
+from tests.executors.steering import LiveRun, SteerAnswer, run_to_end
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "codex"
 # vLLM's words (and other OpenAI-compatible servers') for a prompt over the window: no code.
@@ -68,6 +75,7 @@ UNTYPED_CONTEXT_MESSAGE = (
     "or completion."
 )
 WORKSPACE_PLACEHOLDER = "/baton/workspace"
+STATE_PLACEHOLDER = "/baton/state"
 MODEL = "gpt-5.5"  # a slug Codex 0.163 knows: an unknown one adds a warning and changes tools
 API_KEY = "sk-baton-test-key"
 RUN_TIMEOUT_SECONDS = 30.0
@@ -127,7 +135,7 @@ def _run(request: RunRequest, *, wrap: Sequence[str] = ()) -> FinishedRun:
     launch = adapter.launch(request)
     if wrap:
         launch = replace(launch, argv=[*wrap, *launch.argv])
-    return run_as_worker(adapter, request, launch=launch)
+    return run_to_end(adapter, request, launch=launch)
 
 
 # -- recordings --------------------------------------------------------------------------------
@@ -203,8 +211,11 @@ def record_all(directory: Path, scratch: Path, names: Sequence[str] = ()) -> Non
             server.set_turns(scenario.turns)
             run = _run(request)
             threads[name] = (run.outcome.session_id, base)
-            workspace = str(request.workspace)
-            lines = [line.replace(workspace, WORKSPACE_PLACEHOLDER) for line in run.lines]
+            workspace, state = str(request.workspace), str(request.state_dir)
+            lines = [
+                line.replace(workspace, WORKSPACE_PLACEHOLDER).replace(state, STATE_PLACEHOLDER)
+                for line in run.lines
+            ]
             (directory / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines))
 
 
@@ -214,23 +225,22 @@ def _replay(name: str, state_dir: Path) -> tuple[list[Event], Outcome]:
     events: list[Event] = []
     for line in text.splitlines():
         events += parser.feed(line)
-    failed = any(json.loads(line)["type"] == "turn.failed" for line in text.splitlines())
-    return events, parser.finish(exit_code=1 if failed else 0, stderr_tail="")
+    return events, parser.finish(exit_code=0, stderr_tail="")  # app-server exits 0 on EOF
 
 
 # -- parser on recorded streams (no binary) ----------------------------------------------------
 
-T_TEXT = "01a215b6-4fb0-70c2-aaa3-7b54fadd534a"
-T_TOOL = "01a215b6-50ba-78d1-8c71-b1952aeaf5f1"
-T_PATCH = "01a215b6-526e-73f0-b30c-49daff0e8c9c"
-T_FILES = "01a215b6-53c2-7513-a702-6f751f35511b"
-T_500 = "01a215b6-54cb-76e1-9c86-761d253b1c81"
-T_OVERFLOW = "01a215b6-55a2-7071-9efa-c5ce0bfa49bd"
-T_429 = "01a215b6-5683-78a0-bc4a-9f1ed7c24c09"
-T_UNTYPED_OVERFLOW = "01a21802-420e-7672-8454-ff49b16c96a8"
-T_PROMPT_TOO_LONG = "01a21802-4307-7a52-b893-9c868784771e"
-T_UNKNOWN = "01a215b6-5c21-74d1-a7ec-102da845d444"
-T_RESUMED = "01a215b6-5d8a-7af1-8e4c-bedd29dd1af6"
+T_TEXT = "01a24d9f-4507-70b1-a874-c7bf481ecb91"
+T_TOOL = "01a24d9f-48a2-7e31-be3e-733fdc38abb7"
+T_PATCH = "01a24d9f-4ba4-7553-8c39-2e1ee82f768a"
+T_FILES = "01a24d9f-4e5e-7961-b362-1bfa56afaadf"
+T_500 = "01a24d9f-5192-74f0-9c5c-9e22de1d8ca0"
+T_OVERFLOW = "01a24d9f-5377-7b53-9988-088c5eaf37e2"
+T_429 = "01a24d9f-5a4b-7cc1-9abc-e5d9a7e6494c"
+T_UNTYPED_OVERFLOW = "01a24d9f-5575-7431-a292-bd252ca8bafd"
+T_PROMPT_TOO_LONG = "01a24d9f-5783-7241-a75e-33d4873406cb"
+T_UNKNOWN = "01a24d9f-6100-79f1-9fe3-fa5a14fd2c53"
+T_RESUMED = "01a24d9f-6304-76c0-a948-b1ffea84f607"
 HIGH_DEMAND = "We\u2019re currently experiencing high demand, which may cause temporary errors."
 OVERFLOW = (
     "Codex ran out of room in the model's context window. Start a new thread or clear earlier "
@@ -239,6 +249,7 @@ OVERFLOW = (
 LAST_429 = "exceeded retry limit, last status: 429 Too Many Requests, request id: "
 COMMAND_OK = "/bin/bash -lc \"printf 'hi\\\\n' > out.txt\""
 COMMAND_EXIT_3 = "/bin/bash -lc 'exit 3'"
+CALL_OK, CALL_EXIT_3 = "call_standin_25e9bf80_0006", "call_standin_25e9bf80_0010"
 TWO_CALLS = Usage(input_tokens=22, output_tokens=14)
 THREE_CALLS = Usage(input_tokens=33, output_tokens=21)
 
@@ -252,10 +263,10 @@ RECORDED: dict[str, tuple[list[Event], Outcome]] = {
     "tool_exec": (
         [
             SessionStarted(T_TOOL),
-            ToolStarted("item_0", "shell", COMMAND_OK),
-            ToolFinished("item_0", "shell", COMMAND_OK, exit_code=0),
-            ToolStarted("item_1", "shell", COMMAND_EXIT_3),
-            ToolFinished("item_1", "shell", COMMAND_EXIT_3, exit_code=3, is_error=True),
+            ToolStarted(CALL_OK, "shell", COMMAND_OK),
+            ToolFinished(CALL_OK, "shell", COMMAND_OK, exit_code=0),
+            ToolStarted(CALL_EXIT_3, "shell", COMMAND_EXIT_3),
+            ToolFinished(CALL_EXIT_3, "shell", COMMAND_EXIT_3, exit_code=3, is_error=True),
             MessageCompleted("Wrote out.txt."),
             UsageReported(THREE_CALLS),
         ],
@@ -341,11 +352,11 @@ RECORDED: dict[str, tuple[list[Event], Outcome]] = {
     "rate_limited_after_retry": (
         [
             SessionStarted(T_429),
-            Warning(f"Reconnecting... 1/1 ({LAST_429}req_standin_51535df9_0032)"),
+            Warning(f"Reconnecting... 1/1 ({LAST_429}req_standin_25e9bf80_0034)"),
         ],
         Outcome(
             OutcomeStatus.RETRYABLE,
-            error=f"{LAST_429}req_standin_51535df9_0033",
+            error=f"{LAST_429}req_standin_25e9bf80_0035",
             error_code=ErrorCode.RATE_LIMITED,
             session_id=T_429,
         ),
@@ -418,8 +429,20 @@ def test_a_lower_total_than_recorded_is_reported_whole(tmp_path: Path) -> None:
 # -- parser edge cases -------------------------------------------------------------------------
 
 THREAD = "01a215b2-5d1e-7032-87ef-132e36caedca"
-STARTED = json.dumps({"type": "thread.started", "thread_id": THREAD})
-COMPLETED = json.dumps({"type": "turn.completed", "usage": {}})
+TURN = "01a215b2-5d2f-7c41-9a6e-6e1d1d0f1c2a"
+STARTED = json.dumps({"id": 1, "result": {"thread": {"id": THREAD}}})
+TURN_STARTED = json.dumps(
+    {"method": "turn/started", "params": {"threadId": THREAD, "turn": {"id": TURN}}}
+)
+
+
+def _turn_completed(status: str = "completed", message: str | None = None) -> str:
+    error = None if message is None else {"message": message, "codexErrorInfo": None}
+    turn = {"id": TURN, "status": status, "error": error}
+    return json.dumps({"method": "turn/completed", "params": {"threadId": THREAD, "turn": turn}})
+
+
+COMPLETED = _turn_completed()
 
 
 def _parser(tmp_path: Path, workspace: Path | None = None) -> CodexStreamParser:
@@ -427,31 +450,44 @@ def _parser(tmp_path: Path, workspace: Path | None = None) -> CodexStreamParser:
 
 
 def _turn_failed(message: str) -> str:
-    return json.dumps({"type": "turn.failed", "error": {"message": message}})
+    return _turn_completed("failed", message)
 
 
-def _error(message: str) -> str:
-    return json.dumps({"type": "error", "message": message})
+def _error(message: str, *, will_retry: bool = False) -> str:
+    params = {"error": {"message": message}, "willRetry": will_retry, "threadId": THREAD}
+    return json.dumps({"method": "error", "params": params})
 
 
 def _completed_item(item: dict[str, Any]) -> str:
-    return json.dumps({"type": "item.completed", "item": item})
+    params = {"item": item, "threadId": THREAD, "turnId": TURN}
+    return json.dumps({"method": "item/completed", "params": params})
 
 
 def test_garbage_and_a_truncated_last_line_are_ignored(tmp_path: Path) -> None:
     parser = _parser(tmp_path)
     lines = [
         "",
-        "Reading additional input from stdin...",
+        "WARNING: proceeding, even though we could not create PATH aliases",
         "[1, 2]",
         "null",
-        '{"type": 7}',
-        '{"type":"item.completed","item":"not an object"}',
-        '{"type":"item.completed","item":{"type":"agent_message","text":["no"]}}',
-        '{"type":"item.completed","item":{"type":"file_change","changes":[1,{"path":3}]}}',
-        '{"type":"turn.completed","usage":{"input_tokens":"11","output_tokens":-3}}',
+        '{"method": 7}',
+        '{"id": 1}',
+        '{"method":"item/completed","params":"not an object"}',
+        '{"method":"item/completed","params":{"item":"not an object"}}',
+        '{"method":"item/completed","params":{"item":{"type":"agentMessage","text":["no"]}}}',
+        '{"method":"item/completed","params":{"item":{"type":"fileChange","changes":[1,{"path":3}]}}}',
+        '{"method":"thread/tokenUsage/updated","params":{"tokenUsage":{"total":{"inputTokens":"11"}}}}',
+        '{"method":"turn/completed","params":{"turn":{"status":"completed"}}}',  # whose turn?
+        TURN_STARTED,
+        json.dumps(
+            {
+                "method": "thread/tokenUsage/updated",
+                "params": {"turnId": TURN, "tokenUsage": {"total": {"inputTokens": -3}}},
+            }
+        ),
+        COMPLETED,
         "[" * 100_000,
-        '{"type":"item.completed","item":{"id":"item_9","type":"agent_message","text":"cut',
+        '{"method":"item/completed","params":{"item":{"id":"i","type":"agentMessage","text":"cut',
     ]
     events = [event for line in lines for event in parser.feed(line)]
     assert events == [UsageReported(Usage())]
@@ -464,7 +500,10 @@ json_values = st.recursive(
     lambda children: (
         st.lists(children, max_size=4)
         | st.dictionaries(
-            st.sampled_from(["type", "item", "usage", "text", "changes", "path", "kind", "error"])
+            st.sampled_from(
+                ["type", "item", "turn", "status", "text", "changes", "path", "kind", "error"]
+                + ["message", "id", "tokenUsage", "total", "clientId"]
+            )
             | st.text(max_size=5),
             children,
             max_size=5,
@@ -473,19 +512,31 @@ json_values = st.recursive(
     max_leaves=20,
 )
 codex_lines = st.builds(
-    lambda kind, extra: json.dumps({**extra, "type": kind}),
+    lambda method, params, request_id: json.dumps(
+        {"method": method, "params": params, **({} if request_id is None else {"id": request_id})}
+    ),
     st.sampled_from(
-        ["thread.started", "item.started", "item.completed", "turn.completed", "turn.failed"]
-        + ["error"]
+        ["item/started", "item/completed", "turn/started", "turn/completed", "error", "warning"]
+        + ["thread/tokenUsage/updated", "item/commandExecution/requestApproval"]
     ),
     st.dictionaries(
-        st.sampled_from(["item", "usage", "error", "message", "thread_id"]), json_values
+        st.sampled_from(["item", "turn", "error", "message", "threadId", "turnId", "willRetry"]),
+        json_values,
     ),
+    st.none() | st.integers(min_value=0, max_value=4),
+)
+codex_responses = st.builds(
+    lambda request_id, key, value: json.dumps({"id": request_id, key: value}),
+    st.integers(min_value=0, max_value=4),
+    st.sampled_from(["result", "error"]),
+    json_values,
 )
 
 
 @given(
-    lines=st.lists(st.text() | json_values.map(json.dumps) | codex_lines, max_size=8),
+    lines=st.lists(
+        st.text() | json_values.map(json.dumps) | codex_lines | codex_responses, max_size=8
+    ),
     exit_code=st.integers(min_value=-15, max_value=255),
 )
 def test_the_parser_never_raises(lines: list[str], exit_code: int) -> None:
@@ -498,7 +549,8 @@ def test_the_parser_never_raises(lines: list[str], exit_code: int) -> None:
 
 def test_no_agent_message_completes_with_empty_text(tmp_path: Path) -> None:
     parser = _parser(tmp_path)
-    parser.feed(STARTED)
+    assert parser.feed(STARTED) == [SessionStarted(THREAD)]
+    parser.feed(TURN_STARTED)
     parser.feed(COMPLETED)
     outcome = parser.finish(exit_code=0, stderr_tail="")
     assert (outcome.status, outcome.final_text, outcome.session_id) == (
@@ -511,32 +563,38 @@ def test_no_agent_message_completes_with_empty_text(tmp_path: Path) -> None:
 def test_the_last_agent_message_is_the_final_text(tmp_path: Path) -> None:
     parser = _parser(tmp_path)
     for text in ("I'll look.", "Found it:\n\n  the answer "):
-        item = {"id": "item_0", "type": "agent_message", "text": text}
+        item = {"id": "msg_0", "type": "agentMessage", "text": text}
         assert parser.feed(_completed_item(item)) == [MessageCompleted(text)]
     parser.feed(COMPLETED)
     assert parser.finish(exit_code=0, stderr_tail="").final_text == "Found it:\n\n  the answer "
 
 
-def test_a_top_level_error_is_a_warning_unless_the_turn_fails_with_it(tmp_path: Path) -> None:
+def test_an_error_that_codex_retries_is_a_warning_and_the_last_one_the_outcome(
+    tmp_path: Path,
+) -> None:
     parser = _parser(tmp_path)
-    assert parser.feed(_error("Falling back from WebSockets")) == []  # held back one line
-    assert parser.feed(_error("stream disconnected before completion: boom")) == [
-        Warning("Falling back from WebSockets")
+    parser.feed(STARTED)
+    assert parser.feed(_error("Reconnecting... 1/1", will_retry=True)) == [
+        Warning("Reconnecting... 1/1")
+    ]
+    assert parser.feed(_error("stream disconnected before completion: boom")) == []
+    assert parser.feed(json.dumps({"method": "warning", "params": {"message": "Heads up"}})) == [
+        Warning("Heads up")
     ]
     assert parser.feed(_turn_failed("stream disconnected before completion: boom")) == []
-    outcome = parser.finish(exit_code=1, stderr_tail="")
-    assert (outcome.status, outcome.error_code) == (
+    outcome = parser.finish(exit_code=0, stderr_tail="")
+    assert (outcome.status, outcome.error, outcome.error_code) == (
         OutcomeStatus.RETRYABLE,
+        "stream disconnected before completion: boom",
         ErrorCode.NETWORK_ERROR,
     )
 
 
-def test_a_final_error_without_turn_failed_is_the_outcomes_error(tmp_path: Path) -> None:
+def test_a_final_error_without_the_turns_end_is_the_outcomes_error(tmp_path: Path) -> None:
     parser = _parser(tmp_path)
     parser.feed(STARTED)
     parser.feed(_error("unexpected status 401 Unauthorized: Incorrect API key provided."))
-    parser.feed(_error("Reconnecting... 1/2 (Connection failed: error sending request)"))
-    outcome = parser.finish(exit_code=1, stderr_tail="WARNING: ignored\n")
+    outcome = parser.finish(exit_code=-9, stderr_tail="WARNING: ignored\n")
     assert outcome == Outcome(
         OutcomeStatus.FAILED,
         error="unexpected status 401 Unauthorized: Incorrect API key provided.",
@@ -545,20 +603,39 @@ def test_a_final_error_without_turn_failed_is_the_outcomes_error(tmp_path: Path)
     )
 
 
-# Codex 0.163's stderr when resuming a thread it has no rollout for (exit 1, nothing on stdout).
+def test_another_threads_messages_are_not_this_runs(tmp_path: Path) -> None:
+    parser = _parser(tmp_path)
+    parser.feed(STARTED)
+    item = {"id": "msg_0", "type": "agentMessage", "text": "a sub-agent's"}
+    params = {"item": item, "threadId": "another-thread", "turnId": "t"}
+    assert parser.feed(json.dumps({"method": "item/completed", "params": params})) == []
+
+
+# What Codex 0.163 answers to thread/resume for a thread it has no rollout for (`codex exec
+# resume` printed the same words on stderr and exited 1).
 MISSING_SESSION_ERROR = (
-    "Error: thread/resume: thread/resume failed: no rollout found for thread id "
-    "01a215b2-2186-7321-bff1-8c33f99b981e (code -32600)"
+    "thread/resume failed: no rollout found for thread id 01a215b2-2186-7321-bff1-8c33f99b981e"
 )
 MISSING_SESSION_STDERR = (
     "WARNING: proceeding, even though we could not create PATH aliases: Refusing to create "
     'helper binaries under temporary dir "/tmp" (codex_home: AbsolutePathBuf("/tmp/cxhome"))\n'
-    f"{MISSING_SESSION_ERROR}\n"
+    f"Error: thread/resume: {MISSING_SESSION_ERROR} (code -32600)\n"
 )
 
 
 def test_a_resume_of_an_unknown_thread_is_a_recognisable_failure(tmp_path: Path) -> None:
-    outcome = _parser(tmp_path).finish(exit_code=1, stderr_tail=MISSING_SESSION_STDERR)
+    parser = CodexStreamParser(
+        workspace=tmp_path, state_dir=tmp_path, resume_session_id=str(uuid.uuid4())
+    )
+    refusal = {
+        "id": 1,
+        "error": {
+            "code": -32600,
+            "message": MISSING_SESSION_ERROR.removeprefix("thread/resume failed: "),
+        },
+    }
+    assert parser.feed(json.dumps(refusal)) == []
+    outcome = parser.finish(exit_code=0, stderr_tail="")
     assert outcome == Outcome(
         OutcomeStatus.FAILED, error=MISSING_SESSION_ERROR, error_code=ErrorCode.EXECUTOR_ERROR
     )
@@ -594,7 +671,7 @@ def test_an_exit_without_a_turn_result_fails_with_the_executors_words(
 def test_a_long_error_is_bounded(tmp_path: Path) -> None:
     parser = _parser(tmp_path)
     parser.feed(_turn_failed("x" * 100_000))
-    error = parser.finish(exit_code=1, stderr_tail="").error
+    error = parser.finish(exit_code=0, stderr_tail="").error
     assert len(error) == MAX_ERROR_CHARS and error.endswith("…")
 
 
@@ -605,13 +682,14 @@ def test_file_paths_are_workspace_relative_only_inside_it(tmp_path: Path) -> Non
     link.symlink_to(workspace)
     parser = _parser(tmp_path, workspace=link)
     changes = [
-        {"path": f"{link}/sub/a.txt", "kind": "add"},
-        {"path": f"{workspace}/sub/b.txt", "kind": "update"},  # Codex printed the real path
-        {"path": f"{workspace}/../elsewhere.txt", "kind": "delete"},
-        {"path": "/etc/hosts", "kind": "update"},
-        {"path": f"{link}/sub/a.txt", "kind": "rename"},
+        {"path": f"{link}/sub/a.txt", "kind": {"type": "add"}},
+        # Codex printed the real path
+        {"path": f"{workspace}/sub/b.txt", "kind": {"type": "update", "move_path": None}},
+        {"path": f"{workspace}/../elsewhere.txt", "kind": {"type": "delete"}},
+        {"path": "/etc/hosts", "kind": {"type": "update"}},
+        {"path": f"{link}/sub/a.txt", "kind": {"type": "rename"}},
     ]
-    item = {"id": "item_0", "type": "file_change", "changes": changes, "status": "completed"}
+    item = {"id": "call_0", "type": "fileChange", "changes": changes, "status": "completed"}
     assert parser.feed(_completed_item(item)) == [
         FileChanged("sub/a.txt", "add"),
         FileChanged("sub/b.txt", "update"),
@@ -619,7 +697,8 @@ def test_file_paths_are_workspace_relative_only_inside_it(tmp_path: Path) -> Non
         FileChanged("/etc/hosts", "update"),
         FileChanged("sub/a.txt", "update"),  # an unknown kind is still a change
     ]
-    assert parser.feed(_completed_item({**item, "id": "item_1", "status": "failed"})) == []
+    assert parser.feed(_completed_item({**item, "id": "call_1", "status": "failed"})) == []
+    assert parser.feed(_completed_item({**item, "id": "call_2", "status": "declined"})) == []
     parser.feed(COMPLETED)
     assert parser.finish(exit_code=0, stderr_tail="").files_changed == (
         "sub/a.txt",
@@ -703,6 +782,7 @@ def test_launch_builds_the_exact_command_and_environment(tmp_path: Path) -> None
         passthrough_env={"PATH": "/usr/bin", "LANG": "C.UTF-8", API_KEY_VARIABLE: "inherited"},
     )
     launch = adapter.launch(request)
+    workspace = tmp_path / "workspace"
     overrides = [
         'model_provider="baton"',
         'model_providers.baton.name="baton"',
@@ -714,6 +794,7 @@ def test_launch_builds_the_exact_command_and_environment(tmp_path: Path) -> None
         "features.unbounded_connection_retries=false",
         "analytics.enabled=false",
         'shell_environment_policy.exclude=["OPENAI_API_KEY"]',
+        f'projects={{"{workspace}"={{trust_level="untrusted"}}}}',
         'model_providers.baton.env_key="OPENAI_API_KEY"',
         'model="gpt-5.5"',
         'developer_instructions="Be brief."',
@@ -721,14 +802,8 @@ def test_launch_builds_the_exact_command_and_environment(tmp_path: Path) -> None
     assert launch == Launch(
         argv=[
             adapter.locate(),
-            "exec",
-            "--json",
-            "--skip-git-repo-check",
-            "--ignore-user-config",
-            "--ignore-rules",
-            "--dangerously-bypass-approvals-and-sandbox",
+            "app-server",
             *[part for override in overrides for part in ("-c", override)],
-            "-",
         ],
         env={
             "PATH": "/usr/bin",
@@ -739,39 +814,130 @@ def test_launch_builds_the_exact_command_and_environment(tmp_path: Path) -> None
             API_KEY_VARIABLE: API_KEY,
         },
         cwd=tmp_path / "workspace",
-        stdin="The prompt — 完成".encode(),
+        stdin=b"",  # the prompt goes in turn/start, written by the parser
+        interactive=True,
     )
+    assert CodexAdapter.steerable
     assert (tmp_path / "state" / "home").is_dir()
     assert not any(API_KEY in item or "The prompt" in item for item in launch.argv)
 
 
-def test_launch_for_a_resume_a_read_only_bot_and_no_key(tmp_path: Path) -> None:
+class RecordedStdin:
+    """A `Stdin` that keeps what is written to it."""
+
+    def __init__(self) -> None:
+        self.written = b""
+        self.closed = False
+
+    def write_stdin(self, data: bytes) -> bool:
+        if self.closed:
+            return False
+        self.written += data
+        return True
+
+    def close_stdin(self) -> None:
+        self.closed = True
+
+    def messages(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.written.decode().splitlines()]
+
+
+def test_a_run_starts_a_thread_then_a_turn_with_the_prompt(tmp_path: Path) -> None:
+    request = _request(tmp_path, None, prompt="The prompt — 完成 \ud800")
+    parser = CodexAdapter().parser(request)
+    stdin = RecordedStdin()
+    parser.attach(stdin)
+    workspace = str(tmp_path / "workspace")
+    assert stdin.messages() == [
+        {
+            "id": 0,
+            "method": "initialize",
+            "params": {
+                "clientInfo": {"name": "baton", "title": None, "version": "1"},
+                "capabilities": None,
+            },
+        },
+        {"method": "initialized"},
+        {
+            "id": 1,
+            "method": "thread/start",
+            "params": {
+                "cwd": workspace,
+                "sandbox": "danger-full-access",
+                "approvalPolicy": "never",
+            },
+        },
+    ]
+    stdin.written = b""
+    assert parser.feed(json.dumps({"id": 1, "result": {"thread": {"id": THREAD}}})) == [
+        SessionStarted(THREAD)
+    ]
+    # A lone surrogate cannot be sent as UTF-8 at all: it becomes "?" instead of no run.
+    assert stdin.messages() == [
+        {
+            "id": 2,
+            "method": "turn/start",
+            "params": {
+                "threadId": THREAD,
+                "input": [{"type": "text", "text": "The prompt — 完成 ?", "text_elements": []}],
+            },
+        }
+    ]
+    assert not stdin.closed
+    parser.feed(COMPLETED)
+    assert stdin.closed  # the app-server exits on EOF
+
+
+def test_a_resume_of_a_read_only_bot_without_a_key(tmp_path: Path) -> None:
     request = _request(
         tmp_path,
         None,
         api_key=None,
         model="",
         permission_mode="read_only",
-        max_turns=3,  # codex exec has no turn limit: ignored
+        max_turns=3,  # Codex has no turn limit: ignored
         resume=THREAD.upper(),
     )
     request = replace(request, passthrough_env={"PATH": "/bin", API_KEY_VARIABLE: "inherited"})
-    launch = CodexAdapter().launch(request)
-    assert launch.argv[1:7] == [
-        "exec",
-        "resume",
-        THREAD,
-        "--json",
-        "--skip-git-repo-check",
-        "--ignore-user-config",
-    ]
+    adapter = CodexAdapter()
+    launch = adapter.launch(request)
     config = _config(launch.argv)
-    assert config[:2] == ['sandbox_mode="read-only"', 'approval_policy="never"']
-    assert "--dangerously-bypass-approvals-and-sandbox" not in launch.argv
     assert 'model_providers.baton.base_url="https://api.openai.com/v1"' in config
     assert not [item for item in config if "env_key" in item or item.startswith("model=")]
     assert API_KEY_VARIABLE not in launch.env
-    assert launch.argv[-1] == "-"
+    stdin = RecordedStdin()
+    adapter.parser(request).attach(stdin)
+    assert stdin.messages()[2] == {
+        "id": 1,
+        "method": "thread/resume",
+        "params": {
+            "threadId": THREAD,  # the UUID as Codex writes it
+            "cwd": str(tmp_path / "workspace"),
+            "sandbox": "read-only",
+            "approvalPolicy": "never",
+        },
+    }
+
+
+def test_a_server_request_is_declined(tmp_path: Path) -> None:
+    parser = _parser(tmp_path)
+    stdin = RecordedStdin()
+    parser.attach(stdin)
+    stdin.written = b""
+    approval = {"id": 7, "method": "item/commandExecution/requestApproval", "params": {}}
+    other = {"id": "x", "method": "item/tool/requestUserInput", "params": {}}
+    assert parser.feed(json.dumps(approval)) == []
+    assert parser.feed(json.dumps(other)) == []
+    assert stdin.messages() == [
+        {"id": 7, "result": {"decision": "decline"}},
+        {
+            "id": "x",
+            "error": {
+                "code": -32601,
+                "message": "Baton does not answer item/tool/requestUserInput",
+            },
+        },
+    ]
 
 
 @pytest.mark.parametrize(
@@ -886,9 +1052,11 @@ def test_a_tool_call_runs_in_the_workspace_without_the_key(
     assert marker.startswith("codex-test-")  # while the worker's run marker still reaches them
     wrapped = run.outcome.commands[0]["command"]
     assert command in wrapped  # Codex shows it wrapped: /bin/bash -lc '…'
-    assert of_type(run.events, ToolStarted) == [ToolStarted("item_0", "shell", wrapped)]
+    call_id = of_type(run.events, ToolStarted)[0].call_id  # type: ignore[attr-defined]
+    assert call_id.startswith("call_")  # the model's call id
+    assert of_type(run.events, ToolStarted) == [ToolStarted(call_id, "shell", wrapped)]
     assert of_type(run.events, ToolFinished) == [
-        ToolFinished("item_0", "shell", wrapped, exit_code=4, is_error=True)
+        ToolFinished(call_id, "shell", wrapped, exit_code=4, is_error=True)
     ]
     assert run.outcome.commands == ({"command": wrapped, "exit_code": 4},)
     assert (run.outcome.status, run.outcome.final_text) == (OutcomeStatus.COMPLETED, "Ran it.")
@@ -943,7 +1111,9 @@ def test_a_resumed_thread_reports_each_turns_usage(
     thread = first.outcome.session_id
     model_server.set_turns([{"text": "Second.", "usage": SCRIPTED_USAGE}])
     second = _run(_request(tmp_path, model_server, prompt="Two.", resume=thread))
-    assert second.lines[-1].endswith('"output_tokens":40,"reasoning_output_tokens":10}}')
+    usage_lines = [line for line in second.lines if "thread/tokenUsage/updated" in line]
+    total = json.loads(usage_lines[-1])["params"]["tokenUsage"]["total"]
+    assert (total["inputTokens"], total["outputTokens"]) == (200, 40)  # the thread's total
     assert (first.outcome.usage, second.outcome.usage) == (PER_CALL_USAGE, PER_CALL_USAGE)
     assert (second.outcome.session_id, second.outcome.final_text) == (thread, "Second.")
     calls = _only_model_calls(model_server, 2)
@@ -956,7 +1126,8 @@ def test_a_resume_of_a_thread_this_worker_lacks_is_recognised(
     model_server: ModelServer, tmp_path: Path
 ) -> None:
     run = _run(_request(tmp_path, model_server, resume=str(uuid.uuid4())))
-    assert (run.exit_code, run.lines) == (1, [])
+    assert run.exit_code == 0
+    assert not any("turn/" in line for line in run.lines)  # no turn was started
     assert (run.outcome.status, run.outcome.error_code) == (
         OutcomeStatus.FAILED,
         ErrorCode.EXECUTOR_ERROR,
@@ -965,16 +1136,24 @@ def test_a_resume_of_a_thread_this_worker_lacks_is_recognised(
     assert model_server.requests == []
 
 
-def test_a_workspace_codex_config_is_ignored(model_server: ModelServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("trusted_before", [False, True])
+def test_a_workspace_codex_config_is_ignored(
+    trusted_before: bool, model_server: ModelServer, tmp_path: Path
+) -> None:
     model_server.set_turns([{"text": "ok"}])
     request = _request(tmp_path, model_server)
     (request.workspace / ".codex").mkdir()
     (request.workspace / ".codex" / "config.toml").write_text(
         'developer_instructions = "INJECTED"\n'
     )
-    _run(request)
+    user_config = request.state_dir / "config.toml"
+    if trusted_before:  # as app-server itself writes it for a full-access thread's cwd
+        user_config.write_text(f'[projects."{request.workspace}"]\ntrust_level = "trusted"\n')
+    run = _run(request)
+    assert run.outcome.status == OutcomeStatus.COMPLETED
     (call,) = _only_model_calls(model_server, 1)
     assert "INJECTED" not in json.dumps(call.body)
+    assert user_config.exists() == trusted_before  # Codex marked nothing trusted itself
 
 
 def test_without_a_key_no_authorization_is_sent(model_server: ModelServer, tmp_path: Path) -> None:
@@ -1015,7 +1194,7 @@ def test_model_failures_map_to_status_and_code(
 ) -> None:
     model_server.set_turns([turn])
     run = _run(_request(tmp_path, model_server))
-    assert (run.exit_code, run.outcome.status, run.outcome.error_code) == (1, status, code)
+    assert (run.exit_code, run.outcome.status, run.outcome.error_code) == (0, status, code)
     assert run.outcome.error and run.outcome.final_text is None
     assert not of_type(run.events, Warning)  # the final error is not also a warning
     _only_model_calls(model_server, 1)  # max_retries=0: one call, no retry
@@ -1040,6 +1219,196 @@ def test_retries_follow_the_endpoint_setting(model_server: ModelServer, tmp_path
         "Reconnecting... 1/1 (stream disconnected before completion: boom)"
     )
     _only_model_calls(model_server, 2)
+
+
+# -- steering ------------------------------------------------------------------------------------
+
+STEER = "Also write “steered” — 完成 \\ at the end."
+
+
+def _user_texts(call: Any) -> list[str]:
+    return [
+        part.get("text", "")
+        for item in call.body["input"]
+        if item.get("role") == "user"
+        for part in item["content"]
+    ]
+
+
+def _wait_for_file(path: Path) -> None:
+    deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.02)
+
+
+def test_a_steer_during_a_tool_command_reaches_the_next_model_request(
+    model_server: ModelServer, tmp_path: Path
+) -> None:
+    command = "touch started; while [ ! -f go ]; do sleep 0.05; done; echo went"
+    model_server.set_turns(
+        [{"tool": {"name": "exec_command", "arguments": {"cmd": command}}}, {"text": "Steered."}]
+    )
+    request = _request(tmp_path, model_server)
+    run = LiveRun(CodexAdapter(), request)
+    model_server.wait_for_requests(1)
+    _wait_for_file(request.workspace / "started")  # the command runs, waiting for `go`
+    answer = run.steer(STEER)
+    assert answer.wait() == SteerResult(delivered=True)
+    (request.workspace / "go").touch()
+    finished = run.finish()
+    assert (finished.outcome.status, finished.outcome.final_text) == (
+        OutcomeStatus.COMPLETED,
+        "Steered.",
+    )
+    first, second = _only_model_calls(model_server, 2)
+    assert STEER not in json.dumps(first.body, ensure_ascii=False)
+    assert _user_texts(second).count(STEER) == 1
+    # Where it lands: a user message after the command's output, the last input item.
+    assert second.body["input"][-2]["type"] == "function_call_output"
+    assert "went" in second.body["input"][-2]["output"]
+    assert second.body["input"][-1] == {
+        "type": "message",
+        "id": second.body["input"][-1]["id"],
+        "role": "user",
+        "content": [{"type": "input_text", "text": STEER}],
+    }
+    assert answer.results == [SteerResult(delivered=True)]  # exactly once
+
+
+def test_a_steer_after_the_turn_is_refused(model_server: ModelServer, tmp_path: Path) -> None:
+    model_server.set_turns([{"text": "Done."}])
+    run = LiveRun(CodexAdapter(), _request(tmp_path, model_server))
+    run.wait_for(lambda events: bool(of_type(events, UsageReported)))  # turn/completed read
+    late = run.steer(STEER)
+    assert late.wait() == SteerResult.refused(SteerRefusal.FINISHED)
+    finished = run.finish()
+    after_the_run = run.steer(STEER)
+    assert after_the_run.results == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+    assert late.results == [SteerResult.refused(SteerRefusal.FINISHED)]
+    assert finished.outcome.final_text == "Done."
+    assert STEER not in json.dumps(_only_model_calls(model_server, 1)[0].body, ensure_ascii=False)
+
+
+def test_a_steer_of_a_run_that_is_stopped_is_not_running_once(
+    model_server: ModelServer, tmp_path: Path
+) -> None:
+    request = _request(tmp_path, model_server)
+    adapter = CodexAdapter()
+    launch = adapter.launch(request)
+    # Codex starts late: the steer waits for a turn that never opens.
+    slow = replace(launch, argv=["/bin/sh", "-c", 'sleep 30; exec "$@"', "sh", *launch.argv])
+    run = LiveRun(adapter, request, launch=slow)
+    answer = run.steer(STEER)
+    assert answer.results == []  # held until the turn is open
+    assert run.process.stop(grace_seconds=0.5) == []
+    finished = run.finish()
+    assert answer.results == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+    assert finished.outcome.status == OutcomeStatus.FAILED
+    assert model_server.requests == []
+
+
+def test_a_run_stopped_during_a_tool_command_leaves_no_process(
+    model_server: ModelServer, tmp_path: Path
+) -> None:
+    command = "touch started; sleep 30"
+    model_server.set_turns([{"tool": {"name": "exec_command", "arguments": {"cmd": command}}}])
+    request = _request(tmp_path, model_server)
+    run = LiveRun(CodexAdapter(), request)
+    _wait_for_file(request.workspace / "started")
+    started = time.monotonic()
+    assert run.process.stop(grace_seconds=0.5) == []  # the tool's sleep too
+    finished = run.finish()  # and checks again that nothing of the run is left
+    assert time.monotonic() - started < 5
+    assert finished.outcome.status == OutcomeStatus.FAILED
+
+
+def _open_turn(tmp_path: Path) -> tuple[CodexStreamParser, RecordedStdin]:
+    parser = _parser(tmp_path)
+    stdin = RecordedStdin()
+    parser.attach(stdin)
+    parser.feed(STARTED)
+    parser.feed(json.dumps({"id": 2, "result": {"turn": {"id": TURN}}}))
+    stdin.written = b""
+    return parser, stdin
+
+
+def test_a_steer_waits_for_the_turn_to_open_and_names_it(tmp_path: Path) -> None:
+    parser, stdin = _open_turn(tmp_path)
+    answer = SteerAnswer()
+    parser.steer("more", answer.done)
+    assert stdin.messages() == []  # the turn/start response alone does not open the turn
+    parser.feed(TURN_STARTED)
+    (sent,) = stdin.messages()
+    client_id = sent["params"]["clientUserMessageId"]
+    assert sent == {
+        "id": 3,
+        "method": "turn/steer",
+        "params": {
+            "threadId": THREAD,
+            "expectedTurnId": TURN,
+            "clientUserMessageId": client_id,
+            "input": [{"type": "text", "text": "more", "text_elements": []}],
+        },
+    }
+    assert answer.results == []
+    parser.feed(json.dumps({"id": 3, "result": {"turnId": TURN}}))
+    assert answer.results == [SteerResult(delivered=True)]
+    user_message = {"type": "userMessage", "id": "u1", "clientId": client_id, "content": []}
+    parser.feed(json.dumps({"method": "item/started", "params": {"item": user_message}}))
+    assert parser.feed(COMPLETED) == [UsageReported(Usage())]  # no lost-steer warning
+    parser.finish(exit_code=0, stderr_tail="")
+    assert answer.results == [SteerResult(delivered=True)]
+
+
+@pytest.mark.parametrize(
+    ("answer_line", "refusal"),
+    [
+        ({"error": {"code": -32600, "message": "no active turn to steer"}}, "finished"),
+        (
+            {"error": {"code": -32600, "message": "expected active turn id `a` but found `b`"}},
+            "finished",
+        ),
+        ({"error": {"code": -32600, "message": "cannot steer a review turn"}}, "refused"),
+    ],
+)
+def test_a_steer_codex_answers_with_an_error_is_refused(
+    answer_line: dict[str, Any], refusal: str, tmp_path: Path
+) -> None:
+    parser, stdin = _open_turn(tmp_path)
+    parser.feed(TURN_STARTED)
+    answer = SteerAnswer()
+    parser.steer("more", answer.done)
+    parser.feed(json.dumps({"id": 3, **answer_line}))
+    assert answer.results == [SteerResult.refused(SteerRefusal(refusal))]
+
+
+def test_a_steer_the_turn_ended_without_is_finished_and_stdin_waits_for_its_answer(
+    tmp_path: Path,
+) -> None:
+    parser, stdin = _open_turn(tmp_path)
+    parser.feed(TURN_STARTED)
+    answer = SteerAnswer()
+    parser.steer("more", answer.done)
+    parser.feed(COMPLETED)
+    assert not stdin.closed  # the steer's answer is still to come
+    parser.feed(json.dumps({"id": 3, "result": {"turnId": TURN}}))
+    assert answer.results == [SteerResult.refused(SteerRefusal.FINISHED)]  # never recorded
+    assert stdin.closed
+    held = SteerAnswer()
+    parser.steer("later", held.done)
+    assert held.results == [SteerResult.refused(SteerRefusal.FINISHED)]
+
+
+def test_steers_unanswered_when_the_run_ends_are_not_running(tmp_path: Path) -> None:
+    parser, stdin = _open_turn(tmp_path)
+    held, sent = SteerAnswer(), SteerAnswer()
+    parser.steer("held", held.done)  # the turn never opened for this one…
+    parser.feed(TURN_STARTED)  # …until now: both are sent
+    parser.steer("sent", sent.done)
+    assert [message["method"] for message in stdin.messages()] == ["turn/steer"] * 2
+    parser.finish(exit_code=-9, stderr_tail="")
+    assert held.results == sent.results == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")

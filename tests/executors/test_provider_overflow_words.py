@@ -2,10 +2,11 @@
 
 The bodies are in `provider_errors` (overflows and near misses from the same providers). Each is
 set into a recorded failure of each executor, in the place that executor prints a provider's
-error: Codex's `error` and `turn.failed` messages (Codex prints an uncoded 400's body verbatim;
-every row is given that way, so no status helps the near misses), Claude Code's synthetic
-API-error message and `result` ("API Error: <status> <body>", with the status), and the Agno
-runner's `run_error` (the provider's message and the HTTP status, as the openai SDK gives them).
+error: Codex's `error` notification and failed `turn/completed` (Codex prints an uncoded 400's
+body verbatim; every row is given that way, so no status helps the near misses), Claude Code's
+synthetic API-error message and `result` ("API Error: <status> <body>", with the status), and
+the Agno runner's `run_error` (the provider's message and the HTTP status, as the openai SDK
+gives them).
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ def _recorded(kind: str, name: str) -> list[dict[str, Any]]:
 def _codex(row: ProviderError, state_dir: Path) -> Outcome:
     parser = CodexStreamParser(workspace=WORKSPACE, state_dir=state_dir)
     for message in _recorded("codex", "context_length_http_400"):
-        if message["type"] == "error":
-            message["message"] = row.body_text
-        elif message["type"] == "turn.failed":
-            message["error"]["message"] = row.body_text
+        if message.get("method") == "error":
+            message["params"]["error"]["message"] = row.body_text
+        elif message.get("method") == "turn/completed":
+            message["params"]["turn"]["error"]["message"] = row.body_text
         parser.feed(json.dumps(message))
-    return parser.finish(exit_code=1, stderr_tail="")
+    return parser.finish(exit_code=0, stderr_tail="")  # app-server exits 0 on EOF
 
 
 def _claude_code(row: ProviderError, state_dir: Path) -> Outcome:
