@@ -16,8 +16,10 @@ loaded only for a trusted project, and app-server marks the project it starts a 
 thread in as trusted (it writes that into `$CODEX_HOME/config.toml`), after which a planted
 `developer_instructions` did reach the model. The `projects` override declares the workspace
 untrusted, replacing every trust entry of `$CODEX_HOME/config.toml`; then nothing is written
-and the workspace's config stays unloaded, also in a state dir an earlier run had marked. (The
-rest of `$CODEX_HOME/config.toml` is read: Baton writes none, and Codex no longer does.) The
+and the workspace's config stays unloaded, also in a state dir an earlier run had marked. The
+rest of `$CODEX_HOME/config.toml` would be read too: Baton writes none and Codex no longer
+does, so one found there was written by something else — a tool command can reach the state
+dir — and it is removed before each run (the role `--ignore-user-config` had for `exec`). The
 model provider is always a custom one named `baton`, because Codex 0.163 ignores
 `OPENAI_BASE_URL`.
 
@@ -88,6 +90,8 @@ class CodexAdapter(ExecutorAdapter):
         state_dir = request.state_dir
         home = state_dir / "home"
         home.mkdir(parents=True, exist_ok=True)  # CODEX_HOME must exist before Codex starts
+        # Nobody Baton trusts wrote it (see the module doc): it must not change this run.
+        (state_dir / "config.toml").unlink(missing_ok=True)
         env = dict(request.passthrough_env)
         env.pop(API_KEY_VARIABLE, None)  # only the endpoint's key, never an inherited one
         env.update(

@@ -1153,7 +1153,21 @@ def test_a_workspace_codex_config_is_ignored(
     assert run.outcome.status == OutcomeStatus.COMPLETED
     (call,) = _only_model_calls(model_server, 1)
     assert "INJECTED" not in json.dumps(call.body)
-    assert user_config.exists() == trusted_before  # Codex marked nothing trusted itself
+    assert not user_config.exists()  # Baton removed it, and Codex marked nothing trusted
+
+
+def test_a_config_planted_in_the_state_dir_is_ignored(
+    model_server: ModelServer, tmp_path: Path
+) -> None:
+    # A tool command can write there (it is under the run's HOME's parent): not Baton's.
+    model_server.set_turns([{"text": "ok"}])
+    request = _request(tmp_path, model_server)
+    request.state_dir.mkdir(parents=True, exist_ok=True)
+    (request.state_dir / "config.toml").write_text('developer_instructions = "PLANTED"\n')
+    run = _run(request)
+    assert run.outcome.status == OutcomeStatus.COMPLETED
+    (call,) = _only_model_calls(model_server, 1)
+    assert "PLANTED" not in json.dumps(call.body)
 
 
 def test_without_a_key_no_authorization_is_sent(model_server: ModelServer, tmp_path: Path) -> None:
