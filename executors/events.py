@@ -1,9 +1,10 @@
 """The normalized progress events and outcome every executor adapter produces.
 
-Each executor speaks its own stream (Codex `exec --json`, Claude Code `stream-json`, Agno's
-`RunEvent`s); adapters map those onto these few shapes so that the worker, the backend and the
-product see one vocabulary. Events carry the executor's content (message text, commands) because
-the product shows them; they are posted to the backend, never written to logs.
+Each executor speaks its own stream (Codex `app-server` notifications, Claude Code
+`stream-json`, Agno's `RunEvent`s); adapters map those onto these few shapes so that the
+worker, the backend and the product see one vocabulary. Events carry the executor's content
+(message text, commands) because the product shows them; they are posted to the backend, never
+written to logs.
 """
 
 from __future__ import annotations
