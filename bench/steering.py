@@ -7,8 +7,9 @@ server. Each round starts a turn whose model asks for a short shell command agai
 Once the turn's first model request has arrived, and a random moment within one claim check
 later, a follow-up is sent with strategy `steer` (measured) or `enqueue` (the baseline),
 alternated round by round. The figure is the time from sending it to the first model request
-whose body carries it; beside it, for a steer, the time until Baton recorded the executor's
-delivery (`Steer.delivered_at`).
+whose body carries it; beside it, for a steer, the time until Baton recorded that the executor
+took it (`Steer.delivered_at`: the worker says so with its next claim check, so this comes
+after the model request more often than not).
 
 A steer waits for the worker's next claim check (`BATON_WORKER_CLAIM_CHECK_SECONDS`, 0.5 s),
 is handed to the executor, and rides the agent's next model request: the time left of the tool
@@ -102,7 +103,6 @@ def _round(
 
 
 def measure_latency(args: argparse.Namespace) -> list[Row]:
-    from backend.dispatch.policies import set_policy
     from executors.standin import ModelServer
 
     kinds = [kind for kind in args.kinds.split(",") if kind]
@@ -112,6 +112,8 @@ def measure_latency(args: argparse.Namespace) -> list[Row]:
         live_baton(production=True, threads=8) as baton,
         ModelServer() as model,
     ):
+        from backend.dispatch.policies import set_policy
+
         set_policy(task_type="code", values={"resume_native_sessions": False})
         env = {
             "OPENAI_BASE_URL": f"{model.url}/v1",
@@ -151,7 +153,7 @@ def measure_latency(args: argparse.Namespace) -> list[Row]:
                     baseline_value=statistics.median(queued),
                     note=(
                         f"{len(steered)} steers delivered of {args.rounds} ({outcomes}); p90 "
-                        f"{quantile(steered, 0.9):.0f} ms; delivered to the executor p50 "
+                        f"{quantile(steered, 0.9):.0f} ms; recorded as delivered p50 "
                         f"{statistics.median(delivered):.0f} ms, p90 "
                         f"{quantile(delivered, 0.9):.0f} ms; tool command "
                         f"{args.tool_seconds} s, claim check {CLAIM_CHECK_SECONDS} s"
