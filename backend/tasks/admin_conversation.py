@@ -85,28 +85,7 @@ def conversation_entries(*, task: Task, turns: Sequence[Subtask]) -> list[Conver
     """The entries for `turns` (read by `conversation_turns`), with every registered note and
     what the task's steers say of them (one query for all of them)."""
     notes_by_source = [notes(task, turns) for notes in _turn_notes]
-    steers = list(
-        Steer.objects.filter(task_id=task.pk)
-        .order_by("message__message_id")
-        .values_list(
-            "message_id",
-            "message__message_id",
-            "target_id",
-            "target__message_id",
-            "status",
-            "delivered_at",
-            "fallback_reason",
-        )
-    )
-    steer_lines = {
-        user_turn: f"steered into {message_name(target_message)} · "
-        + _steer_outcome(status, delivered_at, fallback_reason)
-        for user_turn, _, _, target_message, status, delivered_at, fallback_reason in steers
-    }
-    received: dict[int, list[str]] = {}
-    for _, message_id, target, _, status, *_ in steers:
-        if status == SteerStatus.DELIVERED:
-            received.setdefault(target, []).append(message_name(message_id))
+    steer_lines, received = _steer_facts(task=task)
     return [
         ConversationEntry(
             turn=turn,
@@ -121,12 +100,38 @@ def conversation_entries(*, task: Task, turns: Sequence[Subtask]) -> list[Conver
             usage="" if turn.usage is None else json.dumps(turn.usage, indent=2, sort_keys=True),
             notes=tuple(notes[turn.pk] for notes in notes_by_source if turn.pk in notes),
             steer=steer_lines.get(turn.pk, ""),
-            steers_received=(
-                "received steers: " + ", ".join(received[turn.pk]) if turn.pk in received else ""
-            ),
+            steers_received=received.get(turn.pk, ""),
         )
         for turn in turns
     ]
+
+
+def _steer_facts(*, task: Task) -> tuple[dict[int, str], dict[int, str]]:
+    """By subtask id, what the task's steers say (one query): of each steered USER turn, the
+    turn it was given to and what became of it; of each turn given steers, those it received."""
+    steers = (
+        Steer.objects.filter(task_id=task.pk)
+        .order_by("message__message_id")
+        .values_list(
+            "message_id",
+            "message__message_id",
+            "target_id",
+            "target__message_id",
+            "status",
+            "delivered_at",
+            "fallback_reason",
+        )
+    )
+    lines: dict[int, str] = {}
+    received: dict[int, list[str]] = {}
+    for user_turn, message_id, target, target_message_id, status, delivered_at, reason in steers:
+        outcome = _steer_outcome(status, delivered_at, reason)
+        lines[user_turn] = f"steered into {message_name(target_message_id)} · {outcome}"
+        if status == SteerStatus.DELIVERED:
+            received.setdefault(target, []).append(message_name(message_id))
+    return lines, {
+        target: "received steers: " + ", ".join(names) for target, names in received.items()
+    }
 
 
 def _steer_outcome(status: str, delivered_at: datetime | None, fallback_reason: str) -> str:
@@ -134,11 +139,8 @@ def _steer_outcome(status: str, delivered_at: datetime | None, fallback_reason: 
     if status == SteerStatus.DELIVERED and delivered_at is not None:
         return f"received {timezone.localtime(delivered_at):%H:%M:%S}"
     if status == SteerStatus.QUEUED:
-        return (
-            f"fell back to the queue ({fallback_reason})"
-            if fallback_reason
-            else ("fell back to the queue")
-        )
+        why = f" ({fallback_reason})" if fallback_reason else ""
+        return f"fell back to the queue{why}"
     if status == SteerStatus.CANCELLED:
         return "cancelled"
     return "waiting"

@@ -215,10 +215,11 @@ def test_a_running_turn_says_how_much_it_has_written(admin_client, user, worker)
 def test_steered_turns_say_where_they_went_and_what_became_of_them(admin_client, api, worker_api):
     task = create(api)
     [running] = dispatch(worker_api)
-    received, refused, waiting = (
-        steer(api, task, text) for text in ("And the docs.", "And lint.", "And ship.")
+    received, also_received, refused, waiting = (
+        steer(api, task, text) for text in ("And the docs.", "And tests.", "And lint.", "Ship.")
     )
     settle(worker_api, running, received["steer_id"])
+    settle(worker_api, running, also_received["steer_id"])
     settle(worker_api, running, refused["steer_id"], refusal="finished")
     page = task_page(admin_client, Task.objects.get(pk=task["id"]))
     delivered_at = Steer.objects.get(pk=received["steer_id"]).delivered_at
@@ -227,12 +228,11 @@ def test_steered_turns_say_where_they_went_and_what_became_of_them(admin_client,
     ) in turn_block(page, 3)
     assert (
         '<span class="turn-steer">steered into message 2 · fell back to the queue (finished)</span>'
-        in turn_block(page, 4)
+        in turn_block(page, 5)
     )
-    assert '<span class="turn-steer">steered into message 2 · waiting</span>' in turn_block(page, 5)
-    assert '<span class="turn-steers-received">received steers: message 3</span>' in turn_block(
-        page, 2
-    )
+    assert '<span class="turn-steer">steered into message 2 · waiting</span>' in turn_block(page, 6)
+    received_line = "received steers: message 3, message 4"
+    assert f'<span class="turn-steers-received">{received_line}</span>' in turn_block(page, 2)
     assert "turn-steer" not in turn_block(page, 1)
 
 
