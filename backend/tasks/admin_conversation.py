@@ -141,6 +141,8 @@ def _steer_outcome(status: str, delivered_at: datetime | None, fallback_reason: 
     if status == SteerStatus.QUEUED:
         why = f" ({fallback_reason})" if fallback_reason else ""
         return f"fell back to the queue{why}"
+    if status == SteerStatus.SUPERSEDED:
+        return "left to the round of the message that stopped that turn"
     if status == SteerStatus.CANCELLED:
         return "cancelled"
     return "waiting"

@@ -246,3 +246,15 @@ def test_a_steer_of_a_cancelled_task_says_so(admin_client, api, worker_api):
         page, 3
     )
     assert "received steers" not in page
+
+
+def test_a_steer_a_newer_message_took_over_says_so(admin_client, api, worker_api):
+    task = create(api)
+    [running] = dispatch(worker_api)
+    settle(worker_api, running, steer(api, task, "And the docs.")["steer_id"])
+    stop = {"message": "Stop, do this instead.", "strategy": "interrupt"}
+    assert api.post(f"/api/tasks/{task['id']}/messages/", stop, format="json").status_code == 201
+    page = task_page(admin_client, Task.objects.get(pk=task["id"]))
+    line = "steered into message 2 · left to the round of the message that stopped that turn"
+    assert f'<span class="turn-steer">{line}</span>' in turn_block(page, 3)
+    assert "received steers" not in page
