@@ -327,7 +327,7 @@ def _turn_prompts(
             subtask=subtask,
             task=subtask.task,
             resolved=policy,
-            prompt_input=resume_input(full_input, seen_through=session.seen_through_message_id),
+            prompt_input=resume_input(full_input, session=session),
             budget=budget,
         )
     return _Prompts(subtask, prompt, resume, reason)

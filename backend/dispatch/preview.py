@@ -334,7 +334,7 @@ def _resume_preview(
         subtask=subtask,
         task=task,
         resolved=resolved,
-        prompt_input=resume_input(full_input, seen_through=session.seen_through_message_id),
+        prompt_input=resume_input(full_input, session=session),
         budget=budget,
     )
     return session, reason, resume

@@ -9,7 +9,11 @@ previous pipeline step's result). The session already holds the rest, so the mod
 every earlier turn once instead of again on every turn.
 
 When a result comes back, `record_session` notes what the session has now seen: the turns in
-the prompt that was sent, the message it answered and its own answer. A resume is offered only
+the prompt that was sent, the message it answered, its own answer and the follow-ups it was
+given while it ran (steers it received, which its answer answers). Those are numbered after
+its answer, so a resume leaves out every turn the session has seen (`seen_message_ids`), not
+only those up to the last (`seen_through_message_id`): a steer that fell back to the queue,
+numbered among them but never seen, still comes. A resume is offered only
 when it is safe; `resume_reason` says why not otherwise (another worker holds the session, the
 session's context is nearly full, the model refused this turn's prompt as too long, history
 is off, unseen turns fell outside the window, ...). A session whose context overflowed on a
@@ -31,7 +35,14 @@ from backend.dispatch.models import PromptReport
 from backend.prompting.inputs import PromptInput
 from backend.prompting.policy import PromptPolicy
 from backend.queries.rows import instance_of
-from backend.tasks.models import NativeSession, Subtask, SubtaskKind, SubtaskStatus
+from backend.tasks.models import (
+    NativeSession,
+    Steer,
+    SteerStatus,
+    Subtask,
+    SubtaskKind,
+    SubtaskStatus,
+)
 
 RESUME = "resume"
 
@@ -126,15 +137,22 @@ def _window_covers_unseen(full_input: PromptInput, *, seen_through: int) -> bool
     return bool(windowed) and min(windowed) <= seen_through + 1
 
 
-def resume_input(full_input: PromptInput, *, seen_through: int) -> PromptInput:
+def resume_input(full_input: PromptInput, *, session: NativeSession) -> PromptInput:
     """The builder input of a resume prompt: the same turn, with only the unseen history.
 
-    The session already holds the first user message and every turn up to `seen_through`, so
-    nothing is pinned and nothing is reported as omitted before the unseen turns.
+    The session already holds the first user message, every turn up to its
+    `seen_through_message_id` and the later ones it was given while it ran (the steers it
+    received, in `seen_message_ids`), so nothing is pinned and nothing is reported as omitted
+    before the unseen turns.
     """
+    seen_through, seen = session.seen_through_message_id, set(session.seen_message_ids)
     data: dict[str, Any] = {field: getattr(full_input, field) for field in PromptInput.model_fields}
     data.update(
-        history=tuple(m for m in full_input.history if m.message_id > seen_through),
+        history=tuple(
+            m
+            for m in full_input.history
+            if m.message_id > seen_through and m.message_id not in seen
+        ),
         summary=None,  # the session has seen what a summary would stand for
         first_user_message_id=None,
         earlier_user_messages=0,
@@ -229,6 +247,7 @@ def record_session(
         seen_now.add(
             subtask.message_id - 1
         )  # the previous step: a round's answers are numbered in a row
+    seen_now.update(_steers_received(subtask))
     context_tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
     existing = session_of(task_id=subtask.task_id, bot=subtask.bot, executor=subtask.executor)
     if resumed and existing is not None and existing.session_id == session_id:
@@ -246,6 +265,24 @@ def record_session(
     existing.seen_through_message_id = subtask.message_id
     existing.context_tokens = context_tokens
     _write_session(existing)
+
+
+def _steers_received(subtask: Subtask) -> list[int]:
+    """The message ids of the follow-ups the completed `subtask`'s attempt received while it
+    ran (its DELIVERED steers, which its answer answers).
+
+    Each steer stores its USER turn with a message_id allocated after the turn's round, so a
+    task whose next message_id is right after this turn's had none: most results ask nothing
+    (the turn's own count of open steers is no guide here, its attempt's end has just reset
+    it). A later pipeline step or another message allocated since costs one indexed query.
+    """
+    if subtask.task.next_message_id <= subtask.message_id + 1:
+        return []
+    return list(
+        Steer.objects.filter(
+            target_id=subtask.pk, attempt=subtask.attempts, status=SteerStatus.DELIVERED
+        ).values_list("message__message_id", flat=True)
+    )
 
 
 def _write_session(session: NativeSession) -> None:

@@ -39,6 +39,7 @@ from backend.prompting.document import (
     RenderedMessage,
     RenderedSection,
     Section,
+    SteerNote,
     SummaryBlock,
 )
 from backend.prompting.escaping import escape_content, unescape_content
@@ -109,6 +110,7 @@ __all__ = [
     "PromptInput",
     "PromptParseError",
     "RenderedMessage",
+    "SteerNote",
     "RenderedSection",
     "Role",
     "Section",

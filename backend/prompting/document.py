@@ -6,7 +6,9 @@ data is what lets the round trip be tested: ``parse_prompt(render_document(doc))
 
 A message's ``content`` is what the model sees after truncation (markers included) and before
 escaping; ``name`` is the bracketed part of its label (a group-chat sender, or a bot when the
-task has several), and ``artifact`` the pointer line that ends it, if any. A history section
+task has several), ``steered_into`` the note on a user message's label line when it was sent
+while an assistant turn was answering (a steer), and ``artifact`` the pointer line that ends
+it, if any. A history section
 that omits messages may carry a :class:`SummaryBlock` after its notice: a summary of earlier
 messages, shaped like a message whose label line says what it covers.
 """
@@ -44,6 +46,15 @@ class OmissionNotice:
 
 
 @dataclass(frozen=True, slots=True)
+class SteerNote:
+    """A user message was sent while an assistant turn was answering, and given to it (a
+    steer): its label line says so. ``bot`` names that turn as its own label would (None:
+    ``Assistant`` alone, as in a task with one bot, or when the turn is not known)."""
+
+    bot: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RenderedMessage:
     """One message as the model sees it (content after truncation, before escaping)."""
 
@@ -56,6 +67,8 @@ class RenderedMessage:
     """The spans in ``content`` of the markers of real cuts: escaping leaves them alone, while
     any text that only looks like a marker is escaped. (Not compared: a quoted half-marker right
     before the real one can swallow its ellipsis, and the parser then finds no span to give.)"""
+    steered_into: SteerNote | None = None
+    """Only on a user message: the assistant turn it was sent to while that turn answered."""
 
 
 @dataclass(frozen=True, slots=True)

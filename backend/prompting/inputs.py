@@ -19,8 +19,11 @@ queryset. Everything here is frozen and validated at construction, so the builde
 * ``summary``, when given, is a rolling summary of messages ``first_message_id`` to
   ``last_message_id`` (all older than the current message), stored like a message (whole, or
   its preview when it spilled) and always as an artifact, which a cut of it points to.
-* Names (``sender``, ``bot``) appear inside ``User[…]`` / ``Assistant[…]`` labels, so they are
-  1–64 printable characters without square brackets.
+* A USER turn sent while an ASSISTANT turn was answering, and given to it (a steer), has
+  ``steered_into_message_id`` (that turn's) and ``steered_into_bot`` (its bot, when known): its
+  label line says so. Its message_id is larger than that turn's, so it comes after the answer.
+* Names (``sender``, ``bot``, ``steered_into_bot``) appear inside ``User[…]`` /
+  ``Assistant[…]`` labels, so they are 1–64 printable characters without square brackets.
 
 The O(n) work on the history — checking the order, counting turns by role for the omission
 notice, finding the task's first user message — happens here, once, when the input is built
@@ -153,8 +156,12 @@ class HistoryMessage(_StoredText):
     bot: str | None = None
     failed: bool = False
     error: str | None = None
+    steered_into_message_id: int | None = None
+    """A USER turn given to a running ASSISTANT turn (a steer): that turn's message_id."""
+    steered_into_bot: str | None = None
+    """The bot of the turn ``steered_into_message_id`` (None when it has none or is not known)."""
 
-    @field_validator("sender", "bot")
+    @field_validator("sender", "bot", "steered_into_bot")
     @classmethod
     def _names_fit_labels(cls, value: str | None) -> str | None:
         return validate_name(value)
@@ -163,6 +170,13 @@ class HistoryMessage(_StoredText):
     def _is_consistent(self) -> HistoryMessage:
         if self.failed and self.role is not Role.ASSISTANT:
             raise ValueError("only assistant turns can be failed")
+        if self.steered_into_message_id is not None:
+            if self.role is not Role.USER:
+                raise ValueError("only user turns are steered into a running turn")
+            if self.steered_into_message_id >= self.message_id:
+                raise ValueError("a steer is sent after the turn it is given to started")
+        if self.steered_into_bot is not None and self.steered_into_message_id is None:
+            raise ValueError("steered_into_bot needs steered_into_message_id")
         return self
 
     @property

@@ -9,10 +9,12 @@ prompt whose first line is neither that note nor a section header is a verbatim 
 prompt (one user message, no label). Otherwise boundaries are lines that
 are exactly a section header or a role label line (``Assistant[bot]: [failed]`` for a failed
 turn); content lines that would look like either are escaped, so every such line is real
-structure. Every piece ends with a blank line except the last, which ends with a single
-newline. The last line of a message is its artifact pointer when it parses as one. After the
-history's omission notice (which never holds a blank line) may come a summary block: its header
-line, its escaped content and, when it was cut, its pointer line, up to the next boundary.
+structure; a user message's label line may end with its steer note (``User[alice]: [sent
+while Assistant[coder] was answering]``). Every piece ends with a blank line except the last,
+which ends with a single newline. The last line of a message is its artifact pointer when it
+parses as one. After the history's omission notice (which never holds a blank line) may come a
+summary block: its header line, its escaped content and, when it was cut, its pointer line, up
+to the next boundary.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from backend.prompting.document import (
     RenderedMessage,
     RenderedSection,
     Section,
+    SteerNote,
     SummaryBlock,
 )
 from backend.prompting.escaping import unescape_with_markers
@@ -41,7 +44,9 @@ from backend.prompting.render import (
 
 _BOUNDARY = re.compile(
     r"^(?:## (?P<section>Conversation History|Current Message|Previous Result)$"
-    r"|(?P<role>User|Assistant)(?:\[(?P<name>[^\[\]\n]+)\])?:(?P<failed> \[failed\])?\n)",
+    r"|(?P<role>User|Assistant)(?:\[(?P<name>[^\[\]\n]+)\])?:(?P<failed> \[failed\])?"
+    r"(?P<steered> \[sent while Assistant(?:\[(?P<steered_into>[^\[\]\n]+)\])?"
+    r" was answering\])?\n)",
     re.MULTILINE,
 )
 _ORDER = (Section.HISTORY, Section.CURRENT, Section.PREVIOUS_RESULT)
@@ -63,7 +68,9 @@ def _body(raw: str) -> tuple[str, tuple[tuple[int, int], ...], ArtifactPointer |
     return content, markers, artifact
 
 
-def _message(role: str, name: str | None, failed: bool, raw: str) -> RenderedMessage:
+def _message(
+    role: str, name: str | None, failed: bool, steered_into: SteerNote | None, raw: str
+) -> RenderedMessage:
     content, markers, artifact = _body(raw)
     return RenderedMessage(
         role=Role.USER if role == "User" else Role.ASSISTANT,
@@ -72,6 +79,7 @@ def _message(role: str, name: str | None, failed: bool, raw: str) -> RenderedMes
         failed=failed,
         artifact=artifact,
         markers=markers,
+        steered_into=steered_into,
     )
 
 
@@ -158,7 +166,12 @@ def parse_prompt(text: str) -> PromptDocument:
         failed = boundary["failed"] is not None
         if failed and boundary["role"] != "Assistant":
             raise PromptParseError("only assistant turns can be failed")
+        steered_into = None
+        if boundary["steered"] is not None:
+            if boundary["role"] != "User":
+                raise PromptParseError("only user messages are steered into a running turn")
+            steered_into = SteerNote(boundary["steered_into"])
         raw = chunk[: -len(PIECE_END)]
-        messages.append(_message(boundary["role"], boundary["name"], failed, raw))
+        messages.append(_message(boundary["role"], boundary["name"], failed, steered_into, raw))
     close()
     return PromptDocument(sections=tuple(sections), escape_note=escape_note)

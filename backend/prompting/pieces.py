@@ -68,7 +68,9 @@ def sized_piece(
     if body is not message.content:
         content_tokens = None  # escaping changed the text the cached count was for
     if prefix is None:
-        prefix = message_prefix(message.role, message.name, failed=message.failed)
+        prefix = message_prefix(
+            message.role, message.name, failed=message.failed, steered_into=message.steered_into
+        )
     suffix = message_suffix(message.artifact, last=last)
     return SizedPiece(
         message=message,

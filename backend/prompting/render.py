@@ -30,7 +30,8 @@ The exact text of a sectioned prompt::
 Every piece — a header, the notice, a message — ends with one blank line (``"\n\n"``), except
 the last piece of the prompt, which ends with a single ``"\n"``. A message is its label line
 (``User:``, ``User[alice]:``, ``Assistant:`` or ``Assistant[bot]:``, then `` [failed]`` for a
-failed turn), its escaped content on the following lines, and a pointer line when its full text
+failed turn, or a steer note for a user message sent while an assistant turn was answering),
+its escaped content on the following lines, and a pointer line when its full text
 lives in an artifact. The label has a line of its own so that, for tiktoken, the content starts
 a fresh pre-tokenizer chunk and its cached token count can be reused as is (see ``build``).
 
@@ -41,6 +42,17 @@ module puts the escaped content in its place.
 
 A prompt in which any line was escaped opens with one note line (``ESCAPE_NOTE``, then a blank
 line) telling the model that a line starting with a backslash is quoted message text.
+
+Label lines, exactly (a steer note names the assistant turn as its own label does: with its bot
+only when the task has several bots, ``Assistant`` alone otherwise or when it is not known)::
+
+    User:
+    User[alice]:
+    User: [sent while Assistant was answering]
+    User[alice]: [sent while Assistant[coder] was answering]
+    Assistant:
+    Assistant[reviewer]:
+    Assistant[reviewer]: [failed]
 
 Pointer line (stable, one line; ``char``/``line`` are singular for 1)::
 
@@ -73,6 +85,7 @@ from backend.prompting.document import (
     PromptDocument,
     RenderedMessage,
     Section,
+    SteerNote,
     SummaryBlock,
 )
 from backend.prompting.escaping import escape_content
@@ -105,15 +118,29 @@ _SUMMARY_HEADER = re.compile(
 )
 
 
+def _speaker(role: Role, name: str | None) -> str:
+    base = "User" if role is Role.USER else "Assistant"
+    return f"{base}[{name}]" if name is not None else base
+
+
 def role_label(role: Role, name: str | None) -> str:
     """``User:``, ``User[alice]:``, ``Assistant:`` or ``Assistant[reviewer]:``."""
-    base = "User" if role is Role.USER else "Assistant"
-    return f"{base}[{name}]:" if name is not None else f"{base}:"
+    return _speaker(role, name) + ":"
 
 
-def message_prefix(role: Role, name: str | None, *, failed: bool = False) -> str:
-    """What precedes the escaped content: the label line, failed marker included."""
-    return role_label(role, name) + (FAILED_MARKER if failed else "") + "\n"
+def steer_marker(note: SteerNote) -> str:
+    """What follows a steered user message's label: `` [sent while Assistant[coder] was
+    answering]`` (``parse`` reads it back)."""
+    return f" [sent while {_speaker(Role.ASSISTANT, note.bot)} was answering]"
+
+
+def message_prefix(
+    role: Role, name: str | None, *, failed: bool = False, steered_into: SteerNote | None = None
+) -> str:
+    """What precedes the escaped content: the label line, failed marker or steer note
+    included."""
+    note = steer_marker(steered_into) if steered_into is not None else ""
+    return role_label(role, name) + (FAILED_MARKER if failed else "") + note + "\n"
 
 
 def _plural(count: int, word: str) -> str:
@@ -225,7 +252,9 @@ def notice_piece(notice: OmissionNotice, *, last: bool = False) -> str:
 
 def message_piece(message: RenderedMessage, *, last: bool = False) -> str:
     return (
-        message_prefix(message.role, message.name, failed=message.failed)
+        message_prefix(
+            message.role, message.name, failed=message.failed, steered_into=message.steered_into
+        )
         + escape_content(message.content, keep=message.markers)
         + message_suffix(message.artifact, last=last)
     )

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from backend.prompting.addressing import pointer_to_whole
 from backend.prompting.counting import TokenCounter
-from backend.prompting.document import OmissionNotice, RenderedMessage, Section
+from backend.prompting.document import OmissionNotice, RenderedMessage, Section, SteerNote
 from backend.prompting.inputs import HistoryMessage, PromptInput, Role
 from backend.prompting.pieces import SizedPiece, sized_piece
 from backend.prompting.policy import ContextPassing, PromptPolicy
@@ -175,6 +175,13 @@ class HistorySection:
             return message.sender if self.input.is_group_chat else None
         return message.bot if self.input.multi_bot else None
 
+    def _steer_note(self, message: HistoryMessage) -> SteerNote | None:
+        """A steered user message's note, naming the turn it was given to as that turn's
+        label does."""
+        if message.steered_into_message_id is None:
+            return None
+        return SteerNote(message.steered_into_bot if self.input.multi_bot else None)
+
     def _piece(self, message: HistoryMessage) -> SizedPiece:
         cap = self.policy.per_message_max_chars
         cached = message.token_count if self.counter.cached_counts_apply else None
@@ -228,6 +235,7 @@ class HistorySection:
             failed=message.failed,
             artifact=pointer,
             markers=markers,
+            steered_into=self._steer_note(message),
         )
         return sized_piece(rendered, cached, truncated=truncated, whole_text=whole)
 

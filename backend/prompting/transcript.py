@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from backend.prompting.addressing import artifact_id_for, content_sha256, count_lines
-from backend.prompting.document import Section
+from backend.prompting.document import Section, SteerNote
 from backend.prompting.escaping import escape_content
 from backend.prompting.inputs import ArtifactPointer, HistoryMessage, Role
 from backend.prompting.kinds import ArtifactKind
@@ -95,6 +95,7 @@ def _pieces(
                 message.role,
                 _name(message, is_group_chat=is_group_chat, multi_bot=multi_bot),
                 failed=message.failed,
+                steered_into=_steer_note(message, multi_bot=multi_bot),
             )
             + body
             + message_suffix(message.artifact if message.preview is not None else None)
@@ -111,6 +112,12 @@ def transcript_pointer(text: str, *, workspace_path: str) -> ArtifactPointer:
         total_lines=count_lines(text),
         workspace_path=workspace_path,
     )
+
+
+def _steer_note(message: HistoryMessage, *, multi_bot: bool) -> SteerNote | None:
+    if message.steered_into_message_id is None:
+        return None
+    return SteerNote(message.steered_into_bot if multi_bot else None)
 
 
 def _name(message: HistoryMessage, *, is_group_chat: bool, multi_bot: bool) -> str | None:

@@ -9,7 +9,9 @@
 -- turns after them, so neither the window nor the totals cost more as the history grows. Each
 -- (task, message) of `anchor_task_ids` / `anchor_message_ids` and each summary of
 -- `summary_ids` is an anchor. A row is a picked turn (`part` 'window' or 'anchor') with its
--- artifact, or a task's totals ('totals'); a window turn's message is not sent.
+-- artifact and, for a steered USER turn, the bot of the turn it was given to (found among the
+-- task's turns by message_id), or a task's totals ('totals'); a window turn's message is not
+-- sent.
 -- `{request_count}`, `{anchor_count}` and `{summary_count}` are the arrays' lengths, in the text so that the plan
 -- PostgreSQL keeps for the prepared statement counts the rows they give: told only of the
 -- arrays, it assumes 100 elements each, finds that plan dearer than one for the values given
@@ -147,12 +149,17 @@ SELECT
     turn.history_is_preview,
     turn.summary_first_message_id,
     turn.summary_last_message_id,
+    turn.steered_into_message_id,
     turn.artifact_id,
     artifact.id,
     artifact.kind,
     artifact.size_chars,
-    artifact.size_lines
+    artifact.size_lines,
+    steered_into.bot
 FROM picked
 LEFT JOIN {subtask} AS turn ON turn.id = picked.id
 LEFT JOIN {artifact} AS artifact ON artifact.id = turn.artifact_id
+LEFT JOIN {subtask} AS steered_into
+    ON steered_into.task_id = turn.task_id
+    AND steered_into.message_id = turn.steered_into_message_id
 ORDER BY picked.part, picked.task_id, turn.message_id DESC

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 from django.core.management import call_command
+from rest_framework import serializers
 
 from backend.dispatch.models import PromptReport
+from backend.tasks.models import Steer
+from tests.dispatch.steering import settle, steer
 from tests.dispatch.test_dispatch_api import create, dispatch, report, resumed_dispatch
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
@@ -51,6 +54,45 @@ def test_the_owner_reads_a_report_with_its_turns_names(api, worker_api):
     assert body["builder_version"] == row.builder_version
     assert "prompt" not in body
     assert "input_snapshot" not in body
+    assert body["steers"] == []
+
+
+def test_a_report_lists_the_steers_its_claim_was_given(api, worker_api, django_assert_num_queries):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    received = steer(api, task, "And the docs.")
+    refused = steer(api, task, "And lint.")
+    waiting = steer(api, task, "And ship.")
+    settle(worker_api, turn, received["steer_id"])
+    settle(worker_api, turn, refused["steer_id"], refusal="finished")
+    row = PromptReport.objects.get(subtask_id=turn["subtask_id"])
+    # The report, then its claim's steers (the caller's token is known by now).
+    with django_assert_num_queries(2):
+        body = api.get(f"/api/prompt-reports/{row.pk}/").json()
+    delivered_at = Steer.objects.get(pk=received["steer_id"]).delivered_at
+    assert body["steers"] == [
+        {
+            "steer_id": received["steer_id"],
+            "message_id": 3,
+            "status": "delivered",
+            "delivered_at": serializers.DateTimeField().to_representation(delivered_at),
+            "fallback_reason": "",
+        },
+        {
+            "steer_id": refused["steer_id"],
+            "message_id": 4,
+            "status": "queued",
+            "delivered_at": None,
+            "fallback_reason": "finished",
+        },
+        {
+            "steer_id": waiting["steer_id"],
+            "message_id": 5,
+            "status": "pending",
+            "delivered_at": None,
+            "fallback_reason": "",
+        },
+    ]
 
 
 def test_another_account_gets_404(api, other_api, worker_api):
@@ -90,6 +132,16 @@ def test_the_schema_has_the_endpoint_and_the_turns_links(api):
     assert {"id", "task_id", "subtask_id", "message_id", "attempt", "kind", "sent"} <= set(
         report_fields
     )
+    assert report_fields["steers"]["items"]["$ref"].endswith("PromptReportSteerOutput")
+    steer_schema = schema["components"]["schemas"]["PromptReportSteerOutput"]
+    assert set(steer_schema["properties"]) == {
+        "steer_id",
+        "message_id",
+        "status",
+        "delivered_at",
+        "fallback_reason",
+    }
+    assert steer_schema["properties"]["delivered_at"]["nullable"] is True
     turn_fields = schema["components"]["schemas"]["SubtaskOutput"]["properties"]
     assert turn_fields["prompt_reports"]["items"]["$ref"].endswith("PromptReportLinkOutput")
 

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from backend.dispatch.models import HistoryPolicy, PromptReport
 from backend.tasks.models import Bot, NativeSession, Subtask
+from tests.dispatch.steering import settle, steer
 from tests.dispatch.test_dispatch_api import PIPELINE, SINGLE, create, dispatch, report
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
@@ -274,3 +275,51 @@ def test_the_preview_says_why_no_resume_would_be_offered(api, worker_api, admin_
     ).content.decode()
     assert "in a fresh session (policy_off)" in page
     assert '<pre id="resume-prompt-text">' not in page
+
+
+def test_a_session_that_received_a_steer_is_not_given_it_again(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    given = steer(api, task, "Also cover the Windows path.")
+    settle(worker_api, turn, given["steer_id"])
+    answer(worker_api, turn, "Fixed, Windows path included.")
+    session = NativeSession.objects.get(task_id=task["id"])
+    assert (session.seen_through_message_id, session.seen_message_ids) == (2, [1, 2, 3])
+    follow_up(api, task, "Thanks, now the docs.")
+    [turn] = dispatch(worker_api)
+    assert (
+        "Assistant:\nFixed, Windows path included.\n\n"
+        "User: [sent while Assistant was answering]\nAlso cover the Windows path.\n\n"
+    ) in turn["prompt"]
+    # Only the new message: a resume prompt of the current message alone is its text.
+    assert turn["resume_prompt"] == "Thanks, now the docs."
+
+
+def test_a_session_whose_steer_fell_back_is_given_it(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    given = steer(api, task, "Also cover the Windows path.")
+    settle(worker_api, turn, given["steer_id"], refusal="finished")
+    answer(worker_api, turn, "Fixed.")
+    session = NativeSession.objects.get(task_id=task["id"])
+    assert session.seen_message_ids == [1, 2]
+    # The steer's own round answers it: the session is told it as the current message.
+    [turn] = dispatch(worker_api)
+    assert turn["resume_prompt"] == "Also cover the Windows path."
+    assert "Also cover the Windows path." not in turn["prompt"].split("## Current Message")[0]
+
+
+def test_a_resume_leaves_out_a_received_steer_but_not_a_later_message(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    settle(worker_api, turn, steer(api, task, "And the docs.")["steer_id"])
+    answer(worker_api, turn, "Fixed, docs too.")
+    follow_up(api, task, "Ship it.")
+    [second] = dispatch(worker_api)
+    answer(worker_api, second, "Shipped.", session="")  # ran without the session
+    follow_up(api, task, "Now the changelog.")
+    [third] = dispatch(worker_api)
+    assert third["resume_prompt"] == (
+        "## Conversation History\n\nUser:\nShip it.\n\nAssistant:\nShipped.\n\n"
+        "## Current Message\n\nUser:\nNow the changelog.\n"
+    )

@@ -115,6 +115,10 @@ def history_messages(draw: st.DrawFn, message_id: int) -> HistoryMessage:
         "failed": failed,
         "error": draw(st.none() | adversarial_text) if failed else None,
     }
+    if role is Role.USER and message_id > 1 and draw(st.booleans()):
+        # Sent while an earlier assistant turn was answering (a steer it received).
+        fields["steered_into_message_id"] = draw(st.integers(1, message_id - 1))
+        fields["steered_into_bot"] = draw(st.none() | names)
     text = draw(some_text)
     if spilled:
         original = draw(st.builds(str.__add__, st.just(text), long_text) | json_text)

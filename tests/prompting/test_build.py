@@ -198,6 +198,56 @@ def test_names_only_when_the_task_calls_for_them() -> None:
     )
 
 
+# A steer: message 3 was sent while turn 2 was answering, and turn 2's answer answers it too.
+STEERED = (
+    user(1, "build it", sender="alice"),
+    assistant(2, "built, and tested as asked", bot="coder"),
+    user(
+        3, "also run the tests", sender="bob", steered_into_message_id=2, steered_into_bot="coder"
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        (
+            {"is_group_chat": True, "multi_bot": True},
+            "## Conversation History\n\nUser[alice]:\nbuild it\n\n"
+            "Assistant[coder]:\nbuilt, and tested as asked\n\n"
+            "User[bob]: [sent while Assistant[coder] was answering]\nalso run the tests\n\n"
+            "## Current Message\n\nUser:\ngo\n",
+        ),
+        (
+            {"is_group_chat": True, "multi_bot": False},
+            "## Conversation History\n\nUser[alice]:\nbuild it\n\n"
+            "Assistant:\nbuilt, and tested as asked\n\n"
+            "User[bob]: [sent while Assistant was answering]\nalso run the tests\n\n"
+            "## Current Message\n\nUser:\ngo\n",
+        ),
+        (
+            {},
+            "## Conversation History\n\nUser:\nbuild it\n\n"
+            "Assistant:\nbuilt, and tested as asked\n\n"
+            "User: [sent while Assistant was answering]\nalso run the tests\n\n"
+            "## Current Message\n\nUser:\ngo\n",
+        ),
+    ],
+)
+def test_a_steered_message_says_which_answer_it_was_sent_into(
+    fields: dict[str, bool], expected: str
+) -> None:
+    build = build_prompt(conversation(*STEERED, **fields), UNCAPPED)
+    assert build.text == expected
+    assert parse_prompt(build.text) == build.document
+
+
+def test_a_steer_into_a_turn_whose_bot_is_not_known_names_the_assistant_alone() -> None:
+    steered = user(3, "and lint", steered_into_message_id=2)
+    build = build_prompt(conversation(*STEERED[:2], steered, multi_bot=True), UNCAPPED)
+    assert "User: [sent while Assistant was answering]\nand lint\n" in build.text
+
+
 @pytest.mark.parametrize(
     ("mode", "previous", "enabled", "sections"),
     [
@@ -485,6 +535,18 @@ def test_report_is_json_safe() -> None:
         ({"total_chars": 99}, "total_chars must equal"),
         ({"sender": "a]b"}, "square brackets"),
         ({"bot": "x" * 65}, "1 to 64"),
+        ({"message_id": 3, "steered_into_message_id": 2}, "only user turns are steered"),
+        ({"role": "USER", "steered_into_message_id": 1}, "sent after the turn"),
+        ({"role": "USER", "steered_into_bot": "coder"}, "needs steered_into_message_id"),
+        (
+            {
+                "role": "USER",
+                "message_id": 3,
+                "steered_into_message_id": 2,
+                "steered_into_bot": "a]",
+            },
+            "square brackets",
+        ),
     ],
 )
 def test_history_messages_are_validated(fields: dict, message: str) -> None:

@@ -10,6 +10,7 @@ from backend.prompting import (
     RenderedMessage,
     Role,
     Section,
+    SteerNote,
     parse_prompt,
 )
 
@@ -39,6 +40,20 @@ def test_empty_content_and_failed_without_error() -> None:
     assert section.messages == (RenderedMessage(Role.ASSISTANT, "x", "", failed=True),)
 
 
+def test_a_steered_message_keeps_its_note() -> None:
+    text = (
+        "## Conversation History\n\nUser[bob]: [sent while Assistant[coder] was answering]\n"
+        "also test\n\nUser: [sent while Assistant was answering]\nand lint\n\n"
+        "## Current Message\n\nUser:\ngo\n"
+    )
+    history = parse_prompt(text).section(Section.HISTORY)
+    assert history is not None
+    assert history.messages == (
+        RenderedMessage(Role.USER, "bob", "also test", steered_into=SteerNote("coder")),
+        RenderedMessage(Role.USER, None, "and lint", steered_into=SteerNote()),
+    )
+
+
 def test_a_text_without_leading_header_is_verbatim() -> None:
     parsed = parse_prompt("User:\nhello\n## Current Message\n")
     assert parsed.verbatim
@@ -55,6 +70,8 @@ def test_a_text_without_leading_header_is_verbatim() -> None:
         "## Current Message\n\nsome text\n",  # content outside a message
         "## Current Message\n\n[omitted earlier messages: 1 (1 user, 0 assistant)]\n\nUser:\na\n",
         "## Current Message\n\nUser: [failed]\nx\n",  # users do not fail
+        # Only user messages are steered into a running turn.
+        "## Current Message\n\nAssistant: [sent while Assistant was answering]\nx\n",
     ],
 )
 def test_malformed_prompts_are_rejected(text: str) -> None:

@@ -14,6 +14,7 @@ from backend.prompting import (
     RenderedSection,
     Role,
     Section,
+    SteerNote,
     escape_content,
     escaping,
     omission_notice,
@@ -23,6 +24,7 @@ from backend.prompting import (
     role_label,
     unescape_content,
 )
+from backend.prompting.render import message_prefix
 from tests.prompting.strategies import adversarial_text
 
 ARTIFACT = ArtifactPointer(
@@ -45,6 +47,27 @@ ARTIFACT = ArtifactPointer(
 )
 def test_role_labels(role: Role, name: str | None, expected: str) -> None:
     assert role_label(role, name) == expected
+
+
+@pytest.mark.parametrize(
+    ("role", "name", "failed", "steered_into", "expected"),
+    [
+        (Role.USER, None, False, None, "User:\n"),
+        (Role.USER, None, False, SteerNote(), "User: [sent while Assistant was answering]\n"),
+        (
+            Role.USER,
+            "alice",
+            False,
+            SteerNote("coder"),
+            "User[alice]: [sent while Assistant[coder] was answering]\n",
+        ),
+        (Role.ASSISTANT, "reviewer", True, None, "Assistant[reviewer]: [failed]\n"),
+    ],
+)
+def test_label_lines_exact_output(
+    role: Role, name: str | None, failed: bool, steered_into: SteerNote | None, expected: str
+) -> None:
+    assert message_prefix(role, name, failed=failed, steered_into=steered_into) == expected
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,24 @@ def test_a_transcript_is_the_whole_history_in_the_prompts_format() -> None:
     assert history.section is Section.HISTORY and len(history.messages) == 4
 
 
+def test_a_transcript_shows_a_steered_message_as_the_prompt_does() -> None:
+    steered = HistoryMessage(
+        message_id=5,
+        role=Role.USER,
+        text="and lint",
+        sender="bob",
+        steered_into_message_id=4,
+        steered_into_bot="builder",
+    )
+    text = render_transcript((*HISTORY, steered), is_group_chat=True, multi_bot=True)
+    assert text.endswith(
+        "Assistant[builder]: [failed]\nTimed out.\n\n"
+        "User[bob]: [sent while Assistant[builder] was answering]\nand lint\n"
+    )
+    [history] = parse_prompt(text).sections
+    assert history.messages[-1].steered_into is not None
+
+
 def test_the_omission_notice_points_to_the_transcript() -> None:
     text = render_transcript(HISTORY, is_group_chat=False, multi_bot=False)
     pointer = transcript_pointer(text, workspace_path=".baton/history/task-7.md")

@@ -16,6 +16,7 @@ from backend.prompting import PromptPolicy, Role
 from backend.tasks import transcript_spans
 from backend.tasks.factories import conversation
 from backend.tasks.history import selection
+from backend.tasks.history.rows import STEERED_INTO_BOT
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TranscriptPart
 from backend.tasks.services import PipelineStep, allocate_message_ids, record_result
 
@@ -121,6 +122,15 @@ def interrupted(task: Task) -> Task:
     return task
 
 
+def steered(task: Task) -> Task:
+    """`task` with user messages 5 and 7 given to running answers (steers): 5 to one a window
+    of four leaves out, 7 to one without a bot."""
+    task.subtasks.filter(message_id=5).update(steered_into_message_id=2)
+    task.subtasks.filter(message_id=7).update(steered_into_message_id=6)
+    task.subtasks.filter(message_id=6).update(bot="")
+    return task
+
+
 LONG = transcript_spans.TRANSCRIPT_PART_TURNS
 SHORT = transcript_spans.TRANSCRIPT_SHORT_PART_TURNS
 
@@ -164,6 +174,7 @@ CASES: dict[str, Callable[[Any], list[tuple[Task, PromptPolicy]]]] = {
             CAPPED,
         )
     ],
+    "steered user messages": lambda user: [(steered(chat(user, 4)), CAPPED)],
     "a batch of every policy": lambda user: [
         (chat(user, 0), CAPPED),
         (chat(user, 6), CAPPED),
@@ -185,7 +196,8 @@ def _read(turn: Subtask, fields: tuple[str, ...]) -> tuple[Any, ...]:
         else getattr(turn, name)
         for name in fields
     ]
-    return (*values, frozenset(turn.get_deferred_fields()))
+    steered_into_bot = getattr(turn, STEERED_INTO_BOT)
+    return (*values, steered_into_bot, frozenset(turn.get_deferred_fields()))
 
 
 def _seen(read: selection.Selection) -> dict[str, Any]:

@@ -7,16 +7,19 @@ import re
 
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import escape
 
 from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import PromptReport
 from backend.prompting.truncate import truncation_marker
 from backend.tasks.factories import conversation
-from backend.tasks.models import Subtask, SubtaskStatus, Task
+from backend.tasks.models import Steer, Subtask, SubtaskStatus, Task
 from backend.tasks.partial_texts import replace_partial_text
 from backend.tasks.services import append_message, record_result
+from tests.dispatch.steering import settle, steer
 from tests.dispatch.test_admin import task_change_data
+from tests.dispatch.test_dispatch_api import create, dispatch
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("artifact_storage_in_tmp")]
 
@@ -207,3 +210,51 @@ def test_a_running_turn_says_how_much_it_has_written(admin_client, user, worker)
     claimed.subtask.save(update_fields=["partial_text", "partial_text_chars", "partial_text_bytes"])
     block = turn_block(task_page(admin_client, task), claimed.subtask.message_id)
     assert "18 chars written so far" in block
+
+
+def test_steered_turns_say_where_they_went_and_what_became_of_them(admin_client, api, worker_api):
+    task = create(api)
+    [running] = dispatch(worker_api)
+    received, also_received, refused, waiting = (
+        steer(api, task, text) for text in ("And the docs.", "And tests.", "And lint.", "Ship.")
+    )
+    settle(worker_api, running, received["steer_id"])
+    settle(worker_api, running, also_received["steer_id"])
+    settle(worker_api, running, refused["steer_id"], refusal="finished")
+    page = task_page(admin_client, Task.objects.get(pk=task["id"]))
+    delivered_at = Steer.objects.get(pk=received["steer_id"]).delivered_at
+    assert '<span class="turn-steer">steered into message 2 · received {}</span>'.format(
+        timezone.localtime(delivered_at).strftime("%H:%M:%S")
+    ) in turn_block(page, 3)
+    assert (
+        '<span class="turn-steer">steered into message 2 · fell back to the queue (finished)</span>'
+        in turn_block(page, 5)
+    )
+    assert '<span class="turn-steer">steered into message 2 · waiting</span>' in turn_block(page, 6)
+    received_line = "received steers: message 3, message 4"
+    assert f'<span class="turn-steers-received">{received_line}</span>' in turn_block(page, 2)
+    assert "turn-steer" not in turn_block(page, 1)
+
+
+def test_a_steer_of_a_cancelled_task_says_so(admin_client, api, worker_api):
+    task = create(api)
+    dispatch(worker_api)
+    steer(api, task, "And the docs.")
+    assert api.post(f"/api/tasks/{task['id']}/cancel/").status_code == 200
+    page = task_page(admin_client, Task.objects.get(pk=task["id"]))
+    assert '<span class="turn-steer">steered into message 2 · cancelled</span>' in turn_block(
+        page, 3
+    )
+    assert "received steers" not in page
+
+
+def test_a_steer_a_newer_message_took_over_says_so(admin_client, api, worker_api):
+    task = create(api)
+    [running] = dispatch(worker_api)
+    settle(worker_api, running, steer(api, task, "And the docs.")["steer_id"])
+    stop = {"message": "Stop, do this instead.", "strategy": "interrupt"}
+    assert api.post(f"/api/tasks/{task['id']}/messages/", stop, format="json").status_code == 201
+    page = task_page(admin_client, Task.objects.get(pk=task["id"]))
+    line = "steered into message 2 · left to the round of the message that stopped that turn"
+    assert f'<span class="turn-steer">{line}</span>' in turn_block(page, 3)
+    assert "received steers" not in page

@@ -8,6 +8,9 @@ from rest_framework import serializers
 
 from backend.api.links import prompt_report_url
 from backend.dispatch.models import PROMPT_KINDS, PromptReport
+from backend.dispatch.selectors import ReportSteer
+from backend.tasks.models import SteerStatus
+from backend.tasks.services.steering import ATTEMPT_ENDED, WORKER_REFUSALS
 
 
 class PromptReportLinkOutput(serializers.Serializer[PromptReport]):
@@ -24,6 +27,31 @@ class PromptReportLinkOutput(serializers.Serializer[PromptReport]):
 
     def get_url(self, report: PromptReport) -> str:
         return prompt_report_url(request=self.context["request"], report_id=report.pk)
+
+
+class PromptReportSteerOutput(serializers.Serializer[ReportSteer]):
+    """A follow-up sent with strategy steer to the turn while this claim ran it."""
+
+    steer_id = serializers.IntegerField()
+    message_id = serializers.IntegerField(
+        help_text="The message id of the USER turn the follow-up is stored as."
+    )
+    # A string, not an enum, in the schema: the steer statuses already have an enum of their
+    # own there (`SteerOutput`'s), and one more component with a `status` of the same choices
+    # makes drf-spectacular name neither well without an ENUM_NAME_OVERRIDES entry.
+    status = serializers.CharField(
+        help_text="What became of it: "
+        + "; ".join(f"{value}: {label.lower()}" for value, label in SteerStatus.choices)
+        + ". Delivered: the turn's answer answers it too; queued: it gets its own answer."
+    )
+    delivered_at = serializers.DateTimeField(
+        allow_null=True, help_text="When the agent received it; null unless delivered."
+    )
+    fallback_reason = serializers.CharField(
+        help_text="Why it fell back to the queue (empty unless queued): one of "
+        + ", ".join((*WORKER_REFUSALS, ATTEMPT_ENDED))
+        + "."
+    )
 
 
 class PromptReportOutput(serializers.ModelSerializer[PromptReport]):
@@ -53,6 +81,13 @@ class PromptReportOutput(serializers.ModelSerializer[PromptReport]):
     )
     model_tokens = serializers.IntegerField(
         allow_null=True, help_text="The prompt's size in the model's tokens."
+    )
+    steers = PromptReportSteerOutput(
+        many=True,
+        read_only=True,
+        help_text="The follow-ups sent with strategy steer to the turn while this claim (its "
+        "`attempt`) ran it, oldest first; empty when none. The prompt did not hold them: the "
+        "running agent was handed them (see each one's `status`).",
     )
 
     class Meta:
@@ -88,5 +123,6 @@ class PromptReportOutput(serializers.ModelSerializer[PromptReport]):
             "builder_version",
             "build_ms",
             "created_at",
+            "steers",
         ]
         read_only_fields = fields

@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from django.db.models import OuterRef, QuerySet, Subquery
+
 from backend.artifacts.models import Artifact
 from backend.prompting import Role
 from backend.prompting.addressing import workspace_path
@@ -48,6 +50,7 @@ HISTORY_FIELDS = (
     "artifact__size_chars",
     "artifact__size_lines",
     "history_is_preview",
+    "steered_into_message_id",
 )
 # A stored summary: its text as a history text, and the range it covers.
 SUMMARY_FIELDS = (
@@ -56,6 +59,21 @@ SUMMARY_FIELDS = (
     "summary_first_message_id",
     "summary_last_message_id",
 )
+
+
+STEERED_INTO_BOT = "steered_into_bot"
+"""What a history row is annotated with (`with_steered_into_bot`): the bot of the turn a
+steered USER turn was given to, read with the row (None when there is none)."""
+
+
+def with_steered_into_bot(turns: QuerySet[Subtask]) -> QuerySet[Subtask]:
+    """`turns` annotated with `STEERED_INTO_BOT`: found among the task's turns by message_id
+    in the same query (the task's message_id index), so a steered turn's label names its
+    target's bot whichever turns the window holds."""
+    target = Subtask.objects.filter(
+        task_id=OuterRef("task_id"), message_id=OuterRef("steered_into_message_id")
+    )
+    return turns.annotate(**{STEERED_INTO_BOT: Subquery(target.values("bot")[:1])})
 
 
 class HistoryUnavailable(RuntimeError):
@@ -115,9 +133,12 @@ def _cached_tokens(turn: Subtask, encoding: str) -> int | None:
 
 def history_message(turn: Subtask, encoding: str = DEFAULT_TOKEN_ENCODING) -> HistoryMessage:
     """One stored turn as the prompt builder's input: its history text (or, when it spilled,
-    its preview), its cached token count under `encoding` (see `cached_counts_encoding`) and,
-    when stored, the artifact a cut of it points to."""
+    its preview), its cached token count under `encoding` (see `cached_counts_encoding`),
+    when stored the artifact a cut of it points to and, for a steered USER turn, the turn it
+    was given to (its bot as `with_steered_into_bot` read it; not known without it)."""
     spilled = turn.history_is_preview
+    steered_into = turn.steered_into_message_id if turn.role == Role.USER else None
+    steered_into_bot = getattr(turn, STEERED_INTO_BOT, None)
     return HistoryMessage(
         message_id=turn.message_id,
         role=Role(turn.role),
@@ -131,6 +152,8 @@ def history_message(turn: Subtask, encoding: str = DEFAULT_TOKEN_ENCODING) -> Hi
         preview_tail=turn.preview_tail if spilled else None,
         **{f"preview_{name}": value for name, value in _preview_parts(turn).items()},
         artifact=_pointer(turn.artifact),
+        steered_into_message_id=steered_into,
+        steered_into_bot=_name(steered_into_bot or "") if steered_into is not None else None,
     )
 
 

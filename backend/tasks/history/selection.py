@@ -28,7 +28,9 @@ from backend.tasks.history.rows import (
     FIRST_USER_MESSAGE_ID,
     HISTORY_FIELDS,
     HISTORY_STATUSES,
+    STEERED_INTO_BOT,
     SUMMARY_FIELDS,
+    with_steered_into_bot,
 )
 from backend.tasks.models import TURNS, Subtask, SubtaskKind, Task
 
@@ -94,6 +96,7 @@ class Selection:
     window: list[Subtask]  # newest first within each task, read as `WINDOW_FIELDS`
     totals: dict[int, tuple[int, int]]  # (user, assistant) history turns per task id
     anchors: list[Subtask]  # read as `ANCHOR_FIELDS` (the message too)
+    # Each turn of both also has `STEERED_INTO_BOT` (`rows.with_steered_into_bot`).
 
 
 def select_turns(batch: Sequence[HistoryRequest]) -> Selection:
@@ -110,7 +113,7 @@ def _selected_by_orm(batch: Sequence[HistoryRequest]) -> Selection:
     window_ids, totals = _ranked_window_ids([request for request in batch if request.wants_history])
     window = (
         list(
-            Subtask.objects.filter(pk__in=window_ids)
+            with_steered_into_bot(Subtask.objects.filter(pk__in=window_ids))
             .select_related("artifact")
             .only(*WINDOW_FIELDS)
             .order_by("task_id", "-message_id")
@@ -123,7 +126,9 @@ def _selected_by_orm(batch: Sequence[HistoryRequest]) -> Selection:
     ]
     conditions += [Q(pk=request.summary_id) for request in batch if request.summary_id is not None]
     anchors = list(
-        Subtask.objects.filter(any_of(conditions)).select_related("artifact").only(*ANCHOR_FIELDS)
+        with_steered_into_bot(Subtask.objects.filter(any_of(conditions)))
+        .select_related("artifact")
+        .only(*ANCHOR_FIELDS)
     )
     return Selection(window=window, totals=totals, anchors=anchors)
 
@@ -235,6 +240,7 @@ _TURN_COLUMNS = (
     "history_is_preview",
     "summary_first_message_id",
     "summary_last_message_id",
+    "steered_into_message_id",
     "artifact_id",
 )
 _ARTIFACT_COLUMNS = ("id", "kind", "size_chars", "size_lines")
@@ -247,6 +253,7 @@ def _selected_by_statement(batch: Sequence[HistoryRequest]) -> Selection:
     totals: dict[int, tuple[int, int]] = {}
     anchors: list[Subtask] = []
     turn_end = 4 + len(_TURN_COLUMNS)
+    artifact_end = turn_end + len(_ARTIFACT_COLUMNS)
     for row in _history_selection(batch):
         part, task_id, users, assistants = row[:4]
         if part == "totals":
@@ -258,6 +265,7 @@ def _selected_by_statement(batch: Sequence[HistoryRequest]) -> Selection:
             fields, picked = _ARTIFACT_PICK
             artifact = [row[turn_end + index] for index in picked]
             subtask.artifact = instance_of(Artifact, artifact, fields)
+        setattr(subtask, STEERED_INTO_BOT, row[artifact_end])
         (window if part == "window" else anchors).append(subtask)
     return Selection(window=window, totals=totals, anchors=anchors)
 

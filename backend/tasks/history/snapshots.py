@@ -16,6 +16,7 @@ from backend.tasks.history.rows import (
     history_summary,
     prompt_input_of,
     summary_request_message,
+    with_steered_into_bot,
 )
 from backend.tasks.models import Subtask
 
@@ -59,7 +60,9 @@ def prompt_input_from_snapshot(*, task_id: int, snapshot: Mapping[str, Any]) -> 
     }
     rows = {
         turn.message_id: turn
-        for turn in Subtask.objects.filter(task_id=task_id, message_id__in=wanted)
+        for turn in with_steered_into_bot(
+            Subtask.objects.filter(task_id=task_id, message_id__in=wanted)
+        )
         .select_related("artifact")
         .only(*SUMMARY_FIELDS, "task_id", "message", "parent_message_id")
     }

@@ -15,6 +15,7 @@ from backend.tasks.history.rows import (
     SUMMARY_FIELDS,
     prompt_input_of,
     summary_request_message,
+    with_steered_into_bot,
 )
 from backend.tasks.history.selection import any_of
 from backend.tasks.models import TURNS, Subtask, SubtaskKind, Task
@@ -44,7 +45,7 @@ def summary_job_inputs_for(
         if job.summary_previous_id is not None:
             conditions.append(Q(pk=job.summary_previous_id))
     rows = list(
-        Subtask.objects.filter(any_of(conditions))
+        with_steered_into_bot(Subtask.objects.filter(any_of(conditions)))
         .select_related("artifact")
         .only(*SUMMARY_FIELDS, "task_id")
         .order_by("task_id", "message_id")
