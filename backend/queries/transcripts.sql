@@ -27,7 +27,7 @@ ORDER BY task_id, span DESC, number;
 -- name: transcript_tails
 -- Each task's turns with a message id in its range (after its last usable sealed part and
 -- before its request's message), of the kinds and statuses given, with their artifacts'
--- manifest columns, by task and message id (`tasks.transcripts.reading._tails`); the ranges
+-- manifest columns and a steered USER turn's target's bot, by task and message id (`tasks.transcripts.reading._tails`); the ranges
 -- are three arrays, one element a task, so the text is the same for every batch. Every
 -- dispatch of a long task reads them. Kept written out: a dispatch's transcript read
 -- (`transcripts_for`, both statements) takes 1.4-2.0 ms against the ORM's 4.8-8.7 ms, measured
@@ -51,7 +51,9 @@ SELECT
     artifact.size_lines,
     turn.id,
     artifact.sha256,
-    artifact.size_bytes
+    artifact.size_bytes,
+    turn.steered_into_message_id,
+    steered_into.bot
 FROM unnest(%(task_ids)s::bigint[], %(after)s::bigint[], %(before)s::bigint[])
     AS wanted (task_id, after_id, before_id)
 JOIN {subtask} AS turn
@@ -59,5 +61,8 @@ JOIN {subtask} AS turn
     AND turn.message_id > wanted.after_id
     AND turn.message_id < wanted.before_id
 LEFT JOIN {artifact} AS artifact ON artifact.id = turn.artifact_id
+LEFT JOIN {subtask} AS steered_into
+    ON steered_into.task_id = turn.task_id
+    AND steered_into.message_id = turn.steered_into_message_id
 WHERE turn.kind = %(kind)s AND turn.status = ANY(%(statuses)s)
 ORDER BY turn.task_id, turn.message_id;

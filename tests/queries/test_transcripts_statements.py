@@ -59,6 +59,9 @@ def test_transcript_tails_reads_what_the_orm_reads(django_user_model):
     owner = django_user_model.objects.create(username="owner")
     one = conversation(owner=owner, messages=[f"q{n}" for n in range(6)], answers=["a"] * 5)
     two = conversation(owner=owner, messages=["q0", "q1", "q2"], answers=["x" * 50, "b"])
+    # q1 as if it had been steered into the answer before it: read with that answer's bot.
+    Subtask.objects.filter(task=two, message_id=3).update(steered_into_message_id=2)
+    target_bot = Subtask.objects.get(task=two, message_id=2).bot
     turns = list(Subtask.objects.filter(task=one).order_by("message_id"))
     bounds = [
         (one.pk, turns[2].message_id, turns[-1].message_id),
@@ -72,6 +75,11 @@ def test_transcript_tails_reads_what_the_orm_reads(django_user_model):
     rows = reading._tail_rows(bounds)
     assert len(rows) == len(oracle) > 0
     assert list(reading._turns(rows)) == list(reading._turns(oracle))
+    steered = [message for _, _, message, _ in reading._turns(rows) if message.message_id == 3]
+    assert [(m.steered_into_message_id, m.steered_into_bot) for m in steered] == [
+        (2, target_bot or None)
+    ]
+    assert target_bot
     # The JSON column comes as its text; every other column as the ORM reads it.
     assert [row[:10] + row[11:] for row in map(tuple, rows)] == [
         row[:10] + row[11:] for row in map(tuple, oracle)

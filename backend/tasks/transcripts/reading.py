@@ -34,6 +34,7 @@ from backend.prompting.truncate import layout_fields
 from backend.prompting.turn_files import render_turn_index, turn_file_path
 from backend.tasks import transcript_spans
 from backend.tasks.history import HISTORY_STATUSES
+from backend.tasks.history.rows import STEERED_INTO_BOT, with_steered_into_bot
 from backend.tasks.models import ACTIVE_SUBTASK_STATUSES, Subtask, SubtaskKind, SubtaskStatus
 from backend.tasks.transcripts.sealing import (
     completes_a_long_part,
@@ -263,6 +264,8 @@ _COLUMNS = (
     "id",
     "artifact__sha256",
     "artifact__size_bytes",
+    "steered_into_message_id",
+    STEERED_INTO_BOT,
 )
 
 
@@ -291,7 +294,9 @@ def _tail_rows(bounds: Sequence[tuple[int, int, int]]) -> Sequence[Sequence[Any]
 def _turn_rows(where: Q) -> Sequence[Sequence[Any]]:
     """The rows (`_COLUMNS`) of the turns `where` selects, by task and message id."""
     return list(
-        Subtask.objects.filter(where).order_by("task_id", "message_id").values_list(*_COLUMNS)
+        with_steered_into_bot(Subtask.objects.filter(where))
+        .order_by("task_id", "message_id")
+        .values_list(*_COLUMNS)
     )
 
 
@@ -306,7 +311,7 @@ def _turns(
     for row in rows:
         (task_id, message_id, role, status, sender, bot, text, spilled, head, tail) = row[:10]
         layout, chars, artifact_id, kind, size_chars, size_lines = row[10:16]
-        subtask_id, sha256, size_bytes = row[16:]
+        subtask_id, sha256, size_bytes, steered_into, steered_into_bot = row[16:]
         if spilled and isinstance(layout, str):
             layout = json.loads(layout)  # the PostgreSQL statement reads JSON as its text
         parts = layout_fields(layout) if spilled else {}
@@ -337,6 +342,8 @@ def _turns(
             text=text,
             sender=(sender or None) if role == Role.USER else None,
             bot=(bot or None) if role == Role.ASSISTANT else None,
+            steered_into_message_id=steered_into if role == Role.USER else None,
+            steered_into_bot=(steered_into_bot or None) if steered_into is not None else None,
             failed=status == SubtaskStatus.FAILED,
             error=None,
             token_count=None,
