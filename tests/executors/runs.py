@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executors.adapters.agno import AgnoAdapter
-from executors.adapters.base import ExecutorAdapter, Launch, ModelEndpoint, RunRequest
+from executors.adapters.base import (
+    ExecutorAdapter,
+    Launch,
+    ModelEndpoint,
+    RunRequest,
+    SteerableParser,
+)
 from executors.client import BackendClient
 from executors.events import Event, Outcome
 from executors.payloads import DispatchedTurn
@@ -41,11 +47,14 @@ def run_as_worker(
     launch: Launch | None = None,
     timeout: float = RUN_TIMEOUT_SECONDS,
 ) -> FinishedRun:
-    """Run `request` (or an altered `launch` of it) to the end and parse what it printed."""
+    """Run `request` (or an altered `launch` of it) to the end and parse what it printed; an
+    interactive run's parser is attached to its stdin, as the worker attaches it."""
     launch = launch or adapter.launch(request)
     parser = adapter.parser(request)
     started = time.monotonic()
     process = ExecutorProcess.start(launch, marker=f"{adapter.kind}-test-{uuid.uuid4().hex}")
+    if launch.interactive and isinstance(parser, SteerableParser):
+        parser.attach(process)
     watchdog = threading.Timer(timeout, process.stop, kwargs={"grace_seconds": 0})
     watchdog.start()
     lines: list[str] = []

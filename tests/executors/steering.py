@@ -4,7 +4,8 @@
 also needs its parser attached to the process's stdin, as `TurnRun` does, and a steering test
 needs to act in the middle: wait for an event, steer, stop the process. `LiveRun` reads the
 run's lines on a thread of its own and lets the test do that from its thread; `finish()` then
-checks, as `run_as_worker` does, that nothing of the run is left alive.
+checks, as `run_as_worker` does, that nothing of the run is left alive. `run_attached` is the
+same with the test's own steps on a thread of their own.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from executors.adapters.base import (
     ExecutorAdapter,
@@ -26,20 +28,21 @@ from executors.process import ExecutorProcess
 from tests.executors.runs import RUN_TIMEOUT_SECONDS, FinishedRun
 
 
-class SteerAnswer:
-    """What a steer's `done` was called with, every time it was called."""
+class SteerAnswers:
+    """A steer's `done`: every answer it got (exactly one is right), waitable."""
 
     def __init__(self) -> None:
-        self.results: list[SteerResult] = []
+        self.answers: list[SteerResult] = []
         self._called = threading.Event()
 
-    def done(self, result: SteerResult) -> None:
-        self.results.append(result)
+    def __call__(self, result: SteerResult) -> None:
+        self.answers.append(result)
         self._called.set()
 
     def wait(self, timeout: float = RUN_TIMEOUT_SECONDS) -> SteerResult:
-        assert self._called.wait(timeout), "the steer got no answer"
-        return self.results[0]
+        """The first answer; AssertionError if none came within `timeout` seconds."""
+        assert self._called.wait(timeout), f"no answer to the steer within {timeout} s"
+        return self.answers[0]
 
 
 class LiveRun:
@@ -78,11 +81,11 @@ class LiveRun:
                 self.events += events
                 self._changed.notify_all()
 
-    def steer(self, text: str) -> SteerAnswer:
+    def steer(self, text: str) -> SteerAnswers:
         assert isinstance(self.parser, SteerableParser)
-        answer = SteerAnswer()
-        self.parser.steer(text, answer.done)
-        return answer
+        answers = SteerAnswers()
+        self.parser.steer(text, answers)
+        return answers
 
     def wait_for(self, found: Callable[[list[Event]], bool]) -> None:
         """Until the events so far satisfy `found` (a failure after the run's timeout)."""
@@ -109,8 +112,43 @@ class LiveRun:
         return FinishedRun(self.lines, self.events, outcome, exit_code, stderr, seconds)
 
 
-def run_to_end(
-    adapter: ExecutorAdapter, request: RunRequest, *, launch: Launch | None = None
-) -> FinishedRun:
-    """`run_as_worker` for an interactive executor: attached as the worker attaches it."""
-    return LiveRun(adapter, request, launch=launch).finish()
+@dataclass
+class AttachedRun:
+    """A run of `run_attached`: its parser (to steer) and its process (for the test to stop)."""
+
+    parser: SteerableParser
+    process: ExecutorProcess
+
+
+def run_attached(
+    adapter: ExecutorAdapter,
+    request: RunRequest,
+    *,
+    meanwhile: Callable[[AttachedRun], None],
+    launch: Launch | None = None,
+    timeout: float = RUN_TIMEOUT_SECONDS,
+) -> tuple[FinishedRun, SteerableParser]:
+    """Run `request` to the end, calling `meanwhile` on another thread while it runs; the
+    finished run and its parser (to steer after the end). An exception in `meanwhile` stops
+    the run and is raised here."""
+    live = LiveRun(adapter, request, launch=launch, timeout=timeout)
+    assert isinstance(live.parser, SteerableParser)
+    failures: list[BaseException] = []
+
+    def side() -> None:
+        assert isinstance(live.parser, SteerableParser)
+        try:
+            meanwhile(AttachedRun(parser=live.parser, process=live.process))
+        except BaseException as error:  # noqa: BLE001 - re-raised on the test's thread below
+            failures.append(error)
+            live.process.stop(grace_seconds=0)
+
+    side_thread = threading.Thread(target=side, daemon=True)
+    side_thread.start()
+    try:
+        run = live.finish()
+    finally:
+        side_thread.join(timeout)
+    if failures:
+        raise failures[0]
+    return run, live.parser

@@ -3,8 +3,9 @@
 Two layers, as EXECUTORS.md §4 asks. The parser tests replay streams the real `claude` 2.1.332
 printed (tests/executors/recordings/claude_code/*.jsonl) and need no binary. The real-binary
 tests run `claude -p` through ExecutorProcess, with the parser attached to its stdin as the
-worker does (`claude_steering.run_attached`), against the `model_server` fixture and assert what
-the model received and what the run produced; each would fail if the feature it names broke.
+worker does (`runs.run_as_worker`, `steering.run_attached`), against the `model_server` fixture
+and assert what the model received and what the run produced; each would fail if the feature
+it names broke.
 Steering is tested both ways: on the real binary (where the steered text lands, when stdin
 closes) and line by line on a stand-in stdin (each steer answered once, from any thread).
 
@@ -67,8 +68,8 @@ from executors.events import (
 )
 from executors.standin import ModelServer
 from executors.standin.errors import ANTHROPIC_CONTEXT_MESSAGE
-from tests.executors.claude_steering import AttachedRun, SteerAnswers, run_attached
-from tests.executors.runs import FinishedRun, of_type
+from tests.executors.runs import FinishedRun, of_type, run_as_worker
+from tests.executors.steering import AttachedRun, SteerAnswers, run_attached
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "claude_code"
@@ -123,8 +124,7 @@ def _request(
 def _run(request: RunRequest) -> FinishedRun:
     """Run Claude Code for `request` as the worker will: ExecutorProcess, the parser attached
     to its stdin, outcome."""
-    run, _ = run_attached(ClaudeCodeAdapter(), request)
-    return run
+    return run_as_worker(ClaudeCodeAdapter(), request)
 
 
 def _dead_port_url() -> str:

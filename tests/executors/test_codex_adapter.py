@@ -64,8 +64,8 @@ from executors.events import (
 )
 from executors.standin import ModelServer
 from executors.standin.errors import ANTHROPIC_CONTEXT_MESSAGE, openai_error
-from tests.executors.runs import FinishedRun, of_type
-from tests.executors.steering import LiveRun, SteerAnswer, run_to_end
+from tests.executors.runs import FinishedRun, of_type, run_as_worker
+from tests.executors.steering import LiveRun, SteerAnswers
 
 RECORDINGS = Path(__file__).resolve().parent / "recordings" / "codex"
 # vLLM's words (and other OpenAI-compatible servers') for a prompt over the window: no code.
@@ -135,7 +135,7 @@ def _run(request: RunRequest, *, wrap: Sequence[str] = ()) -> FinishedRun:
     launch = adapter.launch(request)
     if wrap:
         launch = replace(launch, argv=[*wrap, *launch.argv])
-    return run_to_end(adapter, request, launch=launch)
+    return run_as_worker(adapter, request, launch=launch)
 
 
 # -- recordings --------------------------------------------------------------------------------
@@ -1287,7 +1287,7 @@ def test_a_steer_during_a_tool_command_reaches_the_next_model_request(
         "role": "user",
         "content": [{"type": "input_text", "text": STEER}],
     }
-    assert answer.results == [SteerResult(delivered=True)]  # exactly once
+    assert answer.answers == [SteerResult(delivered=True)]  # exactly once
 
 
 def test_a_steer_after_the_turn_is_refused(model_server: ModelServer, tmp_path: Path) -> None:
@@ -1298,8 +1298,8 @@ def test_a_steer_after_the_turn_is_refused(model_server: ModelServer, tmp_path: 
     assert late.wait() == SteerResult.refused(SteerRefusal.FINISHED)
     finished = run.finish()
     after_the_run = run.steer(STEER)
-    assert after_the_run.results == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
-    assert late.results == [SteerResult.refused(SteerRefusal.FINISHED)]
+    assert after_the_run.answers == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+    assert late.answers == [SteerResult.refused(SteerRefusal.FINISHED)]
     assert finished.outcome.final_text == "Done."
     assert STEER not in json.dumps(_only_model_calls(model_server, 1)[0].body, ensure_ascii=False)
 
@@ -1314,10 +1314,10 @@ def test_a_steer_of_a_run_that_is_stopped_is_not_running_once(
     slow = replace(launch, argv=["/bin/sh", "-c", 'sleep 30; exec "$@"', "sh", *launch.argv])
     run = LiveRun(adapter, request, launch=slow)
     answer = run.steer(STEER)
-    assert answer.results == []  # held until the turn is open
+    assert answer.answers == []  # held until the turn is open
     assert run.process.stop(grace_seconds=0.5) == []
     finished = run.finish()
-    assert answer.results == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+    assert answer.answers == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
     assert finished.outcome.status == OutcomeStatus.FAILED
     assert model_server.requests == []
 
@@ -1349,8 +1349,8 @@ def _open_turn(tmp_path: Path) -> tuple[CodexStreamParser, RecordedStdin]:
 
 def test_a_steer_waits_for_the_turn_to_open_and_names_it(tmp_path: Path) -> None:
     parser, stdin = _open_turn(tmp_path)
-    answer = SteerAnswer()
-    parser.steer("more", answer.done)
+    answer = SteerAnswers()
+    parser.steer("more", answer)
     assert stdin.messages() == []  # the turn/start response alone does not open the turn
     parser.feed(TURN_STARTED)
     (sent,) = stdin.messages()
@@ -1365,14 +1365,14 @@ def test_a_steer_waits_for_the_turn_to_open_and_names_it(tmp_path: Path) -> None
             "input": [{"type": "text", "text": "more", "text_elements": []}],
         },
     }
-    assert answer.results == []
+    assert answer.answers == []
     parser.feed(json.dumps({"id": 3, "result": {"turnId": TURN}}))
-    assert answer.results == [SteerResult(delivered=True)]
+    assert answer.answers == [SteerResult(delivered=True)]
     user_message = {"type": "userMessage", "id": "u1", "clientId": client_id, "content": []}
     parser.feed(json.dumps({"method": "item/started", "params": {"item": user_message}}))
     assert parser.feed(COMPLETED) == [UsageReported(Usage())]  # no lost-steer warning
     parser.finish(exit_code=0, stderr_tail="")
-    assert answer.results == [SteerResult(delivered=True)]
+    assert answer.answers == [SteerResult(delivered=True)]
 
 
 @pytest.mark.parametrize(
@@ -1391,10 +1391,10 @@ def test_a_steer_codex_answers_with_an_error_is_refused(
 ) -> None:
     parser, stdin = _open_turn(tmp_path)
     parser.feed(TURN_STARTED)
-    answer = SteerAnswer()
-    parser.steer("more", answer.done)
+    answer = SteerAnswers()
+    parser.steer("more", answer)
     parser.feed(json.dumps({"id": 3, **answer_line}))
-    assert answer.results == [SteerResult.refused(SteerRefusal(refusal))]
+    assert answer.answers == [SteerResult.refused(SteerRefusal(refusal))]
 
 
 def test_a_steer_the_turn_ended_without_is_finished_and_stdin_waits_for_its_answer(
@@ -1402,27 +1402,27 @@ def test_a_steer_the_turn_ended_without_is_finished_and_stdin_waits_for_its_answ
 ) -> None:
     parser, stdin = _open_turn(tmp_path)
     parser.feed(TURN_STARTED)
-    answer = SteerAnswer()
-    parser.steer("more", answer.done)
+    answer = SteerAnswers()
+    parser.steer("more", answer)
     parser.feed(COMPLETED)
     assert not stdin.closed  # the steer's answer is still to come
     parser.feed(json.dumps({"id": 3, "result": {"turnId": TURN}}))
-    assert answer.results == [SteerResult.refused(SteerRefusal.FINISHED)]  # never recorded
+    assert answer.answers == [SteerResult.refused(SteerRefusal.FINISHED)]  # never recorded
     assert stdin.closed
-    held = SteerAnswer()
-    parser.steer("later", held.done)
-    assert held.results == [SteerResult.refused(SteerRefusal.FINISHED)]
+    held = SteerAnswers()
+    parser.steer("later", held)
+    assert held.answers == [SteerResult.refused(SteerRefusal.FINISHED)]
 
 
 def test_steers_unanswered_when_the_run_ends_are_not_running(tmp_path: Path) -> None:
     parser, stdin = _open_turn(tmp_path)
-    held, sent = SteerAnswer(), SteerAnswer()
-    parser.steer("held", held.done)  # the turn never opened for this one…
+    held, sent = SteerAnswers(), SteerAnswers()
+    parser.steer("held", held)  # the turn never opened for this one…
     parser.feed(TURN_STARTED)  # …until now: both are sent
-    parser.steer("sent", sent.done)
+    parser.steer("sent", sent)
     assert [message["method"] for message in stdin.messages()] == ["turn/steer"] * 2
     parser.finish(exit_code=-9, stderr_tail="")
-    assert held.results == sent.results == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
+    assert held.answers == sent.answers == [SteerResult.refused(SteerRefusal.NOT_RUNNING)]
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
