@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -204,6 +205,18 @@ def running_worker(
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
+
+
+def model_env(model: Any) -> dict[str, str]:
+    """The worker's environment for the executors' model calls to go to the loopback `model`
+    server (`executors.standin.ModelServer`), without retries."""
+    return {
+        "OPENAI_BASE_URL": f"{model.url}/v1",
+        "OPENAI_API_KEY": "sk-bench",
+        "ANTHROPIC_BASE_URL": model.url,
+        "ANTHROPIC_API_KEY": "sk-ant-bench",
+        "BATON_MODEL_RETRIES": "0",
+    }
 
 
 def wait_for_task(baton: LiveBaton, task_id: int, *, timeout: float = 120) -> dict:

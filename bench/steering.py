@@ -32,7 +32,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._django import bench_database  # noqa: E402
-from bench._live import LiveBaton, live_baton, running_worker, wait_for_task  # noqa: E402
+from bench._live import (  # noqa: E402
+    LiveBaton,
+    live_baton,
+    model_env,
+    running_worker,
+    wait_for_task,
+)
 from bench._suite import Measurement, Row, Scenario, quantile  # noqa: E402
 
 KINDS = ("codex", "claude_code")
@@ -115,13 +121,7 @@ def measure_latency(args: argparse.Namespace) -> list[Row]:
         from backend.dispatch.policies import set_policy
 
         set_policy(task_type="code", values={"resume_native_sessions": False})
-        env = {
-            "OPENAI_BASE_URL": f"{model.url}/v1",
-            "OPENAI_API_KEY": "sk-bench",
-            "ANTHROPIC_BASE_URL": model.url,
-            "ANTHROPIC_API_KEY": "sk-ant-bench",
-            "BATON_MODEL_RETRIES": "0",
-        }
+        env = model_env(model)
         for kind in kinds:
             workdir = Path(tempfile.mkdtemp(prefix=f"baton-bench-steering-{kind}-"))
             steered: list[float] = []

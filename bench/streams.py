@@ -46,6 +46,7 @@ from bench._django import bench_database  # noqa: E402
 from bench._live import (  # noqa: E402
     LiveBaton,
     live_baton,
+    model_env,
     running_worker,
     server_cpu_seconds,
     wait_for_task,
@@ -524,13 +525,7 @@ def _through_baton(
     questions, answers = _conversation(turns)
     model.clear()
     model.set_turns([{"text": text} for text in answers])
-    env = {
-        "OPENAI_BASE_URL": f"{model.url}/v1",
-        "OPENAI_API_KEY": "sk-bench",
-        "ANTHROPIC_BASE_URL": model.url,
-        "ANTHROPIC_API_KEY": "sk-ant-bench",
-        "BATON_MODEL_RETRIES": "0",
-    }
+    env = model_env(model)
     with running_worker(baton, workdir=workdir, kinds=[kind], **env):
         response = baton.product.post(
             "/api/tasks/",

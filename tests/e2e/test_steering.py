@@ -29,11 +29,23 @@ pytestmark = [
 STEERABLE = ["codex", "claude_code"]
 WAIT_FOR_GO = "while [ ! -f go ]; do sleep 0.05; done; echo built"
 STEER = "Also cover the Windows path (C:\\Users\\ci)."
+SLEEPER = "echo $$ > sleeper.pid; exec sleep 120"
 
 
 def tool_started(baton, task_id: int) -> bool:
     events = baton.task(task_id)["turns"][1]["progress_events"] or []
     return any(event["type"] == "tool_started" for event in events)
+
+
+def steered_while_sleeping(baton, kind: str, running) -> tuple[dict, int, dict]:
+    """A task whose agent runs `SLEEPER`, steered once the command runs and the steer
+    delivered: the task, the command's pid and the steer."""
+    task = baton.create(executor=kind, message="Add retries to the uploader.")
+    pid_file = running.workspace_root / str(task["id"]) / "sleeper.pid"
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "", running)
+    steered = send(baton, task["id"], STEER, strategy="steer")
+    wait_for(lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running)
+    return task, int(pid_file.read_text()), steered
 
 
 def carries(request, text: str) -> int:
@@ -98,17 +110,11 @@ def test_agno_cannot_take_a_steer_so_it_is_answered_by_a_round_of_its_own(
 @pytest.mark.parametrize("kind", STEERABLE)
 def test_a_steered_turn_can_still_be_interrupted(kind, baton, model_server, tmp_path):
     set_policy(task_type="code", values={"resume_native_sessions": False})
-    command = "echo $$ > sleeper.pid; exec sleep 120"
     model_server.set_turns(
-        [tool_call(kind, command), {"text": "Using tenacity now."}, {"text": "Windows too."}]
+        [tool_call(kind, SLEEPER), {"text": "Using tenacity now."}, {"text": "Windows too."}]
     )
     with worker(baton, model_server, tmp_path, [kind]) as running:
-        task = baton.create(executor=kind, message="Add retries to the uploader.")
-        pid_file = running.workspace_root / str(task["id"]) / "sleeper.pid"
-        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "", running)
-        sleeper = int(pid_file.read_text())
-        steered = send(baton, task["id"], STEER, strategy="steer")
-        wait_for(lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running)
+        task, sleeper, steered = steered_while_sleeping(baton, kind, running)
         turns = send(baton, task["id"], "Stop: use tenacity instead.", strategy="interrupt")
         assert [t["role"] for t in turns] == ["USER", "ASSISTANT"]
         wait_for(lambda: not _alive(sleeper), running, timeout=10)
@@ -132,15 +138,9 @@ def test_a_steered_turn_can_still_be_interrupted(kind, baton, model_server, tmp_
 
 def test_cancelling_a_steered_turn_stops_its_executor(baton, model_server, tmp_path):
     kind = "codex"
-    command = "echo $$ > sleeper.pid; exec sleep 120"
-    model_server.set_turns([tool_call(kind, command), {"text": "never"}])
+    model_server.set_turns([tool_call(kind, SLEEPER), {"text": "never"}])
     with worker(baton, model_server, tmp_path, [kind]) as running:
-        task = baton.create(executor=kind, message="Add retries to the uploader.")
-        pid_file = running.workspace_root / str(task["id"]) / "sleeper.pid"
-        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip() != "", running)
-        sleeper = int(pid_file.read_text())
-        steered = send(baton, task["id"], STEER, strategy="steer")
-        wait_for(lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running)
+        task, sleeper, steered = steered_while_sleeping(baton, kind, running)
         cancelled_at = time.monotonic()
         response = baton.product.post(f"/api/tasks/{task['id']}/cancel/")
         assert response.status_code == 200, response.text
