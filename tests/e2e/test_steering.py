@@ -4,18 +4,22 @@ worker and the real executors, against the model server on loopback.
 Codex (through `codex app-server`'s `turn/steer`) and Claude Code (a user message on its
 stream-json input) take it while a tool command runs, and the turn's next model request
 carries it: the running turn's answer answers both. Agno cannot take it, so it is queued and
-answered by a round of its own. Interrupting or cancelling a steered turn still stops it.
+answered by a round of its own. Interrupting or cancelling a steered turn still stops it, and a
+steer whose worker dies after handing it over is answered once, by a round of its own.
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import time
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from backend.dispatch.policies import set_policy
-from backend.tasks.models import Steer
+from backend.tasks.models import Steer, Subtask
 from tests.e2e.live import worker
 from tests.e2e.test_executors import _alive, tool_call
 from tests.e2e.test_follow_ups import send, wait_for
@@ -149,3 +153,51 @@ def test_cancelling_a_steered_turn_stops_its_executor(baton, model_server, tmp_p
     assert stopped_after < 4, stopped_after
     assert Steer.objects.get(pk=steered["steer_id"]).status == "cancelled"
     assert len(model_server.model_requests()) == 1
+
+
+@pytest.mark.parametrize("kind", STEERABLE)
+def test_a_steer_whose_worker_dies_after_the_hand_over_is_answered_once_after_the_turn(
+    kind, baton, model_server, tmp_path
+):
+    set_policy(task_type="code", values={"resume_native_sessions": False})
+    model_server.set_turns(
+        [tool_call(kind, "tail -f /dev/null"), {"text": "Done."}, {"text": "Windows too."}]
+    )
+    # `live.worker` wants a clean exit at the end; this one is killed, so nothing is asserted
+    # in here (pytest.raises would take a failed assert for that one): the asserts follow.
+    seen: dict[str, object] = {}
+    for name in ("first", "second"):
+        (tmp_path / name).mkdir()
+    with (
+        pytest.raises(AssertionError),
+        worker(baton, model_server, tmp_path / "first", [kind]) as running,
+    ):
+        task = baton.create(executor=kind, message="Run the long command, then answer.")
+        seen["task"] = task
+        wait_for(lambda: tool_started(baton, task["id"]), running)
+        steered = send(baton, task["id"], STEER, strategy="steer")
+        seen["steer_id"] = steered["steer_id"]
+        wait_for(lambda: Steer.objects.get(pk=steered["steer_id"]).status == "delivered", running)
+        seen["delivered"] = True
+        running.process.send_signal(signal.SIGKILL)
+        running.process.wait(timeout=30)
+    assert seen.get("delivered"), running.logs()[-3000:]
+    task = seen["task"]
+    # Its lease runs out (at once here): the next worker reclaims the turn, which runs afresh.
+    Subtask.objects.filter(task_id=task["id"], message_id=2).update(
+        lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    with worker(baton, model_server, tmp_path / "second", [kind]):
+        done = baton.wait(task["id"])
+    steer = Steer.objects.get(pk=seen["steer_id"])
+    assert (steer.status, steer.fallback_reason) == ("queued", "attempt_ended")
+    assert [(t["role"], t["status"]) for t in done["turns"]] == [
+        ("USER", "COMPLETED"),
+        ("ASSISTANT", "COMPLETED"),
+        ("USER", "COMPLETED"),
+        ("ASSISTANT", "COMPLETED"),
+    ]
+    assert [t["result"]["value"] for t in done["turns"][1::2]] == ["Done.", "Windows too."]
+    # The dead attempt's agent never made another request; the retry never saw the steer; its
+    # own round's request carries it, once.
+    assert [carries(request, STEER) for request in model_server.model_requests()] == [0, 0, 1]
