@@ -61,13 +61,15 @@ serve: install
 	  --bind $(HOST):$(PORT) --workers $(BATON_WEB_WORKERS)
 
 # `make test`: pytest-xdist processes, each with its own test database (0: one process, no
-# xdist). `--dist load` hands each process its tests in collection order, so pytest-django's
-# order holds in each (tests in a transaction first, then the transactional ones that flush
-# the rows the migrations seed); by-file or by-class grouping would break it.
+# xdist); it ends with the 15 slowest tests. `--dist load` hands each process its tests in
+# collection order, so pytest-django's order holds in each (tests in a transaction first, then
+# the transactional ones that flush the rows the migrations seed); by-file or by-class
+# grouping would break it.
 PYTEST_WORKERS ?= 2
 test: install-test
 	@bash .ci/install-browser || echo "note: chromium/chromedriver missing and not installable here; the admin browser test will be skipped"
-	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist load) $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist load) \
+	  --durations=15 $(PYTEST_ARGS)
 
 # `make bench`: the benchmark scenarios (bench/README.md), each printing its figures against
 # their baselines and targets and writing bench/results/<scenario>.json.
