@@ -169,7 +169,7 @@ def end_attempts(*, turns: Sequence[Subtask]) -> None:
         by_id[subtask_id].partial_text += added
     if rows:
         ProgressPiece.objects.filter(subtask_id__in=list(by_id)).delete()
-    task_events.prune_progress(subtask_ids=list(by_id))
+    task_events.prune_progress(turns=list(by_id.values()))
 
 
 def discard_attempts(*, turns: Sequence[Subtask]) -> None:
@@ -192,4 +192,4 @@ def discard_attempts(*, turns: Sequence[Subtask]) -> None:
     for turn in by_id.values():
         for name, value in cleared.items():
             setattr(turn, name, value)
-    task_events.prune_progress(subtask_ids=list(by_id))
+    task_events.prune_progress(turns=list(by_id.values()))

@@ -136,6 +136,7 @@ def test_unstorable_characters_are_refused_as_in_a_whole_text(api, worker_api, u
     assert stored(turn) == "ab"
 
 
+@pytest.mark.usefixtures("no_progress_grace")
 def test_the_end_of_a_turn_folds_its_pieces_and_deletes_its_progress_events(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
@@ -154,6 +155,7 @@ def test_the_end_of_a_turn_folds_its_pieces_and_deletes_its_progress_events(api,
     ]
 
 
+@pytest.mark.usefixtures("no_progress_grace")
 def test_a_requeued_turn_drops_the_attempts_text_and_the_next_attempt_starts_empty(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
@@ -181,6 +183,7 @@ def test_a_requeued_turn_drops_the_attempts_text_and_the_next_attempt_starts_emp
     assert shown["partial_text"] == "second go"
 
 
+@pytest.mark.usefixtures("no_progress_grace")
 def test_an_interrupted_turn_keeps_its_whole_partial_text_in_the_history(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
@@ -199,6 +202,7 @@ def test_an_interrupted_turn_keeps_its_whole_partial_text_in_the_history(api, wo
     assert not TaskEvent.objects.filter(task_id=task["id"], type="turn.progress").exists()
 
 
+@pytest.mark.usefixtures("no_progress_grace")
 def test_a_cancelled_turn_folds_its_pieces(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
