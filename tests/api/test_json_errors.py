@@ -259,6 +259,12 @@ def test_an_unhandled_exception_is_500_json_with_no_text_of_it(api, monkeypatch,
     }
 
 
+def test_the_favicon_browsers_ask_for_is_no_content_not_a_404(client, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert client.get("/favicon.ico").status_code == 204
+    assert not caplog.records
+
+
 def test_the_admin_keeps_its_html_404(client, staff_user):
     client.force_login(staff_user)
     response = client.get("/admin/does-not-exist/")
