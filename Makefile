@@ -34,12 +34,13 @@ install-test: $(VENV)/.installed-test
 # the webhook sender. An executor whose provider key is not set (OPENAI_API_KEY,
 # ANTHROPIC_API_KEY) answers with Baton's stand-in model. The worker waits for the server to
 # answer, and says only what goes wrong (WORKER_LOG_LEVEL): the server's own lines show each
-# turn. Once the server answers, the demo login is printed again, last (kept in
-# var/demo-login). Ctrl-C stops them all.
+# turn. Once the server answers, the demo login is printed, last (kept in var/demo-login).
+# Ctrl-C stops them all.
 WORKER_LOG_LEVEL ?= WARNING
 run: install
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py seed_demo --base-url http://$(HOST):$(PORT)
+	@echo "Setting up the database and the demo data..."
+	@$(PY) manage.py migrate --noinput --verbosity 0
+	@$(PY) manage.py seed_demo --base-url http://$(HOST):$(PORT) --verbosity 0
 	@BATON_URL=http://$(HOST):$(PORT) BATON_WORKER_TOKEN_FILE=var/demo-worker-token \
 	  BATON_WORKSPACE_ROOT=var/workspaces BATON_WORKER_ID=demo-worker \
 	  $(PY) -m executors --standin-model auto --log-level $(WORKER_LOG_LEVEL) & worker=$$!; \
@@ -61,13 +62,15 @@ serve: install
 	  --bind $(HOST):$(PORT) --workers $(BATON_WEB_WORKERS)
 
 # `make test`: pytest-xdist processes, each with its own test database (0: one process, no
-# xdist). `--dist load` hands each process its tests in collection order, so pytest-django's
-# order holds in each (tests in a transaction first, then the transactional ones that flush
-# the rows the migrations seed); by-file or by-class grouping would break it.
+# xdist); it ends with the 15 slowest tests. `--dist load` hands each process its tests in
+# collection order, so pytest-django's order holds in each (tests in a transaction first, then
+# the transactional ones that flush the rows the migrations seed); by-file or by-class
+# grouping would break it.
 PYTEST_WORKERS ?= 2
 test: install-test
 	@bash .ci/install-browser || echo "note: chromium/chromedriver missing and not installable here; the admin browser test will be skipped"
-	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist load) $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter 0,$(PYTEST_WORKERS)),-p no:xdist,-n $(PYTEST_WORKERS) --dist load) \
+	  --durations=15 $(PYTEST_ARGS)
 
 # `make bench`: the benchmark scenarios (bench/README.md), each printing its figures against
 # their baselines and targets and writing bench/results/<scenario>.json.

@@ -57,6 +57,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First, so that its check runs before any other middleware's view hook could read a body.
     "backend.api.body_limits.RequestBodyLimitMiddleware",
+    # Baton's JSON errors under /api/ where DEBUG would answer Django's HTML debug pages.
+    "backend.api.errors.ApiErrorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the admin's, the API docs') from STATIC_ROOT, without DEBUG.
     "whitenoise.middleware.WhiteNoiseMiddleware",

@@ -45,6 +45,14 @@ def artifact_storage_in_tmp(settings, tmp_path):
 
 
 @pytest.fixture
+def no_progress_grace(monkeypatch):
+    """A turn's progress events go the moment its attempt ends (no grace for live streams)."""
+    from backend.tasks import task_events
+
+    monkeypatch.setattr(task_events, "PROGRESS_GRACE_SECONDS", 0)
+
+
+@pytest.fixture
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
 

@@ -18,16 +18,21 @@ pool in use for BATON_DATABASE_POOL_TIMEOUT_SECONDS is answered 503 `busy` with 
 in a view or before one. A 500 says nothing of the exception, and is logged as an event
 with the exception's type only: its text may quote a message or a result (principle 7). A
 request body over its endpoint's limit is refused before any view runs, with 413 `too_large`
-naming the limit (`backend.api.body_limits`, through `json_error`).
+naming the limit (`backend.api.body_limits`, through `json_error`). With DEBUG (`make run`)
+Django answers those two with its HTML debug pages instead of the error views;
+`ApiErrorsMiddleware` gives /api/ the same JSON bodies there, so development answers as
+production does.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
-from django.core.exceptions import BadRequest, DisallowedHost
+from django.conf import settings
+from django.core.exceptions import BadRequest, DisallowedHost, PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views import defaults
 from psycopg_pool import PoolTimeout
@@ -284,3 +289,31 @@ def server_error(request: HttpRequest) -> HttpResponse:
     # traceback, which may quote content; a response marked as logged is not logged again.
     response._has_been_logged = True  # type: ignore[attr-defined]
     return response
+
+
+class ApiErrorsMiddleware:
+    """Under /api/, Baton's JSON error body with DEBUG too. With DEBUG, Django answers a URL no
+    endpoint matches and an unhandled exception with its HTML debug pages (the second quotes
+    the exception and the request), and never calls the error views above; this answers them
+    as those views do. Without DEBUG it changes nothing."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if (
+            settings.DEBUG
+            and response.status_code == status.HTTP_404_NOT_FOUND
+            and is_api_request(request)
+            and response.get("Content-Type", "").startswith("text/html")
+        ):
+            return page_not_found(request, Http404())
+        return response
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        # Django's own answers to these (404, 403, 400) go through the views above.
+        handled = (Http404, PermissionDenied, BadRequest, DisallowedHost)
+        if not settings.DEBUG or isinstance(exception, handled) or not is_api_request(request):
+            return None
+        return server_error(request)

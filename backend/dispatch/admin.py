@@ -25,6 +25,7 @@ from django import forms
 from django.contrib import admin
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html, format_html_join
 
@@ -42,6 +43,7 @@ from backend.dispatch.policies import (
 from backend.dispatch.replay import replay_prompt
 from backend.tasks.admin import SubtaskInline, TaskAdmin
 from backend.tasks.models import Task, task_type_validator
+from backend.tasks.selectors import visible_tasks
 
 
 def sets_and_inherits(overrides: Collection[str]) -> str:
@@ -269,7 +271,11 @@ class HistoryPolicyAdmin(PromptPreviewAdminMixin, admin.ModelAdmin[HistoryPolicy
 @admin.register(PromptReport)
 class PromptReportAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[PromptReport]):
     """What each dispatch built, read-only: counts, sizes and flags. The report keeps no prompt
-    text; its page replays the prompt from the turns and says whether it is the one sent."""
+    text; its page replays the prompt from the turns and says whether it is the one sent.
+
+    A report shows its task's conversation (the replay is the user's text), so it follows the
+    task's permission as the API does: the report's own view permission opens only the reports
+    of tasks the operator may read."""
 
     allow_delete = True
 
@@ -301,6 +307,12 @@ class PromptReportAdmin(ReadOnlyAdminMixin, admin.ModelAdmin[PromptReport]):
     list_select_related = ["task", "subtask", "policy"]
     search_fields = ["=task__id", "=subtask__id", "worker_id"]
     date_hierarchy = "created_at"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[PromptReport]:
+        if not isinstance(request.user, User):  # the admin site lets in staff accounts only
+            raise PermissionDenied
+        reports = super().get_queryset(request)
+        return reports.filter(task__in=visible_tasks(user=request.user))
 
     @admin.display(description="Policy", ordering="policy_version")
     def policy_label(self, report: PromptReport) -> str:

@@ -54,7 +54,7 @@ from backend.tasks.models import (
     SubtaskStatus,
     Task,
 )
-from backend.tasks.partial_texts import end_attempts
+from backend.tasks.partial_texts import discard_attempts
 from backend.tasks.services import lock_task, record_result, refresh_task_status
 from backend.tasks.services.steering import SteerOffer, end_steers
 from backend.tasks.wakeups import announce_pending
@@ -221,7 +221,7 @@ def requeue(
         error_code=error_code,
         updated_at=now,
     )
-    end_attempts(turns=[subtask])
+    discard_attempts(turns=[subtask])
     end_steers(turns=[subtask])
     announce_pending(executors=[subtask.executor])
     if subtask.kind == SubtaskKind.TURN:

@@ -11,9 +11,12 @@ The stored partial answer of a turn is always `Subtask.partial_text` followed by
 its current attempt, in offset order; `Subtask.partial_text_chars` and `partial_text_bytes`
 measure it, so an append is checked without reading the text. A whole text (a replaced answer,
 or a worker that lost track) becomes the attempt's first piece, so the row's column stays
-small while the turn runs. When the attempt ends (a result, a failure, a cancel, a requeue),
-`end_attempts` folds its pieces into the column once and deletes them, with the turn's
-`turn.progress` events, which the turn's other events and its stored text outlive.
+small while the turn runs. When the attempt ends the turn (a result, a failure, a cancel, an
+interrupt), `end_attempts` folds its pieces into the column once and deletes them, with the
+turn's `turn.progress` events, which the turn's other events and its stored text outlive. When
+the turn goes back to the queue instead (a retry, a release, an expired lease),
+`discard_attempts` drops what the attempt wrote: it is no answer of the turn, and the next
+attempt starts from an empty text, as its worker does.
 """
 
 from __future__ import annotations
@@ -166,4 +169,27 @@ def end_attempts(*, turns: Sequence[Subtask]) -> None:
         by_id[subtask_id].partial_text += added
     if rows:
         ProgressPiece.objects.filter(subtask_id__in=list(by_id)).delete()
-    task_events.prune_progress(subtask_ids=list(by_id))
+    task_events.prune_progress(turns=list(by_id.values()))
+
+
+def discard_attempts(*, turns: Sequence[Subtask]) -> None:
+    """The turns go back to the queue: drop what their ended attempts wrote (the row's partial
+    answer, its pieces, its progress events), so that the next attempt shows and extends only
+    its own text. Runs in the transaction that requeues them; sets the in-memory rows too.
+    Costs nothing for turns that never had progress."""
+    by_id = {turn.pk: turn for turn in turns if turn.progress_updated_at is not None}
+    if not by_id:
+        return
+    cleared: dict[str, object] = {
+        "partial_text": "",
+        "partial_text_chars": 0,
+        "partial_text_bytes": 0,
+        "progress_events": None,
+        "progress_updated_at": None,
+    }
+    ProgressPiece.objects.filter(subtask_id__in=list(by_id)).delete()
+    Subtask.objects.filter(pk__in=list(by_id)).update(**cleared)
+    for turn in by_id.values():
+        for name, value in cleared.items():
+            setattr(turn, name, value)
+    task_events.prune_progress(turns=list(by_id.values()))

@@ -14,10 +14,13 @@ turns still running once it holds the task's lock: a turn interrupted, rolled ba
 cancelled between the claim's commit and its `turn.claimed` event takes none.
 
 Progress does not pile up: when a turn's attempt ends, its `turn.progress` events are deleted
-(`prune_progress`, from `partial_texts.end_attempts`) in the transaction that writes the
-event saying how it ended, so the newest event of a task is never deleted and a reader that
-resumes after a deleted number gets the events after it. A gap in what storage holds is
-progress of a turn that has ended (its text is in the turn), never an event not written.
+(`prune_progress`, from `partial_texts`) in the transaction that writes the event saying how it
+ended, so the newest event of a task is never deleted and a reader that resumes after a deleted
+number gets the events after it. A gap in what storage holds is progress of a turn that has
+ended (its text is in the turn), never an event not written. Only events older than
+PROGRESS_GRACE_SECONDS go then: a live stream reads a progress event a moment after it is
+written, and the attempt may end in that moment; the younger ones go when a later attempt of
+the task ends (they are at most what a turn reported in its last minute).
 
 Events are small and bounded: ids, statuses, codes, and for progress the streamed events and
 the new text cut to a few thousand characters. Whole texts go by reference (the task API).
@@ -29,6 +32,7 @@ import json
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.db import connection, transaction
@@ -36,6 +40,7 @@ from django.db.models import Case, F, Model, Q, Value, When
 from django.utils import timezone
 
 from backend import queries
+from backend.prompting import Role
 from backend.queries.rows import document
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskEvent, TaskStatus
 from backend.tasks.wakeups import EVENTS_CHANNEL, announce_events
@@ -45,6 +50,10 @@ from backend.tasks.wakeups import EVENTS_CHANNEL, announce_events
 PROGRESS_EVENTS_MAX = 50
 EVENT_TEXT_CHARS = 1_000
 PROGRESS_TEXT_CHARS = 4_000
+# A progress event outlives its attempt by this long, so that a live stream reads it.
+PROGRESS_GRACE_SECONDS = 60
+# How many of a task's newest ended turns an attempt's end sweeps for younger progress events.
+PROGRESS_SWEEP_TURNS = 20
 
 TURN_CREATED = "turn.created"
 TURN_CLAIMED = "turn.claimed"
@@ -278,11 +287,24 @@ def progress_event(
     return Event(type=TURN_PROGRESS, subtask_id=turn.pk, data=data)
 
 
-def prune_progress(*, subtask_ids: Sequence[int]) -> None:
-    """Delete the turns' `turn.progress` events, once their attempts ended: a running turn's
-    progress is for following it live, and what it wrote is in the turn. The numbers they had
-    stay unused: a stream resuming after one of them gets the events after it."""
-    TaskEvent.objects.filter(subtask_id__in=list(subtask_ids), type=TURN_PROGRESS).delete()
+def prune_progress(*, turns: Sequence[Subtask]) -> None:
+    """Delete the progress events of the turns whose attempts ended, and of their tasks' newest
+    other ended turns, that are older than PROGRESS_GRACE_SECONDS: a running turn's progress is
+    for following it live, and what it wrote is in the turn. The numbers they had stay unused:
+    a stream resuming after one of them gets the events after it. Reads the partial index of
+    progress events (`task_event_progress_turn`), and a few rows of each task's newest turns."""
+    ended = {turn.pk for turn in turns}
+    for task_id in {turn.task_id for turn in turns}:
+        ended.update(
+            Subtask.objects.filter(task_id=task_id, role=Role.ASSISTANT)
+            .exclude(status=SubtaskStatus.RUNNING)
+            .order_by("-message_id")
+            .values_list("id", flat=True)[:PROGRESS_SWEEP_TURNS]
+        )
+    cutoff = timezone.now() - timedelta(seconds=PROGRESS_GRACE_SECONDS)
+    TaskEvent.objects.filter(
+        subtask_id__in=sorted(ended), type=TURN_PROGRESS, created_at__lt=cutoff
+    ).delete()
 
 
 def _bounded(value: Any) -> Any:

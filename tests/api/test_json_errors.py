@@ -259,9 +259,42 @@ def test_an_unhandled_exception_is_500_json_with_no_text_of_it(api, monkeypatch,
     }
 
 
+def test_the_favicon_browsers_ask_for_is_no_content_not_a_404(client, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert client.get("/favicon.ico").status_code == 204
+    assert not caplog.records
+
+
 def test_the_admin_keeps_its_html_404(client, staff_user):
     client.force_login(staff_user)
     response = client.get("/admin/does-not-exist/")
     assert response.status_code == 404
     assert response["Content-Type"].startswith("text/html")
     assert client.get("/does-not-exist/")["Content-Type"].startswith("text/html")
+
+
+def test_with_debug_the_api_still_answers_json_and_the_admin_keeps_its_pages(
+    api, client, staff_user, monkeypatch, settings
+):
+    """`make run` serves with DEBUG, where Django would answer its HTML debug pages."""
+    settings.DEBUG = True
+    for path in ("/api/does-not-exist/", "/api/tasks/1/nope/", "/api"):
+        response = api.get(path)
+        assert (response.status_code, response["Content-Type"]) == (404, "application/json")
+        assert response.json()["code"] == "not_found"
+
+    def fail(self, request):
+        raise RuntimeError(SECRET)
+
+    monkeypatch.setattr(views.TaskListCreateApi, "get", fail)
+    api.raise_request_exception = False
+    response = api.get("/api/tasks/")
+    assert (response.status_code, response["Content-Type"]) == (500, "application/json")
+    assert response.json()["code"] == "server_error"
+    assert b"launch code" not in response.content
+    # A URL the API's views know still redirects to its slash, and the admin keeps its pages.
+    assert api.get("/api/tasks").status_code == 301
+    client.force_login(staff_user)
+    response = client.get("/admin/does-not-exist/")
+    assert response.status_code == 404
+    assert response["Content-Type"].startswith("text/html")

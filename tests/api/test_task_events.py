@@ -7,11 +7,13 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 import httpx
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection as django_connection
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
 from backend.api import event_feeds
@@ -110,6 +112,7 @@ def product(live_server, user):
         yield client
 
 
+@pytest.mark.usefixtures("no_progress_grace")
 def test_every_change_to_a_turn_is_logged_in_order(api, worker_api):
     task = create(api, PIPELINE)
     coder_id, reviewer_id = task["turns"][1]["id"], task["turns"][2]["id"]
@@ -168,6 +171,31 @@ def test_queue_interrupt_and_cancel_are_logged(api, worker_api):
     del turn
 
 
+def test_progress_read_a_moment_after_the_end_is_still_there_and_goes_after_the_grace(
+    api, worker_api
+):
+    """A live stream reads an event a moment after it is written; the attempt may end in
+    that moment. Its progress events outlive it by the grace, then a later end sweeps them."""
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    progress(worker_api, turn, partial_text="last words")
+    report(worker_api, turn, result={"value": "last words."})
+    # What a stream that had read up to the claim (3) reads next: the progress is still there.
+    after_claim = [(seq, kind) for seq, kind, _ in logged(task) if seq > 3]
+    assert after_claim == [(4, "turn.progress"), (5, "turn.completed")]
+    # Older than the grace, it goes with the task's next attempt that ends.
+    TaskEvent.objects.filter(task_id=task["id"], type="turn.progress").update(
+        created_at=timezone.now() - timedelta(seconds=task_events.PROGRESS_GRACE_SECONDS + 1)
+    )
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "more"}, format="json")
+    [again] = dispatch(worker_api)
+    progress(worker_api, again, partial_text="more words")
+    report(worker_api, again, result={"value": "more words."})
+    assert [(seq, kind) for seq, kind, _ in logged(task) if kind == "turn.progress"] == [
+        (9, "turn.progress")  # the new turn's, inside its grace
+    ]
+
+
 def test_long_progress_text_goes_by_reference(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
@@ -188,7 +216,7 @@ def test_long_progress_text_goes_by_reference(api, worker_api):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("shipped_bots")
+@pytest.mark.usefixtures("shipped_bots", "no_progress_grace")
 def test_a_stream_resumes_after_its_last_event_id_with_no_gap_and_no_duplicate(
     api, worker_api, product, settings
 ):
@@ -258,7 +286,7 @@ def test_a_process_serves_a_bounded_number_of_streams(api, product, settings):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("shipped_bots")
+@pytest.mark.usefixtures("shipped_bots", "no_progress_grace")
 def test_a_listener_over_http_sees_a_turn_live_and_resumes_after_dropping(
     live_server, worker_api, settings
 ):

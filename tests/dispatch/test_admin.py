@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
+from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -941,3 +941,31 @@ def test_the_change_page_shows_where_each_value_comes_from_and_can_inherit_again
     chat.refresh_from_db()
     assert (chat.overrides, chat.version) == (["max_chars"], 2)
     assert resolve_policy(task_type="chat").policy.max_messages == 2
+
+
+def test_a_prompt_report_follows_its_tasks_permission(client, dispatched):
+    """The report's page replays the prompt (the user's text): staff holding only the report's
+    view permission see no report, as the API answers them 404; with the task's view
+    permission too, they see it and its replay."""
+    operator = User.objects.create_user(username="reports-only", password="x", is_staff=True)
+    operator.user_permissions.add(
+        Permission.objects.get(content_type__app_label="dispatch", codename="view_promptreport")
+    )
+    client.force_login(operator)
+    page_url = f"/admin/dispatch/promptreport/{dispatched.pk}/change/"
+    assert client.get(page_url).status_code == 302  # the admin's answer for a row it hides
+    listing = client.get("/admin/dispatch/promptreport/")
+    assert listing.status_code == 200
+    assert page_url not in listing.content.decode()
+    assert client.get(f"/api/prompt-reports/{dispatched.pk}/").status_code == 404
+
+    operator.user_permissions.add(
+        Permission.objects.get(content_type__app_label="tasks", codename="view_task")
+    )
+    operator = User.objects.get(pk=operator.pk)  # a fresh permission cache
+    client.force_login(operator)
+    page = client.get(page_url)
+    assert page.status_code == 200
+    assert "And 3+3?" in page.content.decode()
+    assert page_url in client.get("/admin/dispatch/promptreport/").content.decode()
+    assert client.get(f"/api/prompt-reports/{dispatched.pk}/").status_code == 200

@@ -56,6 +56,14 @@ def test_the_login_is_kept_and_printed_again_once_the_server_answers(settings, t
     assert server.seen == ["/api/health/"] * 3  # type: ignore[attr-defined]
 
 
+def test_make_runs_quiet_load_prints_nothing_and_keeps_the_login(settings, tmp_path):
+    """`make run` loads the demo with --verbosity 0: the login is printed once, when the
+    server is up (above), not also before it."""
+    settings.VAR_DIR = tmp_path
+    assert run("seed_demo", "--verbosity", "0") == ""
+    assert "Kept in:" in (tmp_path / "demo-login").read_text(encoding="utf-8")
+
+
 def test_waiting_for_a_login_never_kept_is_an_error(settings, tmp_path):
     settings.VAR_DIR = tmp_path
     with pytest.raises(CommandError, match="run manage.py seed_demo first"):

@@ -136,6 +136,7 @@ def test_unstorable_characters_are_refused_as_in_a_whole_text(api, worker_api, u
     assert stored(turn) == "ab"
 
 
+@pytest.mark.usefixtures("no_progress_grace")
 def test_the_end_of_a_turn_folds_its_pieces_and_deletes_its_progress_events(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
@@ -154,26 +155,35 @@ def test_the_end_of_a_turn_folds_its_pieces_and_deletes_its_progress_events(api,
     ]
 
 
-def test_a_requeued_turn_keeps_its_text_and_the_next_attempt_starts_whole(api, worker_api):
-    create(api)
+@pytest.mark.usefixtures("no_progress_grace")
+def test_a_requeued_turn_drops_the_attempts_text_and_the_next_attempt_starts_empty(api, worker_api):
+    task = create(api)
     [turn] = dispatch(worker_api)
-    post(worker_api, turn, partial_text="first")
+    post(worker_api, turn, partial_text="first", events=[{"type": "message"}])
     post(worker_api, turn, partial_text_append=" try", partial_text_offset=5)
     report(worker_api, turn, status="RETRY", error="429", error_code="rate_limited")
     row = Subtask.objects.get(pk=turn["subtask_id"])
-    assert (row.status, row.partial_text) == ("PENDING", "first try")
+    assert (row.status, row.partial_text, row.partial_text_chars) == ("PENDING", "", 0)
+    assert (row.progress_events, row.progress_updated_at) == (None, None)
     assert not ProgressPiece.objects.filter(subtask_id=turn["subtask_id"]).exists()
+    assert not TaskEvent.objects.filter(task_id=task["id"], type="turn.progress").exists()
     Subtask.objects.filter(pk=turn["subtask_id"]).update(not_before=None)
     [again] = dispatch(worker_api)
     assert again["attempt"] == 2
+    shown = api.get(f"/api/tasks/{task['id']}/").json()["turns"][1]
+    assert (shown["partial_text"], shown["progress_events"]) == ("", None)
+    # The new attempt's worker starts its text from nothing: an append at 0 is accepted.
+    answer = post(worker_api, again, partial_text_append="second", partial_text_offset=0)
+    assert (answer.status_code, answer.json()["partial_text_chars"]) == (200, 6)
     # A piece an earlier attempt left behind is not this attempt's text.
-    ProgressPiece.objects.create(subtask_id=turn["subtask_id"], attempt=1, offset=9, text="!")
-    assert stored(again) == "first try"
-    post(worker_api, again, partial_text="second")
+    ProgressPiece.objects.create(subtask_id=turn["subtask_id"], attempt=1, offset=6, text="!")
     post(worker_api, again, partial_text_append=" go", partial_text_offset=6)
     assert stored(again) == "second go"
+    shown = api.get(f"/api/tasks/{task['id']}/").json()["turns"][1]
+    assert shown["partial_text"] == "second go"
 
 
+@pytest.mark.usefixtures("no_progress_grace")
 def test_an_interrupted_turn_keeps_its_whole_partial_text_in_the_history(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
@@ -192,6 +202,7 @@ def test_an_interrupted_turn_keeps_its_whole_partial_text_in_the_history(api, wo
     assert not TaskEvent.objects.filter(task_id=task["id"], type="turn.progress").exists()
 
 
+@pytest.mark.usefixtures("no_progress_grace")
 def test_a_cancelled_turn_folds_its_pieces(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)

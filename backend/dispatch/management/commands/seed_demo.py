@@ -6,9 +6,10 @@ the whole login â€” the admin's password, their API token, the worker's token â€
 (each readable by its owner only).
 
 `--login-when-up` loads nothing: it waits until the server at `--base-url` answers its health
-check, then prints the login kept in var/demo-login. `make run` runs it beside the server, so
-the login is the last thing on the console once the server is up, not scrolled away by the
-lines the worker's first turns write.
+check, then prints the login kept in var/demo-login. `make run` loads the demo with
+`--verbosity 0` (no login printed then) and runs this beside the server, so the login is printed
+once, the last thing on the console once the server is up, not scrolled away by the lines the
+worker's first turns write.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ class Command(BaseCommand):
             f"             the worker token in {_shown(token_file)})\n"
         )
         _write_private(login_file, login)
-        self.stdout.write(login)
+        if options["verbosity"] >= 1:  # `make run` prints it once, when the server is up
+            self.stdout.write(login)
 
     def _print_when_up(self, *, base_url: str, login_file: Path) -> None:
         """Print the kept login once the server answers GET /api/health/ (any answer but a
