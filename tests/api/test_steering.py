@@ -200,6 +200,65 @@ def test_another_workers_word_about_a_steer_changes_nothing(api, worker_api):
     assert heartbeat(worker_api, turn)["steers"][0]["steer_id"] == body["steer_id"]
 
 
+@pytest.mark.parametrize("refusal", [None, "finished"])
+def test_another_accounts_heartbeat_naming_the_worker_id_settles_nothing(
+    api, worker_api, other_worker_api, refusal
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task, "steered")
+    # Another worker account names the claim exactly: the turn, its attempt, its worker id.
+    response = other_worker_api.post(
+        "/api/executor/heartbeat/",
+        {
+            "worker_id": "w1",
+            "turns": [
+                {
+                    "subtask_id": turn["subtask_id"],
+                    "attempt": turn["attempt"],
+                    "steers": [
+                        {"steer_id": body["steer_id"], "delivered": refusal is None}
+                        | ({"refusal": refusal} if refusal else {})
+                    ],
+                }
+            ],
+        },
+        format="json",
+    )
+    assert response.status_code == 200
+    [state] = response.json()["turns"]
+    assert state["state"] == "lease_lost" and "steers" not in state
+    assert Steer.objects.get(pk=body["steer_id"]).status == "pending"
+    assert not QueuedMessage.objects.filter(task_id=task["id"]).exists()
+    assert "turn.steered" not in event_types(task)
+    # The worker holding the claim is still offered the steer, and its answer answers it.
+    offered = heartbeat(worker_api, turn)["steers"]
+    assert offered == [{"steer_id": body["steer_id"], "message": "steered"}]
+    heartbeat(worker_api, turn, steers=[(body["steer_id"], None)])
+    assert report(worker_api, turn, result={"value": "both"}).status_code == 200
+    assert Steer.objects.get(pk=body["steer_id"]).status == "delivered"
+    assert detail(api, task)["status"] == "COMPLETED" and dispatch(worker_api) == []
+
+
+def test_another_accounts_result_naming_the_worker_id_is_a_404_that_settles_nothing(
+    api, worker_api, other_worker_api
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task, "steered")
+    steers = [{"steer_id": body["steer_id"], "delivered": True}]
+    response = report(other_worker_api, turn, result={"value": "forged"}, steers=steers)
+    assert response.status_code == 404
+    assert Steer.objects.get(pk=body["steer_id"]).status == "pending"
+    assert "turn.steered" not in event_types(task)
+    # The turn ends without the steer, which is then answered by a round of its own.
+    assert report(worker_api, turn, result={"value": "first"}).status_code == 200
+    steer_row = Steer.objects.get(pk=body["steer_id"])
+    assert (steer_row.status, steer_row.fallback_reason) == ("queued", "attempt_ended")
+    [own] = dispatch(worker_api)
+    assert own["prompt"].endswith("## Current Message\n\nUser:\nsteered\n")
+
+
 def test_cancelling_the_task_cancels_its_steers(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)

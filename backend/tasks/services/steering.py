@@ -2,11 +2,13 @@
 
 `steer_running_turn` stores the message as a USER turn at once and a `Steer` for the running
 turn's attempt; the worker holding that claim is offered it with its next heartbeat
-(`offered_steers`) and says what became of it (`settle_steers`). Delivered, the running turn's
-answer answers both. Refused, or still undelivered when the attempt ends (`end_steers`), or
-delivered to an attempt that ends without an answer, it falls back to the queue: its USER turn
-gets a round of its own when the turns before it have finished (`start_next_queued`). So a
-steer is answered once: by the turn that received it, or by its own round.
+(`offered_steers`) and says what became of it (`settle_steers`): that claim's word only,
+fenced by the caller, since a steer settled on anyone else's word would never be answered.
+Delivered, the running turn's answer answers both. Refused, or still undelivered when the
+attempt ends (`end_steers`), or delivered to an attempt that ends without an answer, it falls
+back to the queue: its USER turn gets a round of its own when the turns before it have
+finished (`start_next_queued`). So a steer is answered once: by the turn that received it, or
+by its own round.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -98,57 +99,43 @@ def offered_steers(
     return {claim: tuple(found) for claim, found in offers.items()}
 
 
-def settle_steers(
-    *, worker_id: str, results: Mapping[tuple[int, int], Mapping[int, str | None]]
-) -> None:
-    """Record what the worker holding each claim says became of its steers: by claim, steer
-    id → None when the executor took it, else the refusal (one of `WORKER_REFUSALS`).
+def settle_steers(*, task: Task, target: Subtask, results: Mapping[int, str | None]) -> None:
+    """Record what the claim holding `target` says became of its steers: steer id → None when
+    the executor took it, else the refusal (one of `WORKER_REFUSALS`). The caller holds the
+    task's lock and has fenced the claim (worker account, worker id, attempt): it holds the
+    RUNNING turn at `target.attempts`. Nothing else may settle a steer, since a steer settled
+    by a word that is not the agent's would never be answered.
 
-    Only a steer still PENDING for that claim, held by `worker_id`, changes: a result sent
-    again (its heartbeat's answer was lost) or about a steer already settled changes nothing.
-    A delivered steer is DELIVERED; a refused one falls back to the queue at once.
+    Only a steer still PENDING for that attempt changes: a result sent again (its heartbeat's
+    answer was lost) or about a steer already settled changes nothing. A delivered steer is
+    DELIVERED; a refused one falls back to the queue at once.
     """
-    for (subtask_id, attempt), by_steer in results.items():
-        if not by_steer:
-            continue
-        with transaction.atomic():
-            target = (
-                Subtask.objects.filter(pk=subtask_id)
-                .values_list("task_id", "lease_owner", "attempts")
-                .first()
+    if not results:
+        return
+    steers = list(
+        Steer.objects.select_related("message").filter(
+            pk__in=list(results),
+            target_id=target.pk,
+            attempt=target.attempts,
+            status=SteerStatus.PENDING,
+        )
+    )
+    now = timezone.now()
+    for steer in steers:
+        refusal = results[steer.pk]
+        if refusal is None:
+            steer.status, steer.delivered_at = SteerStatus.DELIVERED, now
+            steer.save(update_fields=["status", "delivered_at"])
+            task_events.record(
+                task_id=task.pk,
+                events=[task_events.Event(task_events.TURN_STEERED, target.pk, _data(steer))],
             )
-            if target is None or target[1] != worker_id or target[2] != attempt:
-                continue
-            task = lock_task(task_id=target[0])
-            steers = list(
-                Steer.objects.select_related("message", "target").filter(
-                    pk__in=list(by_steer),
-                    target_id=subtask_id,
-                    attempt=attempt,
-                    status=SteerStatus.PENDING,
-                )
-            )
-            now = timezone.now()
-            for steer in steers:
-                refusal = by_steer[steer.pk]
-                if refusal is None:
-                    steer.status, steer.delivered_at = SteerStatus.DELIVERED, now
-                    steer.save(update_fields=["status", "delivered_at"])
-                    task_events.record(
-                        task_id=task.pk,
-                        events=[
-                            task_events.Event(
-                                task_events.TURN_STEERED, steer.target_id, _data(steer)
-                            )
-                        ],
-                    )
-                else:
-                    _fall_back(task=task, steer=steer, reason=refusal, now=now)
-            fell_back = sum(1 for steer in steers if steer.status == SteerStatus.QUEUED)
-            if fell_back:
-                Subtask.objects.filter(pk=subtask_id).update(
-                    steers_open=F("steers_open") - fell_back
-                )
+        else:
+            _fall_back(task=task, steer=steer, reason=refusal, now=now)
+    fell_back = sum(1 for steer in steers if steer.status == SteerStatus.QUEUED)
+    if fell_back:
+        Subtask.objects.filter(pk=target.pk).update(steers_open=F("steers_open") - fell_back)
+        target.steers_open -= fell_back
 
 
 def end_steers(
