@@ -45,7 +45,7 @@ def event_types(task) -> list[str]:
     )
 
 
-def test_a_steer_is_a_user_turn_at_once_offered_until_the_worker_answers(api, worker_api):
+def test_a_steer_is_a_user_turn_at_once_offered_once_to_the_worker(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
     body = steer(api, task)
@@ -69,7 +69,8 @@ def test_a_steer_is_a_user_turn_at_once_offered_until_the_worker_answers(api, wo
 
     offer = {"steer_id": body["steer_id"], "message": "also cover the Windows path"}
     assert heartbeat(worker_api, turn)["steers"] == [offer]
-    assert heartbeat(worker_api, turn)["steers"] == [offer]  # again until answered
+    # Handed over once: the next heartbeats carry no text while the agent takes it in.
+    assert "steers" not in heartbeat(worker_api, turn)
     state = heartbeat(worker_api, turn, steers=[(body["steer_id"], None)])
     assert "steers" not in state and state["state"] == "running"
     # The same answer again (its heartbeat's answer was lost) changes nothing.
@@ -93,6 +94,42 @@ def test_a_steer_is_a_user_turn_at_once_offered_until_the_worker_answers(api, wo
     [after] = dispatch(worker_api)
     assert after["message_id"] == 5
     assert "also cover the Windows path" in after["prompt"]
+
+
+def test_each_steers_text_is_offered_once_and_a_new_steer_alone_after_it(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    first = steer(api, task, "x" * 100_000)
+    assert [offer["steer_id"] for offer in heartbeat(worker_api, turn)["steers"]] == [
+        first["steer_id"]
+    ]
+    assert "steers" not in heartbeat(worker_api, turn)
+    second = steer(api, task, "and the docs")
+    assert heartbeat(worker_api, turn)["steers"] == [
+        {"steer_id": second["steer_id"], "message": "and the docs"}
+    ]
+    assert "steers" not in heartbeat(worker_api, turn)
+    # Offered once is still waiting for the worker's word, which settles it as before.
+    assert Steer.objects.get(pk=first["steer_id"]).status == "pending"
+    heartbeat(worker_api, turn, steers=[(first["steer_id"], None), (second["steer_id"], None)])
+    assert set(Steer.objects.values_list("status", flat=True)) == {"delivered"}
+    assert report(worker_api, turn, result={"value": "both"}).status_code == 200
+    assert detail(api, task)["status"] == "COMPLETED" and dispatch(worker_api) == []
+
+
+def test_a_steer_offered_to_a_claim_that_never_answered_is_answered_by_its_own_round(
+    api, worker_api
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task, "steered")
+    assert heartbeat(worker_api, turn)["steers"]  # its answer lost on the way, say
+    assert "steers" not in heartbeat(worker_api, turn)  # never offered again
+    assert report(worker_api, turn, result={"value": "first"}).status_code == 200
+    steer_row = Steer.objects.get(pk=body["steer_id"])
+    assert (steer_row.status, steer_row.fallback_reason) == ("queued", "attempt_ended")
+    [own] = dispatch(worker_api)
+    assert own["prompt"].endswith("## Current Message\n\nUser:\nsteered\n")
 
 
 def test_a_steer_the_executor_refused_falls_back_to_a_round_after_the_running_turn(api, worker_api):

@@ -1,7 +1,7 @@
 """Steering: a follow-up given to the agent while it answers, and what becomes of it.
 
 `steer_running_turn` stores the message as a USER turn at once and a `Steer` for the running
-turn's attempt; the worker holding that claim is offered it with its next heartbeat
+turn's attempt; the worker holding that claim is offered it once, with its next heartbeat
 (`offered_steers`) and says what became of it (`settle_steers`): that claim's word only,
 fenced by the caller, since a steer settled on anyone else's word would never be answered.
 Delivered, the running turn's answer answers both. Refused, or still undelivered when the
@@ -79,8 +79,17 @@ def steer_running_turn(*, task: Task, running: Subtask, message: str, sender: st
 def offered_steers(
     *, claims: Iterable[tuple[int, int]]
 ) -> dict[tuple[int, int], tuple[SteerOffer, ...]]:
-    """The PENDING steers of each (subtask_id, attempt) claim, in the order they were sent
-    (one query). The heartbeat asks only for claims whose turn counts pending steers."""
+    """The PENDING steers of each (subtask_id, attempt) claim not yet offered to it, in the
+    order they were sent, marked offered (one read, and one write when there are some). The
+    heartbeat asks only for claims it found RUNNING under the asking claim and whose turn
+    counts open steers.
+
+    Each steer's text is offered once: a steer is given to one attempt, and a worker that
+    restarts holds a new one (its steers fall back to the queue, `end_steers`). The worker
+    hands each steer to its executor on that offer and says what became of it; a steer whose
+    offer never reached it (the heartbeat's answer was lost) stays PENDING until its attempt
+    ends, and then falls back to the queue like any steer the agent did not take.
+    """
     wanted = set(claims)
     if not wanted:
         return {}
@@ -88,6 +97,7 @@ def offered_steers(
         Steer.objects.filter(
             target_id__in=sorted({subtask_id for subtask_id, _ in wanted}),
             status=SteerStatus.PENDING,
+            offered_at__isnull=True,
         )
         .order_by("id")
         .values_list("id", "target_id", "attempt", "message__message")
@@ -96,6 +106,10 @@ def offered_steers(
     for steer_id, target_id, attempt, text in rows:
         if (target_id, attempt) in wanted:
             offers.setdefault((target_id, attempt), []).append(SteerOffer(steer_id, text))
+    if offers:
+        Steer.objects.filter(
+            pk__in=[offer.steer_id for found in offers.values() for offer in found]
+        ).update(offered_at=timezone.now())
     return {claim: tuple(found) for claim, found in offers.items()}
 
 
