@@ -132,6 +132,46 @@ def test_a_steer_offered_to_a_claim_that_never_answered_is_answered_by_its_own_r
     assert own["prompt"].endswith("## Current Message\n\nUser:\nsteered\n")
 
 
+def refused_for_room(response) -> None:
+    """The 409 of a follow-up with no room left: it names the field and the setting."""
+    assert response.status_code == 409, response.json()
+    error = response.json()
+    assert error["code"] == "conflict" and "BATON_MAX_QUEUED_MESSAGES" in error["detail"]
+    assert error["fields"] == {"message": [error["detail"]]}
+
+
+def test_steers_a_turn_has_not_answered_count_towards_the_queue_limit(api, worker_api, settings):
+    settings.BATON_MAX_QUEUED_MESSAGES = 2
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    first, second = steer(api, task, "one"), steer(api, task, "two")
+    refused_for_room(send(api, task, "three", strategy="steer"))
+    refused_for_room(send(api, task, "four", strategy="enqueue"))
+    # Delivered is not answered yet: the attempt may still end without an answer, and then
+    # they go to the queue, which stays within its limit.
+    heartbeat(worker_api, turn, steers=[(first["steer_id"], None), (second["steer_id"], None)])
+    refused_for_room(send(api, task, "five", strategy="steer"))
+    assert Steer.objects.count() == 2 and len(rows(task)) == 4
+    assert not QueuedMessage.objects.exists()
+    assert heartbeat(worker_api, turn)["state"] == "running"
+    # Answered by the turn: room again.
+    assert report(worker_api, turn, result={"value": "all three"}).status_code == 200
+    assert send(api, task, "six", strategy="steer").status_code == 201
+
+
+def test_a_steer_refused_by_the_worker_leaves_its_place_to_the_queue(api, worker_api, settings):
+    settings.BATON_MAX_QUEUED_MESSAGES = 2
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    assert send(api, task, "queued", strategy="enqueue").status_code == 202
+    body = steer(api, task, "steered")
+    refused_for_room(send(api, task, "one more", strategy="steer"))
+    heartbeat(worker_api, turn, steers=[(body["steer_id"], "finished")])
+    # The steer is a queued message now: still two waiting.
+    assert QueuedMessage.objects.filter(status="queued").count() == 2
+    refused_for_room(send(api, task, "one more", strategy="enqueue"))
+
+
 def test_a_steer_the_executor_refused_falls_back_to_a_round_after_the_running_turn(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
