@@ -159,6 +159,17 @@ def test_steers_a_turn_has_not_answered_count_towards_the_queue_limit(api, worke
     assert send(api, task, "six", strategy="steer").status_code == 201
 
 
+def test_the_last_steer_the_counter_holds_is_followed_by_a_409_not_a_500(api, worker_api, settings):
+    settings.BATON_MAX_QUEUED_MESSAGES = 32767  # the most the setting allows
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    # As if 32766 steers were open: the turn's counter is a smallint.
+    Subtask.objects.filter(pk=turn["subtask_id"]).update(steers_open=32766)
+    steer(api, task, "the last one")
+    refused_for_room(send(api, task, "one too many", strategy="steer"))
+    assert Subtask.objects.get(pk=turn["subtask_id"]).steers_open == 32767
+
+
 def test_a_steer_refused_by_the_worker_leaves_its_place_to_the_queue(api, worker_api, settings):
     settings.BATON_MAX_QUEUED_MESSAGES = 2
     task = create(api)
