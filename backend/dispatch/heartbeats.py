@@ -9,7 +9,9 @@ lease it finds run out. Progress also counts as a heartbeat.
 A worker's batched heartbeat carries the progress of all its running turns
 (`record_claims_progress`): one request per worker and interval, not one per turn. Each claim's
 progress is stored or refused on its own, as a progress post of its own would be, and its
-outcome travels back in the heartbeat's answer.
+outcome travels back in the heartbeat's answer. What became of the steers a claim was handed
+is fenced the same way (`settle_claims_steers`); the answer hands each new steer's text to the
+claim once (`steering.offered_steers`).
 """
 
 from __future__ import annotations
