@@ -141,8 +141,8 @@ class TurnRun:
             threading.Thread(target=process.stop, args=(STOP_GRACE_SECONDS,), daemon=True).start()
 
     def take_steers(self, offers: tuple[tuple[int, str], ...]) -> None:
-        """Hand each steer Baton offers to the executor, once per steer id (a heartbeat lists
-        a steer again until it hears what became of it)."""
+        """Hand each steer Baton offers to the executor, once per steer id (Baton offers each
+        once per claim, but two heartbeats in flight may both carry it)."""
         for steer_id, text in offers:
             with self._lock:
                 if steer_id in self._steers_taken:

@@ -28,6 +28,9 @@ DEVELOPMENT_SECRET_KEY = "baton-development-only-secret-key-not-for-production" 
 # A pipeline step's index is stored in a small integer column (0 to 32767), so no setting may
 # allow more steps than that column can number.
 PIPELINE_STEPS_CEILING = 32_768
+# A running turn counts its open steers in a small integer column (0 to 32767), and they count
+# towards the queued-message limit, so no setting may allow more waiting follow-ups than that.
+QUEUED_MESSAGES_CEILING = 32_767
 # The largest history cap: what a history policy's 32-bit integer columns hold (2**31 - 1), and
 # so the most `backend.prompting.PromptPolicy` accepts (its MAX_CAP).
 HISTORY_CAP_MAX = 2_147_483_647
@@ -120,7 +123,9 @@ class BatonEnvironment(BaseModel):
     follow_up_strategy: FollowUpStrategy = Field(
         FollowUpStrategy.ENQUEUE, alias="BATON_FOLLOW_UP_STRATEGY"
     )
-    max_queued_messages: int = Field(20, alias="BATON_MAX_QUEUED_MESSAGES", ge=1)
+    max_queued_messages: int = Field(
+        20, alias="BATON_MAX_QUEUED_MESSAGES", ge=1, le=QUEUED_MESSAGES_CEILING
+    )
     # Task event streams (Server-Sent Events): how many one server process serves at once (each
     # holds a request thread), and how long one stays open before the client reconnects.
     max_event_streams: int = Field(32, alias="BATON_MAX_EVENT_STREAMS", ge=1)

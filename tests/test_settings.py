@@ -111,6 +111,15 @@ def test_pipeline_length_has_a_bounded_setting():
             load_environment({"BATON_MAX_PIPELINE_STEPS": value})
 
 
+def test_the_queued_message_limit_fits_the_steers_counter():
+    assert load_environment({}).max_queued_messages == 20
+    # Open steers count towards it, and a turn counts them in a small integer column.
+    assert load_environment({"BATON_MAX_QUEUED_MESSAGES": "32767"}).max_queued_messages == 32767
+    for value in ("0", "32768", "100000"):
+        with pytest.raises(ConfigurationError, match="BATON_MAX_QUEUED_MESSAGES"):
+            load_environment({"BATON_MAX_QUEUED_MESSAGES": value})
+
+
 HISTORY_CAPS = [
     "EXECUTOR_HISTORY_MAX_MESSAGES",
     "EXECUTOR_HISTORY_MAX_CHARS",

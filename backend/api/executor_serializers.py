@@ -390,8 +390,10 @@ class HeartbeatTurnOutput(LeaseStateOutput):
         required=False,
         help_text=(
             "Follow-ups sent with strategy steer, for the running agent, oldest first; only "
-            "for a running claim that has some waiting. Listed again until the worker says "
-            "what became of each (its heartbeat's or report's `steers`)."
+            "for a running claim that has some not yet handed over. Each is listed once: hand "
+            "it to the executor then, and say what became of it (the heartbeat's or report's "
+            "`steers`); one the claim never answers falls back to the queue when its attempt "
+            "ends."
         ),
     )
 

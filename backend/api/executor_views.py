@@ -39,7 +39,6 @@ from backend.artifacts.selectors import ManifestEntry, ManifestPart
 from backend.dispatch import claims, leases, reports, waiting
 from backend.dispatch.payload import ClaimedTurn
 from backend.tasks.models import Subtask, SubtaskKind
-from backend.tasks.services import steering
 
 # How DRF writes a datetime (the API's one format).
 _DATETIME = serializers.DateTimeField()
@@ -223,7 +222,8 @@ class HeartbeatBatchApi(ExecutorApi):
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
         worker = authenticated_user(request)
-        steering.settle_steers(
+        reports.settle_claims_steers(
+            worker=worker,
             worker_id=data["worker_id"],
             results={
                 (turn["subtask_id"], turn["attempt"]): steer_results(turn["steers"])
@@ -371,12 +371,6 @@ class ResultApi(ExecutorApi):
         payload = ResultInput(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        if data["steers"]:
-            # First, so that a steer the agent received is answered by this result.
-            steering.settle_steers(
-                worker_id=data["worker_id"],
-                results={(subtask_id, data["attempt"]): steer_results(data["steers"])},
-            )
         subtask, changed = reports.report_result(
             worker=authenticated_user(request),
             worker_id=data["worker_id"],
@@ -390,6 +384,7 @@ class ResultApi(ExecutorApi):
             native_session_id=data["native_session_id"],
             session_resumed=data["session_resumed"],
             value_upload=data["value_upload"],
+            steers=steer_results(data["steers"]),
         )
         return Response(ResultOutput({**_lease(subtask), "changed": changed}).data)
 

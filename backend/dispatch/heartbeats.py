@@ -9,7 +9,9 @@ lease it finds run out. Progress also counts as a heartbeat.
 A worker's batched heartbeat carries the progress of all its running turns
 (`record_claims_progress`): one request per worker and interval, not one per turn. Each claim's
 progress is stored or refused on its own, as a progress post of its own would be, and its
-outcome travels back in the heartbeat's answer.
+outcome travels back in the heartbeat's answer. What became of the steers a claim was handed
+is fenced the same way (`settle_claims_steers`); the answer hands each new steer's text to the
+claim once (`steering.offered_steers`).
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ from backend.dispatch.leases import (
     lease_until,
     reclaim_expired_leases,
 )
-from backend.errors import BatonError, PartialTextMismatch
+from backend.errors import BatonError, NotFound, PartialTextMismatch
 from backend.prompting import Role
 from backend.tasks import partial_texts, task_events
 from backend.tasks.history import any_of
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus
-from backend.tasks.services.steering import offered_steers
+from backend.tasks.services.steering import offered_steers, settle_steers
 
 MAX_PROGRESS_EVENTS = 200
 
@@ -165,6 +167,35 @@ def heartbeat_claims(
     if run_out:
         reclaim_expired_leases(now=now, subtask_ids=run_out)
     return states
+
+
+def settle_claims_steers(
+    *,
+    worker: User,
+    worker_id: str,
+    results: Mapping[tuple[int, int], Mapping[int, str | None]],
+) -> None:
+    """Record what a batched heartbeat says became of each claim's steers (by claim, steer id
+    → None when delivered, else the refusal), for the claims it holds: fenced like its
+    progress (`fenced_turn`), each claim in a transaction of its own. A claim the account does
+    not hold, or that lost its lease, changes nothing here; its state in the answer says why.
+    """
+    for (subtask_id, attempt), by_steer in results.items():
+        if not by_steer:
+            continue
+        try:
+            with transaction.atomic():
+                subtask, refusal = fenced_turn(
+                    worker=worker,
+                    worker_id=worker_id,
+                    attempt=attempt,
+                    subtask_id=subtask_id,
+                    now=timezone.now(),
+                )
+                if refusal is None:
+                    settle_steers(task=subtask.task, target=subtask, results=by_steer)
+        except NotFound:
+            continue  # never this account's: its heartbeat state says `lease_lost`
 
 
 def record_claims_progress(

@@ -25,6 +25,7 @@ artifact, which pruning removes after the retention period.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ from backend.dispatch.heartbeats import heartbeat as heartbeat
 from backend.dispatch.heartbeats import heartbeat_claims as heartbeat_claims
 from backend.dispatch.heartbeats import record_claims_progress as record_claims_progress
 from backend.dispatch.heartbeats import record_progress as record_progress
+from backend.dispatch.heartbeats import settle_claims_steers as settle_claims_steers
 from backend.dispatch.leases import (
     LEASE_EXPIRED,
     attempts_used,
@@ -66,6 +68,7 @@ from backend.tasks.services import (
     restore_spilled_text,
     result_with_uploaded_value,
 )
+from backend.tasks.services.steering import settle_steers
 
 # What a worker may report for a claim: an outcome, or a requeue.
 COMPLETED, FAILED = SubtaskStatus.COMPLETED.value, SubtaskStatus.FAILED.value
@@ -152,6 +155,7 @@ def report_result(
     native_session_id: str,
     session_resumed: bool = False,
     value_upload: str = "",
+    steers: Mapping[int, str | None] | None = None,
 ) -> tuple[Subtask, bool]:
     """Record the outcome of a claimed turn. Returns (turn, changed).
 
@@ -172,6 +176,10 @@ def report_result(
     `value_upload` names the result's value by the sha256 of its upload
     (`upload_result_value`); the report is then recorded as the same report with that value
     inline would be, and is a repeat under the same rules.
+
+    `steers` says what became of the steers the claim was handed (`steering.settle_steers`):
+    recorded first, so that a steer the agent received is answered by this result, and only
+    once the claim is known to hold the turn: a refused report changes none.
     """
     report = _Report.checked(
         status=status,
@@ -203,6 +211,8 @@ def report_result(
             subtask=subtask, worker=worker, worker_id=worker_id, attempt=attempt, now=now
         )
         if refusal is None:
+            if steers:
+                settle_steers(task=subtask.task, target=subtask, results=steers)
             _apply_report(subtask, worker_id=worker_id, report=report)
     if refusal is not None:
         raise refusal  # after the commit: a lease found run out was reclaimed

@@ -45,7 +45,7 @@ def event_types(task) -> list[str]:
     )
 
 
-def test_a_steer_is_a_user_turn_at_once_offered_until_the_worker_answers(api, worker_api):
+def test_a_steer_is_a_user_turn_at_once_offered_once_to_the_worker(api, worker_api):
     task = create(api)
     [turn] = dispatch(worker_api)
     body = steer(api, task)
@@ -69,7 +69,8 @@ def test_a_steer_is_a_user_turn_at_once_offered_until_the_worker_answers(api, wo
 
     offer = {"steer_id": body["steer_id"], "message": "also cover the Windows path"}
     assert heartbeat(worker_api, turn)["steers"] == [offer]
-    assert heartbeat(worker_api, turn)["steers"] == [offer]  # again until answered
+    # Handed over once: the next heartbeats carry no text while the agent takes it in.
+    assert "steers" not in heartbeat(worker_api, turn)
     state = heartbeat(worker_api, turn, steers=[(body["steer_id"], None)])
     assert "steers" not in state and state["state"] == "running"
     # The same answer again (its heartbeat's answer was lost) changes nothing.
@@ -93,6 +94,93 @@ def test_a_steer_is_a_user_turn_at_once_offered_until_the_worker_answers(api, wo
     [after] = dispatch(worker_api)
     assert after["message_id"] == 5
     assert "also cover the Windows path" in after["prompt"]
+
+
+def test_each_steers_text_is_offered_once_and_a_new_steer_alone_after_it(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    first = steer(api, task, "x" * 100_000)
+    assert [offer["steer_id"] for offer in heartbeat(worker_api, turn)["steers"]] == [
+        first["steer_id"]
+    ]
+    assert "steers" not in heartbeat(worker_api, turn)
+    second = steer(api, task, "and the docs")
+    assert heartbeat(worker_api, turn)["steers"] == [
+        {"steer_id": second["steer_id"], "message": "and the docs"}
+    ]
+    assert "steers" not in heartbeat(worker_api, turn)
+    # Offered once is still waiting for the worker's word, which settles it as before.
+    assert Steer.objects.get(pk=first["steer_id"]).status == "pending"
+    heartbeat(worker_api, turn, steers=[(first["steer_id"], None), (second["steer_id"], None)])
+    assert set(Steer.objects.values_list("status", flat=True)) == {"delivered"}
+    assert report(worker_api, turn, result={"value": "both"}).status_code == 200
+    assert detail(api, task)["status"] == "COMPLETED" and dispatch(worker_api) == []
+
+
+def test_a_steer_offered_to_a_claim_that_never_answered_is_answered_by_its_own_round(
+    api, worker_api
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task, "steered")
+    assert heartbeat(worker_api, turn)["steers"]  # its answer lost on the way, say
+    assert "steers" not in heartbeat(worker_api, turn)  # never offered again
+    assert report(worker_api, turn, result={"value": "first"}).status_code == 200
+    steer_row = Steer.objects.get(pk=body["steer_id"])
+    assert (steer_row.status, steer_row.fallback_reason) == ("queued", "attempt_ended")
+    [own] = dispatch(worker_api)
+    assert own["prompt"].endswith("## Current Message\n\nUser:\nsteered\n")
+
+
+def refused_for_room(response) -> None:
+    """The 409 of a follow-up with no room left: it names the field and the setting."""
+    assert response.status_code == 409, response.json()
+    error = response.json()
+    assert error["code"] == "conflict" and "BATON_MAX_QUEUED_MESSAGES" in error["detail"]
+    assert error["fields"] == {"message": [error["detail"]]}
+
+
+def test_steers_a_turn_has_not_answered_count_towards_the_queue_limit(api, worker_api, settings):
+    settings.BATON_MAX_QUEUED_MESSAGES = 2
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    first, second = steer(api, task, "one"), steer(api, task, "two")
+    refused_for_room(send(api, task, "three", strategy="steer"))
+    refused_for_room(send(api, task, "four", strategy="enqueue"))
+    # Delivered is not answered yet: the attempt may still end without an answer, and then
+    # they go to the queue, which stays within its limit.
+    heartbeat(worker_api, turn, steers=[(first["steer_id"], None), (second["steer_id"], None)])
+    refused_for_room(send(api, task, "five", strategy="steer"))
+    assert Steer.objects.count() == 2 and len(rows(task)) == 4
+    assert not QueuedMessage.objects.exists()
+    assert heartbeat(worker_api, turn)["state"] == "running"
+    # Answered by the turn: room again.
+    assert report(worker_api, turn, result={"value": "all three"}).status_code == 200
+    assert send(api, task, "six", strategy="steer").status_code == 201
+
+
+def test_the_last_steer_the_counter_holds_is_followed_by_a_409_not_a_500(api, worker_api, settings):
+    settings.BATON_MAX_QUEUED_MESSAGES = 32767  # the most the setting allows
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    # As if 32766 steers were open: the turn's counter is a smallint.
+    Subtask.objects.filter(pk=turn["subtask_id"]).update(steers_open=32766)
+    steer(api, task, "the last one")
+    refused_for_room(send(api, task, "one too many", strategy="steer"))
+    assert Subtask.objects.get(pk=turn["subtask_id"]).steers_open == 32767
+
+
+def test_a_steer_refused_by_the_worker_leaves_its_place_to_the_queue(api, worker_api, settings):
+    settings.BATON_MAX_QUEUED_MESSAGES = 2
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    assert send(api, task, "queued", strategy="enqueue").status_code == 202
+    body = steer(api, task, "steered")
+    refused_for_room(send(api, task, "one more", strategy="steer"))
+    heartbeat(worker_api, turn, steers=[(body["steer_id"], "finished")])
+    # The steer is a queued message now: still two waiting.
+    assert QueuedMessage.objects.filter(status="queued").count() == 2
+    refused_for_room(send(api, task, "one more", strategy="enqueue"))
 
 
 def test_a_steer_the_executor_refused_falls_back_to_a_round_after_the_running_turn(api, worker_api):
@@ -198,6 +286,65 @@ def test_another_workers_word_about_a_steer_changes_nothing(api, worker_api):
     heartbeat(worker_api, turn, steers=[(body["steer_id"], None)], worker_id="w2")
     assert Steer.objects.get(pk=body["steer_id"]).status == "pending"
     assert heartbeat(worker_api, turn)["steers"][0]["steer_id"] == body["steer_id"]
+
+
+@pytest.mark.parametrize("refusal", [None, "finished"])
+def test_another_accounts_heartbeat_naming_the_worker_id_settles_nothing(
+    api, worker_api, other_worker_api, refusal
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task, "steered")
+    # Another worker account names the claim exactly: the turn, its attempt, its worker id.
+    response = other_worker_api.post(
+        "/api/executor/heartbeat/",
+        {
+            "worker_id": "w1",
+            "turns": [
+                {
+                    "subtask_id": turn["subtask_id"],
+                    "attempt": turn["attempt"],
+                    "steers": [
+                        {"steer_id": body["steer_id"], "delivered": refusal is None}
+                        | ({"refusal": refusal} if refusal else {})
+                    ],
+                }
+            ],
+        },
+        format="json",
+    )
+    assert response.status_code == 200
+    [state] = response.json()["turns"]
+    assert state["state"] == "lease_lost" and "steers" not in state
+    assert Steer.objects.get(pk=body["steer_id"]).status == "pending"
+    assert not QueuedMessage.objects.filter(task_id=task["id"]).exists()
+    assert "turn.steered" not in event_types(task)
+    # The worker holding the claim is still offered the steer, and its answer answers it.
+    offered = heartbeat(worker_api, turn)["steers"]
+    assert offered == [{"steer_id": body["steer_id"], "message": "steered"}]
+    heartbeat(worker_api, turn, steers=[(body["steer_id"], None)])
+    assert report(worker_api, turn, result={"value": "both"}).status_code == 200
+    assert Steer.objects.get(pk=body["steer_id"]).status == "delivered"
+    assert detail(api, task)["status"] == "COMPLETED" and dispatch(worker_api) == []
+
+
+def test_another_accounts_result_naming_the_worker_id_is_a_404_that_settles_nothing(
+    api, worker_api, other_worker_api
+):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    body = steer(api, task, "steered")
+    steers = [{"steer_id": body["steer_id"], "delivered": True}]
+    response = report(other_worker_api, turn, result={"value": "forged"}, steers=steers)
+    assert response.status_code == 404
+    assert Steer.objects.get(pk=body["steer_id"]).status == "pending"
+    assert "turn.steered" not in event_types(task)
+    # The turn ends without the steer, which is then answered by a round of its own.
+    assert report(worker_api, turn, result={"value": "first"}).status_code == 200
+    steer_row = Steer.objects.get(pk=body["steer_id"])
+    assert (steer_row.status, steer_row.fallback_reason) == ("queued", "attempt_ended")
+    [own] = dispatch(worker_api)
+    assert own["prompt"].endswith("## Current Message\n\nUser:\nsteered\n")
 
 
 def test_cancelling_the_task_cancels_its_steers(api, worker_api):

@@ -2,8 +2,8 @@
 
 The message is stored at once as a USER turn (`message`), in order with everything else, and
 this row follows its delivery to the running turn it was sent to (`target`, at `attempt`).
-The worker holding that claim is offered it through its heartbeat and says whether the
-executor took it; the target's answer then answers both. A steer that cannot get there — the
+The worker holding that claim is offered it once, in a heartbeat's answer, and says whether
+the executor took it; the target's answer then answers both. A steer that cannot get there — the
 executor already made its last model call, the worker lost the claim, the attempt ended
 without an answer — falls back to the queue (`QUEUED`): its USER turn gets a round of its own
 when the turns before it have finished. When a newer message interrupts or rolls back that
@@ -46,6 +46,9 @@ class Steer(models.Model):
     # `not_running`, `refused`) or what Baton saw (`not_running` at once, `attempt_ended`).
     fallback_reason = models.CharField(max_length=32, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # When a heartbeat's answer handed its text to the claim (`attempt`): once, so that a
+    # long steer is not sent again twice a second while the executor takes it in.
+    offered_at = models.DateTimeField(null=True, blank=True)
     delivered_at = models.DateTimeField(null=True, blank=True)
     settled_at = models.DateTimeField(null=True, blank=True)
 

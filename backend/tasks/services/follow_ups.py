@@ -145,6 +145,7 @@ def _reject(arrival: _Arrival) -> FollowUp:
 def _enqueue_behind(arrival: _Arrival) -> FollowUp:
     """Stored as a `QueuedMessage`: its round starts when every turn before it has finished
     (`start_next_queued`), queued messages in the order they arrived."""
+    _check_room(arrival)
     queued = _enqueue(task=arrival.task, message=arrival.message, sender=arrival.sender)
     return FollowUp(strategy=FollowUpStrategy.ENQUEUE, turns=[], queued=queued)
 
@@ -165,6 +166,7 @@ def _steer(arrival: _Arrival) -> FollowUp:
     """Stored at once as a USER turn given to the running turn, whose answer answers both
     (`steering`); when no turn runs yet, or its executor takes no input while it runs,
     queued as `enqueue` would, saying why."""
+    _check_room(arrival)
     running, why_not = steerable_turn(arrival.active)
     if running is None:
         queued = _enqueue(task=arrival.task, message=arrival.message, sender=arrival.sender)
@@ -196,13 +198,27 @@ HANDLERS: dict[FollowUpStrategy, Callable[[_Arrival], FollowUp]] = {
 }
 
 
-def _enqueue(*, task: Task, message: str, sender: str) -> QueuedMessage:
-    waiting = task.queued_messages.filter(status=QueuedMessageStatus.QUEUED).count()
-    if waiting >= settings.BATON_MAX_QUEUED_MESSAGES:
+def _check_room(arrival: _Arrival) -> None:
+    """Conflict when the task has BATON_MAX_QUEUED_MESSAGES follow-ups waiting already: its
+    queued messages, and the steers its running turns have not answered (`steers_open`:
+    pending, or delivered to an attempt that may still end without an answer, which sends
+    them to the queue). So neither the queue nor a turn's steers grow without bound, and a
+    steer falling back never overfills the queue."""
+    task = arrival.task
+    queued = task.queued_messages.filter(status=QueuedMessageStatus.QUEUED).count()
+    steers = sum(turn.steers_open for turn in arrival.active)
+    limit = settings.BATON_MAX_QUEUED_MESSAGES
+    if queued + steers >= limit:
         raise Conflict(
-            f"Task {task.pk} already has {waiting} queued messages (the most "
-            f"BATON_MAX_QUEUED_MESSAGES allows); wait for them to be sent, or withdraw one."
+            f"Task {task.pk} already has {queued + steers} follow-ups waiting ({queued} "
+            f"queued, {steers} steers its running turn has not answered yet; "
+            f"BATON_MAX_QUEUED_MESSAGES allows {limit}); wait for them to be answered, or "
+            "withdraw a queued one.",
+            field="message",
         )
+
+
+def _enqueue(*, task: Task, message: str, sender: str) -> QueuedMessage:
     queued = QueuedMessage.objects.create(task=task, message=message, sender=sender)
     task_events.record(
         task_id=task.pk,

@@ -1,12 +1,14 @@
 """Steering: a follow-up given to the agent while it answers, and what becomes of it.
 
 `steer_running_turn` stores the message as a USER turn at once and a `Steer` for the running
-turn's attempt; the worker holding that claim is offered it with its next heartbeat
-(`offered_steers`) and says what became of it (`settle_steers`). Delivered, the running turn's
-answer answers both. Refused, or still undelivered when the attempt ends (`end_steers`), or
-delivered to an attempt that ends without an answer, it falls back to the queue: its USER turn
-gets a round of its own when the turns before it have finished (`start_next_queued`). So a
-steer is answered once: by the turn that received it, or by its own round.
+turn's attempt; the worker holding that claim is offered it once, with its next heartbeat
+(`offered_steers`) and says what became of it (`settle_steers`): that claim's word only,
+fenced by the caller, since a steer settled on anyone else's word would never be answered.
+Delivered, the running turn's answer answers both. Refused, or still undelivered when the
+attempt ends (`end_steers`), or delivered to an attempt that ends without an answer, it falls
+back to the queue: its USER turn gets a round of its own when the turns before it have
+finished (`start_next_queued`). So a steer is answered once: by the turn that received it, or
+by its own round.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -78,8 +79,17 @@ def steer_running_turn(*, task: Task, running: Subtask, message: str, sender: st
 def offered_steers(
     *, claims: Iterable[tuple[int, int]]
 ) -> dict[tuple[int, int], tuple[SteerOffer, ...]]:
-    """The PENDING steers of each (subtask_id, attempt) claim, in the order they were sent
-    (one query). The heartbeat asks only for claims whose turn counts pending steers."""
+    """The PENDING steers of each (subtask_id, attempt) claim not yet offered to it, in the
+    order they were sent, marked offered (one read, and one write when there are some). The
+    heartbeat asks only for claims it found RUNNING under the asking claim and whose turn
+    counts open steers.
+
+    Each steer's text is offered once: a steer is given to one attempt, and a worker that
+    restarts holds a new one (its steers fall back to the queue, `end_steers`). The worker
+    hands each steer to its executor on that offer and says what became of it; a steer whose
+    offer never reached it (the heartbeat's answer was lost) stays PENDING until its attempt
+    ends, and then falls back to the queue like any steer the agent did not take.
+    """
     wanted = set(claims)
     if not wanted:
         return {}
@@ -87,6 +97,7 @@ def offered_steers(
         Steer.objects.filter(
             target_id__in=sorted({subtask_id for subtask_id, _ in wanted}),
             status=SteerStatus.PENDING,
+            offered_at__isnull=True,
         )
         .order_by("id")
         .values_list("id", "target_id", "attempt", "message__message")
@@ -95,60 +106,50 @@ def offered_steers(
     for steer_id, target_id, attempt, text in rows:
         if (target_id, attempt) in wanted:
             offers.setdefault((target_id, attempt), []).append(SteerOffer(steer_id, text))
+    if offers:
+        Steer.objects.filter(
+            pk__in=[offer.steer_id for found in offers.values() for offer in found]
+        ).update(offered_at=timezone.now())
     return {claim: tuple(found) for claim, found in offers.items()}
 
 
-def settle_steers(
-    *, worker_id: str, results: Mapping[tuple[int, int], Mapping[int, str | None]]
-) -> None:
-    """Record what the worker holding each claim says became of its steers: by claim, steer
-    id → None when the executor took it, else the refusal (one of `WORKER_REFUSALS`).
+def settle_steers(*, task: Task, target: Subtask, results: Mapping[int, str | None]) -> None:
+    """Record what the claim holding `target` says became of its steers: steer id → None when
+    the executor took it, else the refusal (one of `WORKER_REFUSALS`). The caller holds the
+    task's lock and has fenced the claim (worker account, worker id, attempt): it holds the
+    RUNNING turn at `target.attempts`. Nothing else may settle a steer, since a steer settled
+    by a word that is not the agent's would never be answered.
 
-    Only a steer still PENDING for that claim, held by `worker_id`, changes: a result sent
-    again (its heartbeat's answer was lost) or about a steer already settled changes nothing.
-    A delivered steer is DELIVERED; a refused one falls back to the queue at once.
+    Only a steer still PENDING for that attempt changes: a result sent again (its heartbeat's
+    answer was lost) or about a steer already settled changes nothing. A delivered steer is
+    DELIVERED; a refused one falls back to the queue at once.
     """
-    for (subtask_id, attempt), by_steer in results.items():
-        if not by_steer:
-            continue
-        with transaction.atomic():
-            target = (
-                Subtask.objects.filter(pk=subtask_id)
-                .values_list("task_id", "lease_owner", "attempts")
-                .first()
+    if not results:
+        return
+    steers = list(
+        Steer.objects.select_related("message").filter(
+            pk__in=list(results),
+            target_id=target.pk,
+            attempt=target.attempts,
+            status=SteerStatus.PENDING,
+        )
+    )
+    now = timezone.now()
+    for steer in steers:
+        refusal = results[steer.pk]
+        if refusal is None:
+            steer.status, steer.delivered_at = SteerStatus.DELIVERED, now
+            steer.save(update_fields=["status", "delivered_at"])
+            task_events.record(
+                task_id=task.pk,
+                events=[task_events.Event(task_events.TURN_STEERED, target.pk, _data(steer))],
             )
-            if target is None or target[1] != worker_id or target[2] != attempt:
-                continue
-            task = lock_task(task_id=target[0])
-            steers = list(
-                Steer.objects.select_related("message", "target").filter(
-                    pk__in=list(by_steer),
-                    target_id=subtask_id,
-                    attempt=attempt,
-                    status=SteerStatus.PENDING,
-                )
-            )
-            now = timezone.now()
-            for steer in steers:
-                refusal = by_steer[steer.pk]
-                if refusal is None:
-                    steer.status, steer.delivered_at = SteerStatus.DELIVERED, now
-                    steer.save(update_fields=["status", "delivered_at"])
-                    task_events.record(
-                        task_id=task.pk,
-                        events=[
-                            task_events.Event(
-                                task_events.TURN_STEERED, steer.target_id, _data(steer)
-                            )
-                        ],
-                    )
-                else:
-                    _fall_back(task=task, steer=steer, reason=refusal, now=now)
-            fell_back = sum(1 for steer in steers if steer.status == SteerStatus.QUEUED)
-            if fell_back:
-                Subtask.objects.filter(pk=subtask_id).update(
-                    steers_open=F("steers_open") - fell_back
-                )
+        else:
+            _fall_back(task=task, steer=steer, reason=refusal, now=now)
+    fell_back = sum(1 for steer in steers if steer.status == SteerStatus.QUEUED)
+    if fell_back:
+        Subtask.objects.filter(pk=target.pk).update(steers_open=F("steers_open") - fell_back)
+        target.steers_open -= fell_back
 
 
 def end_steers(
