@@ -13,6 +13,7 @@ from django.db.models import Q
 
 from backend.tasks.models import QueuedMessage, Steer, Subtask, TaskEvent
 from tests.api.test_follow_up_strategies import detail, rows, send
+from tests.conftest import make_worker, token_client
 from tests.dispatch.test_dispatch_api import PIPELINE, SINGLE, create, dispatch, report
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
@@ -300,24 +301,27 @@ def test_a_fallen_back_steer_whose_round_is_released_runs_alone_and_in_order(api
     assert send(api, task, "queued", strategy="enqueue").status_code == 202
     one_round_at_most()
 
+    # Two workers of one account and one of another all dispatch: none gets a 500.
+    workers = [(worker_api, "w1"), (worker_api, "w2"), (token_client(make_worker("other")), "w3")]
     answered = []
     released = False
     while True:
-        # Two workers of one account and one of another all dispatch: none gets a 500.
         claimed = [
-            *dispatch(worker_api, worker_id="w1"),
-            *dispatch(worker_api, worker_id="w2"),
+            (client, worker_id, turn)
+            for client, worker_id in workers
+            for turn in dispatch(client, worker_id=worker_id)
         ]
         one_round_at_most()
         if not claimed:
             break
-        [running] = claimed
+        [(client, worker_id, running)] = claimed
         answered.append(running["prompt"].rsplit("User:\n", 1)[1])
         if answered[-1] == "steered\n" and not released:
             released = True
-            assert report(worker_api, running, status="RELEASE").status_code == 200
+            outcome = {"status": "RELEASE"}
         else:
-            assert report(worker_api, running, result={"value": "ok"}).status_code == 200
+            outcome = {"result": {"value": "ok"}}
+        assert report(client, running, worker_id=worker_id, **outcome).status_code == 200
         one_round_at_most()
     assert answered == ["interrupting\n", "steered\n", "steered\n", "queued\n"]
     assert detail(api, task)["status"] == "COMPLETED"
