@@ -22,7 +22,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connection, transaction
-from django.db.models import Count, F, Min, Q, QuerySet
+from django.db.models import Count, Exists, F, Min, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from backend import queries
@@ -40,6 +40,7 @@ from backend.errors import InvalidInput
 from backend.prompting import Role
 from backend.queries.rows import instance_of
 from backend.tasks.models import (
+    TURNS,
     NativeSession,
     Subtask,
     SubtaskKind,
@@ -250,11 +251,28 @@ def _candidates(*, kinds: Sequence[str], worker_id: str, now: datetime) -> Query
 
 def _dispatchable(*, kinds: Sequence[str]) -> QuerySet[Subtask]:
     return Subtask.objects.filter(
+        _first_of_its_task(),
         status=SubtaskStatus.PENDING,
         role=Role.ASSISTANT,
         pending_since__isnull=False,
         executor__in=list(kinds),
     )
+
+
+def _first_of_its_task() -> Q:
+    """A turn no turn of its task runs beside or stands before in line: a task runs one turn
+    at a time (`subtask_one_running_turn_per_task`), in its order. Should a task ever hold a
+    turn pending beside a running one, or two in line, the later waits: a claim never takes
+    two turns of one task, so one task's state never fails a batch. Summary jobs run beside
+    turns."""
+    task_turns = Subtask.objects.filter(TURNS, task_id=OuterRef("task_id"))
+    running = task_turns.filter(status=SubtaskStatus.RUNNING)
+    ahead = task_turns.filter(
+        Q(pending_since__lt=OuterRef("pending_since"))
+        | Q(pending_since=OuterRef("pending_since"), id__lt=OuterRef("id")),
+        status=SubtaskStatus.PENDING,
+    )
+    return ~Q(TURNS) | (~Exists(running) & ~Exists(ahead))
 
 
 def _claimable_by(*, worker_id: str, now: datetime) -> Q:

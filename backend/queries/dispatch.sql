@@ -4,10 +4,14 @@
 -- rows it picks and skips those another claim has locked (FOR UPDATE SKIP LOCKED), and the
 -- UPDATE changes exactly those, so each turn goes to one caller. The picking is the ORM's
 -- `claims._candidates` (its test oracle): past any retry backoff, and not held for the
--- worker of the bot's native session unless that hold is over.
+-- worker of the bot's native session unless that hold is over; a turn only when no turn of
+-- its task runs or stands before it in line (`claims._first_of_its_task`: a task runs one
+-- turn at a time, so one task's state never fails the batch; summary jobs run beside),
+-- which reads the few active rows of the candidate's task (`subtask_active_per_task`).
 -- Returns, oldest first, each claimed turn as the payload reads it (`payload.CLAIMED_FIELDS`
--- in the model's field order, then every column of its task, then every column of its bot's
--- native session in the task, for a turn, not a summary job), the configuration version and
+-- in the model's field order, as the UPDATE returns them, then every column of its task,
+-- then every column of its bot's native session in the task, for a turn, not a summary
+-- job), the configuration version and
 -- whether a RUNNING turn's lease ran out before %(now)s; on one row of NULL turn columns
 -- when nothing was claimed (the claimed rows are LEFT JOINed to one row).
 -- Statuses and roles are written in: a generic plan reads the partial indexes
@@ -28,7 +32,7 @@ WITH claimed AS (
         attempts = attempts + 1
     WHERE id IN (
         SELECT id
-        FROM {subtask}
+        FROM {subtask} AS candidate
         WHERE status = {pending}
           AND role = {assistant}
           AND pending_since IS NOT NULL
@@ -38,6 +42,20 @@ WITH claimed AS (
               session_worker = ''
               OR session_worker = %(worker_id)s::text
               OR pending_since <= %(affinity_over)s::timestamptz
+          )
+          AND (
+              kind <> {turn}
+              OR NOT EXISTS (
+                  SELECT FROM {subtask} AS other
+                  WHERE other.task_id = candidate.task_id
+                    AND other.kind = {turn}
+                    AND (
+                        other.status = {running}
+                        OR other.status = {pending}
+                        AND (other.pending_since, other.id)
+                            < (candidate.pending_since, candidate.id)
+                    )
+              )
           )
         ORDER BY pending_since, id
         LIMIT %(limit)s::integer
@@ -57,21 +75,7 @@ WITH claimed AS (
         finished_at, stop_confirmed_at, steered_into_message_id, steers_open
 )
 SELECT
-    claimed.id, claimed.task_id, claimed.kind, claimed.message_id,
-    claimed.parent_message_id, claimed.role, claimed.status, claimed.sender, claimed.bot,
-    claimed.pipeline_step, claimed.executor, claimed.context_passing, claimed.error,
-    claimed.error_code, claimed.usage, claimed.native_session_id, claimed.pending_since,
-    claimed.claimed_by_id, claimed.lease_owner, claimed.lease_expires_at, claimed.attempts,
-    claimed.releases, claimed.not_before, claimed.token_cap, claimed.context_overflows,
-    claimed.session_worker, claimed.progress_events, claimed.partial_text,
-    claimed.partial_text_chars, claimed.partial_text_bytes, claimed.progress_updated_at, claimed.history_text_tokens,
-    claimed.history_text_tokens_o200k, claimed.history_chars, claimed.history_bytes,
-    claimed.history_lines, claimed.history_tokens, claimed.history_tokens_estimated,
-    claimed.history_replaced_chars, claimed.artifact_id, claimed.history_is_preview,
-    claimed.result_value_in_artifact, claimed.recorded_at, claimed.summary_first_message_id,
-    claimed.summary_last_message_id, claimed.summary_previous_id, claimed.created_at,
-    claimed.updated_at, claimed.started_at, claimed.finished_at, claimed.stop_confirmed_at,
-    claimed.steered_into_message_id, claimed.steers_open,
+    claimed.*,
     task.id, task.owner_id, task.title, task.task_type, task.is_group_chat, task.status,
     task.follow_up_strategy, task.pipeline, task.next_message_id, task.next_event_seq,
     task.transcript_id, task.turn_index_id, task.created_at, task.updated_at,

@@ -97,9 +97,12 @@ SELECT pg_notify(%(channel)s, CAST(task_id AS text))
 FROM (SELECT DISTINCT task_id FROM written) AS announced
 
 -- name: latest_round_statuses
--- The statuses of the turns answering the task's latest USER message (marker false; a steer
--- given to a running turn starts no round), and a
--- row with marker true when a message of the task is queued: every result report asks.
+-- The statuses of the turns of the task's latest round (marker false), and a row with marker
+-- true when a message of the task is queued: every result report asks. The latest round is
+-- the one started last, that of the task's highest-numbered answer (a round's answers are
+-- numbered when it starts), not that of its highest-numbered USER message: a steer that
+-- fell back to the queue was numbered when it was sent, and its round may start later. The
+-- ORM's query (`status._latest_round_rows_by_orm`) is SQLite's path and the test oracle.
 -- Measured in process on PostgreSQL (bench/dispatch.py --only cpu --cpu-report --native-sessions
 -- --dispatches 200 --blocks 1, under cProfile): the ORM's UNION of a Subquery and a queued
 -- part cost 1.11 s of 221 reports against 0.06 s for this statement.
@@ -108,10 +111,10 @@ FROM {subtask} AS turn
 WHERE turn.task_id = %(task_id)s
   AND turn.role = {assistant_role}
   AND turn.parent_message_id = (
-    SELECT latest.message_id
+    SELECT latest.parent_message_id
     FROM {subtask} AS latest
-    WHERE latest.task_id = %(task_id)s AND latest.role = {user_role}
-      AND latest.steered_into_message_id IS NULL
+    WHERE latest.task_id = %(task_id)s AND latest.role = {assistant_role}
+      AND latest.kind = {turn_kind}
     ORDER BY latest.message_id DESC
     LIMIT 1
   )

@@ -9,9 +9,11 @@ its own, never lost and never twice.
 from __future__ import annotations
 
 import pytest
+from django.db.models import Q
 
 from backend.tasks.models import QueuedMessage, Steer, Subtask, TaskEvent
 from tests.api.test_follow_up_strategies import detail, rows, send
+from tests.conftest import make_worker, token_client
 from tests.dispatch.test_dispatch_api import PIPELINE, SINGLE, create, dispatch, report
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("pipeline_bots")]
@@ -412,3 +414,61 @@ def test_a_bad_steer_result_is_a_400_naming_the_field(api, worker_api, entry, fi
     )
     assert response.status_code == 400
     assert field in str(response.json())
+
+
+def active_rounds(task) -> set[int]:
+    """The rounds (by the USER message they answer) of the task with a turn running or
+    claimable: a PENDING turn that is in line (a pipeline's later step is not, yet)."""
+    return set(
+        Subtask.objects.filter(task_id=task["id"], role="ASSISTANT", kind="turn")
+        .filter(Q(status="RUNNING") | Q(status="PENDING", pending_since__isnull=False))
+        .values_list("parent_message_id", flat=True)
+    )
+
+
+def test_a_fallen_back_steer_whose_round_is_released_runs_alone_and_in_order(api, worker_api):
+    """A steer to a running turn falls back when that turn is retried; an `interrupt` starts
+    its round now and an `enqueue` waits. The rounds run one at a time in the README's order:
+    the interrupting message's, then the steer's (queued first, before messages queued as
+    such), then the queued message's, even when the steer's round is given back once."""
+    task = create(api)
+    seen: list[set[int]] = []
+
+    def one_round_at_most() -> None:
+        seen.append(active_rounds(task))
+        assert len(seen[-1]) <= 1, seen
+
+    [turn] = dispatch(worker_api)
+    steer(api, task, "steered")
+    retry = {"status": "RETRY", "error": "503", "error_code": "upstream_error"}
+    assert report(worker_api, turn, **retry).status_code == 200
+    one_round_at_most()
+    assert send(api, task, "interrupting", strategy="interrupt").status_code == 201
+    one_round_at_most()
+    assert send(api, task, "queued", strategy="enqueue").status_code == 202
+    one_round_at_most()
+
+    # Two workers of one account and one of another all dispatch: none gets a 500.
+    workers = [(worker_api, "w1"), (worker_api, "w2"), (token_client(make_worker("other")), "w3")]
+    answered = []
+    released = False
+    while True:
+        claimed = [
+            (client, worker_id, turn)
+            for client, worker_id in workers
+            for turn in dispatch(client, worker_id=worker_id)
+        ]
+        one_round_at_most()
+        if not claimed:
+            break
+        [(client, worker_id, running)] = claimed
+        answered.append(running["prompt"].rsplit("User:\n", 1)[1])
+        if answered[-1] == "steered\n" and not released:
+            released = True
+            outcome = {"status": "RELEASE"}
+        else:
+            outcome = {"result": {"value": "ok"}}
+        assert report(client, running, worker_id=worker_id, **outcome).status_code == 200
+        one_round_at_most()
+    assert answered == ["interrupting\n", "steered\n", "steered\n", "queued\n"]
+    assert detail(api, task)["status"] == "COMPLETED"

@@ -24,7 +24,7 @@ from backend.dispatch.payload import CLAIMED_FIELDS
 from backend.dispatch.sessions import native_sessions_for
 from backend.prompting import Role
 from backend.tasks.models import NativeSession, Subtask, SubtaskStatus, Task
-from backend.tasks.services import PipelineStep, create_task
+from backend.tasks.services import PipelineStep, create_task, send_message
 from tests.conftest import make_worker
 
 pytestmark = [
@@ -84,6 +84,31 @@ def pending_turns(shipped_bots):
                 worker_id="w9",
                 seen_through_message_id=1,
             )
+    # Two tasks each with a turn pending beside an earlier round's (a state Baton must never
+    # reach), first in line: the earlier running, whose task's pending turn waits; and the
+    # earlier pending, which is claimed before the later one.
+    for title, earlier, ages in [
+        ("busy", SubtaskStatus.RUNNING, (0, 400)),
+        ("twice", None, (300, 250)),
+    ]:
+        task = create_task(
+            owner=owner,
+            title=title,
+            task_type="code",
+            message="first",
+            pipeline=[PipelineStep(executor="codex")],
+        )
+        first = Subtask.objects.get(task=task, status=SubtaskStatus.PENDING)
+        Subtask.objects.filter(pk=first.pk).update(status=SubtaskStatus.COMPLETED)
+        send_message(task=task, message="second")
+        Subtask.objects.filter(pk=first.pk).update(
+            status=earlier or SubtaskStatus.PENDING,
+            lease_owner="w9",
+            pending_since=now - timedelta(seconds=ages[0]),
+        )
+        Subtask.objects.filter(task=task, status=SubtaskStatus.PENDING).exclude(pk=first.pk).update(
+            pending_since=now - timedelta(seconds=ages[1])
+        )
 
 
 @pytest.mark.usefixtures("pending_turns")
@@ -170,12 +195,13 @@ def test_the_claim_returns_the_columns_the_payload_reads_in_the_models_order():
     """The payload reads the claimed rows by position (`payload.claimed_rows`), and the
     sessions by the model's field order: a column added to a model must be added here."""
     assert _listed("RETURNING", "\n)\nSELECT") == _columns(Subtask, CLAIMED_FIELDS)
+    # The claimed turn's columns as RETURNING lists them (`claimed.*`: the statement stays
+    # short enough for psycopg to keep its parse), then its task's, then its session's.
     selected = _listed("\nSELECT\n", "(SELECT value")
-    claimed = len(CLAIMED_FIELDS)
     tasks = len(Task._meta.concrete_fields)
-    assert selected[:claimed] == _columns(Subtask, CLAIMED_FIELDS)
-    assert selected[claimed : claimed + tasks] == _columns(Task)
-    assert selected[claimed + tasks :] == _columns(NativeSession)
+    assert selected[0] == "*"
+    assert selected[1 : 1 + tasks] == _columns(Task)
+    assert selected[1 + tasks :] == _columns(NativeSession)
 
 
 @pytest.mark.django_db(transaction=True)

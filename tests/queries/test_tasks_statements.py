@@ -155,3 +155,39 @@ def test_latest_round_statuses_reads_what_the_orm_reads(user):
     # A message sent while a turn runs waits in the queue (the default strategy, enqueue).
     send_message(task=task, message="Also the docs.")
     assert _latest_round(task) == ({SubtaskStatus.COMPLETED, SubtaskStatus.RUNNING}, True)
+
+
+def test_the_latest_round_is_the_one_started_last_not_the_newest_user_message(user):
+    """A steer that fell back to the queue keeps the message id it was sent with; its round,
+    started after an interrupting message's round, is the task's latest all the same."""
+    from backend.tasks.services import refresh_task_status
+    from backend.tasks.services.rounds import lock_task
+    from backend.tasks.services.steering import settle_steers
+
+    task = create_task(
+        owner=user,
+        title="t",
+        task_type="code",
+        message="Fix the build.",
+        pipeline=[PipelineStep(executor="codex")],
+    )
+    [answer] = task.subtasks.filter(role=Role.ASSISTANT)
+    Subtask.objects.filter(pk=answer.pk).update(
+        status=SubtaskStatus.RUNNING, lease_owner="w1", attempts=1
+    )
+    steer = send_message(task=task, message="steered", strategy="steer").steer
+    assert steer is not None and steer.message.message_id == 3
+    settle_steers(worker_id="w1", results={(answer.pk, 1): {steer.pk: "finished"}})
+    Subtask.objects.filter(pk=answer.pk).update(status=SubtaskStatus.COMPLETED)
+    interrupting = send_message(task=task, message="interrupting").turns
+    assert [turn.message_id for turn in interrupting] == [4, 5]
+    Subtask.objects.filter(pk=interrupting[1].pk).update(status=SubtaskStatus.RUNNING)
+    send_message(task=task, message="queued")  # waits in the queue (enqueue)
+    assert _latest_round(task) == ({SubtaskStatus.RUNNING}, True)
+
+    Subtask.objects.filter(pk=interrupting[1].pk).update(status=SubtaskStatus.COMPLETED)
+    with transaction.atomic():
+        assert refresh_task_status(task=lock_task(task_id=task.pk)) == TaskStatus.PENDING
+    # The steer's round (message 3, answered by message 6) started; the queued message waits.
+    assert task.subtasks.get(message_id=6).parent_message_id == 3
+    assert _latest_round(task) == ({SubtaskStatus.PENDING}, True)

@@ -206,9 +206,9 @@ class Subtask(models.Model):
     # held it confirmed that the executor's processes are gone. Null while they may still run.
     stop_confirmed_at = models.DateTimeField(null=True, blank=True)
     # A USER turn sent with strategy `steer` (`Steer`): the message_id of the running turn it
-    # was given to. Such a turn starts no round of its own (the task's latest round is that
-    # of the latest USER turn without it) unless it falls back to the queue, which clears it
-    # when its round starts.
+    # was given to. Such a turn starts no round of its own unless it falls back to the
+    # queue, which clears it when its round starts (numbered after every turn before them,
+    # its answers make that round the task's latest, older as its message is).
     steered_into_message_id = models.PositiveIntegerField(null=True, blank=True)
     # An ASSISTANT turn: how many steers its current attempt was given that are not settled
     # yet (waiting to be handed over, or received and not yet answered). Read with the lease

@@ -14,9 +14,11 @@ from backend import queries
 from backend.prompting import Role
 from backend.tasks.models import (
     ACTIVE_SUBTASK_STATUSES,
+    TURNS,
     QueuedMessage,
     QueuedMessageStatus,
     Subtask,
+    SubtaskKind,
     SubtaskStatus,
     Task,
     TaskStatus,
@@ -48,16 +50,22 @@ def refresh_task_status(*, task: Task) -> str:
 
 
 def _latest_round_statuses(*, task: Task) -> tuple[set[str], bool]:
-    """The statuses of the turns answering the task's latest USER message, and whether a
-    message is queued, in one query (every result report asks): on PostgreSQL the named
-    statement `latest_round_statuses`, elsewhere the ORM's query."""
+    """The statuses of the turns of the task's latest round, and whether a message is queued,
+    in one query (every result report asks): on PostgreSQL the named statement
+    `latest_round_statuses`, elsewhere the ORM's query.
+
+    The latest round is the one started last: the round of the task's highest-numbered
+    answer, since a round's answers are numbered when it starts, after every turn before
+    them. Not the round of the highest-numbered USER message: a steer that fell back to the
+    queue is a turn numbered when it was sent, and its round may start after rounds of later
+    messages (an `interrupt` sent meanwhile)."""
     if connection.vendor == "postgresql":
         rows = queries.fetch(
             "latest_round_statuses",
             {"task_id": task.pk},
             {
                 "assistant_role": Role.ASSISTANT.value,
-                "user_role": Role.USER.value,
+                "turn_kind": SubtaskKind.TURN.value,
                 "queued": QueuedMessageStatus.QUEUED.value,
             },
         )
@@ -69,9 +77,9 @@ def _latest_round_statuses(*, task: Task) -> tuple[set[str], bool]:
 def _latest_round_rows_by_orm(*, task: Task) -> list[tuple[str, bool]]:
     """`latest_round_statuses`' rows, by the ORM: SQLite's path and the statement's oracle."""
     latest = (
-        Subtask.objects.filter(task_id=task.pk, role=Role.USER, steered_into_message_id=None)
+        Subtask.objects.filter(TURNS, task_id=task.pk, role=Role.ASSISTANT)
         .order_by("-message_id")
-        .values("message_id")[:1]
+        .values("parent_message_id")[:1]
     )
     turns = Subtask.objects.filter(
         task_id=task.pk, role=Role.ASSISTANT, parent_message_id=Subquery(latest)
