@@ -177,7 +177,11 @@ def test_the_latest_round_is_the_one_started_last_not_the_newest_user_message(us
     )
     steer = send_message(task=task, message="steered", strategy="steer").steer
     assert steer is not None and steer.message.message_id == 3
-    settle_steers(worker_id="w1", results={(answer.pk, 1): {steer.pk: "finished"}})
+    with transaction.atomic():
+        locked = lock_task(task_id=task.pk)
+        settle_steers(
+            task=locked, target=Subtask.objects.get(pk=answer.pk), results={steer.pk: "finished"}
+        )
     Subtask.objects.filter(pk=answer.pk).update(status=SubtaskStatus.COMPLETED)
     interrupting = send_message(task=task, message="interrupting").turns
     assert [turn.message_id for turn in interrupting] == [4, 5]
