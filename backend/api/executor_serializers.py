@@ -116,7 +116,7 @@ class ProgressFields(StrictInput):
 
 
 class SteerResultInput(StrictInput):
-    steer_id = serializers.IntegerField(min_value=1)
+    steer_id = row_id_field()
     delivered = serializers.BooleanField(help_text="Whether the running agent received it.")
     refusal = serializers.ChoiceField(
         choices=steering.WORKER_REFUSALS,

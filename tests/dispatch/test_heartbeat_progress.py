@@ -240,6 +240,7 @@ def test_nul_and_lone_surrogates_in_progress_are_stored_not_refused(api, worker_
         ({"subtask_id": 2**64}, "turns.0.subtask_id"),
         ({"attempt": 2**31}, "turns.0.attempt"),
         ({"attempt": 2**64}, "turns.0.attempt"),
+        ({"steers": [{"steer_id": 2**64, "delivered": True}]}, "turns.0.steers.0.steer_id"),
     ],
 )
 def test_out_of_range_ids_are_a_400_naming_the_field(api, worker_api, ref, field):
