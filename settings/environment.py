@@ -18,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from backend.prompting.units import unbundled_encoding_reason
 from backend.tasks.follow_up_strategies import FollowUpStrategy
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -234,6 +235,14 @@ class BatonEnvironment(BaseModel):
             for name in self.model_fields_set
             if name.startswith("history_") and name != "history_enabled"
         )
+
+    @field_validator("history_token_encoding")
+    @classmethod
+    def _encoding_is_bundled(cls, value: str) -> str:
+        reason = unbundled_encoding_reason(value)
+        if reason is not None:
+            raise ValueError(reason)
+        return value
 
     @field_validator(
         "history_max_messages",

@@ -147,6 +147,13 @@ def _summary(fields: dict[str, list[str]]) -> str:
     return "Invalid input. " + " ".join(parts)
 
 
+def invalid_input_detail(detail: Any, *, prefix: str) -> str:
+    """What a 400 `invalid` body's `detail` would say of DRF's error `detail`, its fields named
+    under `prefix`: for a part of a request refused on its own (a claim's progress in a
+    batched heartbeat)."""
+    return _summary(_flatten(detail, prefix))
+
+
 def _error_headers(exc: BatonError) -> dict[str, str] | None:
     if isinstance(exc, RangeNotSatisfiable):
         return {"Content-Range": f"bytes */{exc.size_bytes}"}

@@ -6,6 +6,7 @@ download URLs (`artifact_serializers.ArtifactManifestEntryOutput`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -13,9 +14,16 @@ from rest_framework import serializers
 
 from backend import executor_kinds
 from backend.api.artifact_serializers import ArtifactManifestEntryOutput
-from backend.api.errors import ErrorOutput
+from backend.api.errors import ErrorOutput, invalid_input_detail
 from backend.api.links import artifact_download_urls
-from backend.api.serializers import ResultField, StrictInput, TextField, UsageFields
+from backend.api.serializers import (
+    ExecutorTextField,
+    ResultField,
+    StrictInput,
+    UsageFields,
+    attempt_field,
+    row_id_field,
+)
 from backend.artifacts.selectors import ManifestPart
 from backend.dispatch.claims import MAX_CLAIM_LIMIT
 from backend.dispatch.reports import REPORT_STATUSES
@@ -50,7 +58,7 @@ class DispatchInput(StrictInput):
 
 class ClaimInput(StrictInput):
     worker_id = serializers.CharField(max_length=200)
-    attempt = serializers.IntegerField(min_value=1)
+    attempt = attempt_field()
 
 
 class ClaimQuery(ClaimInput):
@@ -63,7 +71,7 @@ class ProgressFields(StrictInput):
     """A running turn's progress: events, and its partial answer whole or what it gained."""
 
     events = serializers.ListField(child=serializers.DictField(), default=list, max_length=1000)
-    partial_text = TextField(
+    partial_text = ExecutorTextField(
         required=False,
         allow_blank=True,
         trim_whitespace=False,
@@ -73,7 +81,7 @@ class ProgressFields(StrictInput):
             "when the worker does not know what Baton holds."
         ),
     )
-    partial_text_append = TextField(
+    partial_text_append = ExecutorTextField(
         required=False,
         allow_blank=True,
         trim_whitespace=False,
@@ -108,7 +116,7 @@ class ProgressFields(StrictInput):
 
 
 class SteerResultInput(StrictInput):
-    steer_id = serializers.IntegerField(min_value=1)
+    steer_id = row_id_field()
     delivered = serializers.BooleanField(help_text="Whether the running agent received it.")
     refusal = serializers.ChoiceField(
         choices=steering.WORKER_REFUSALS,
@@ -147,16 +155,34 @@ def steer_results(entries: list[dict[str, Any]]) -> dict[int, str | None]:
 
 
 class ClaimRef(StrictInput):
-    subtask_id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=1)
+    subtask_id = row_id_field()
+    attempt = attempt_field()
     steers = steer_results_field()
     progress = ProgressFields(
         required=False,
         help_text=(
             "The turn's progress since the last heartbeat, as a progress post would carry it; "
-            "its outcome comes back in the answer's `progress`."
+            "its outcome comes back in the answer's `progress` (code `invalid`, naming the "
+            "field, when it is not valid: the other claims' progress is stored all the same)."
         ),
     )
+
+    def to_internal_value(self, data: Any) -> Any:
+        """The claim, with its progress validated on its own: progress that is not valid is
+        refused in this claim's part of the answer (`progress_refused`, naming the field),
+        and neither fails the heartbeat nor keeps the other claims' progress from being
+        stored."""
+        if not isinstance(data, Mapping) or "progress" not in data:
+            return super().to_internal_value(data)
+        progress = data["progress"]
+        attrs = super().to_internal_value(
+            {name: value for name, value in data.items() if name != "progress"}
+        )
+        try:
+            attrs["progress"] = self.fields["progress"].run_validation(progress)
+        except serializers.ValidationError as error:
+            attrs["progress_refused"] = invalid_input_detail(error.detail, prefix="progress")
+        return attrs
 
 
 class HeartbeatInput(StrictInput):

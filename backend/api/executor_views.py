@@ -245,6 +245,15 @@ class HeartbeatBatchApi(ExecutorApi):
                 if "progress" in turn
             },
         )
+        progress.update(
+            {
+                (turn["subtask_id"], turn["attempt"]): reports.ProgressOutcome(
+                    stored=False, code="invalid", detail=turn["progress_refused"]
+                )
+                for turn in data["turns"]
+                if "progress_refused" in turn
+            }
+        )
         states = reports.heartbeat_claims(
             worker=worker,
             worker_id=data["worker_id"],

@@ -32,6 +32,7 @@ from backend.dispatch.policies import (
 )
 from backend.errors import InvalidInput, NotFound
 from backend.prompting.policy import CAP_RANGE, MAX_CAP, MAX_SUMMARY_THRESHOLD_TURNS
+from backend.prompting.units import ENCODINGS
 from backend.tasks.models import CONTEXT_PASSING_CHOICES, TASK_TYPE_PATTERN
 
 # How the default row (empty task type) is named in URLs.
@@ -117,7 +118,18 @@ class PolicyInput(StrictInput):
     per_message_max_chars = _optional_cap()
     max_tokens = _optional_cap()
     max_tokens_fraction = serializers.FloatField(required=False, allow_null=True)
-    token_encoding = serializers.CharField(required=False, max_length=64)
+    token_encoding = serializers.ChoiceField(
+        choices=ENCODINGS,
+        required=False,
+        help_text="A token encoding Baton bundles (nothing is downloaded at run time).",
+        error_messages={
+            "invalid_choice": (
+                "'{input}' is not a token encoding Baton bundles; use one of "
+                + ", ".join(ENCODINGS)
+                + "."
+            )
+        },
+    )
     keep_first_user_message = serializers.BooleanField(required=False)
     previous_result_max_chars = _optional_cap()
     current_message_max_chars = _optional_cap()

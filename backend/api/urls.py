@@ -18,6 +18,7 @@ from backend.api.errors import PathHoldsNul
 from backend.api.event_views import TaskEventsApi
 from backend.api.health_views import HealthApi
 from backend.api.prompt_report_views import PromptReportDetailApi
+from backend.api.serializers import MAX_ROW_ID
 
 
 class PathText(StringConverter):
@@ -30,9 +31,6 @@ class PathText(StringConverter):
 
 
 register_converter(PathText, "text")
-
-# The largest id a row can have (BigAutoField, a signed 64-bit integer).
-MAX_ROW_ID = 2**63 - 1
 
 
 class RowId(IntConverter):

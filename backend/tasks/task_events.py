@@ -42,6 +42,7 @@ from django.utils import timezone
 from backend import queries
 from backend.prompting import Role
 from backend.queries.rows import document
+from backend.tasks.ingestion import replace_unstorable_chars
 from backend.tasks.models import Subtask, SubtaskKind, SubtaskStatus, Task, TaskEvent, TaskStatus
 from backend.tasks.wakeups import EVENTS_CHANNEL, announce_events
 
@@ -308,10 +309,16 @@ def prune_progress(*, turns: Sequence[Subtask]) -> None:
 
 
 def _bounded(value: Any) -> Any:
+    """A streamed event as the log keeps it: strings cut, and NUL and lone surrogates in its
+    keys and strings shown as U+FFFD, as in a turn's history text (PostgreSQL's jsonb refuses
+    both; the turn's `progress_events` keep them)."""
     if isinstance(value, str):
-        return value[:EVENT_TEXT_CHARS]
+        return replace_unstorable_chars(value[:EVENT_TEXT_CHARS])[0]
     if isinstance(value, dict):
-        return {str(key)[:100]: _bounded(item) for key, item in list(value.items())[:50]}
+        return {
+            replace_unstorable_chars(str(key)[:100])[0]: _bounded(item)
+            for key, item in list(value.items())[:50]
+        }
     if isinstance(value, list):
         return [_bounded(item) for item in value[:50]]
     return value

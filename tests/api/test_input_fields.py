@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from backend.api.errors import RequestBodyNotAnObject
 from backend.api.executor_serializers import ProgressInput, ResultInput
+from backend.api.serializers import MessageInput, StrictInput, TextField
 
 GOOD = {
     "worker_id": "w",
@@ -73,16 +74,28 @@ def test_only_the_whole_body_must_be_an_object():
 )
 def test_a_text_field_refuses_lone_surrogates_as_drf_does(text, errors):
     """`TextField` answers what DRF's CharField answers, naming the first lone surrogate."""
-    body = {"worker_id": "w", "attempt": 1, "partial_text": text}
-    mine = ProgressInput(data=body)
-    drf = _DrfProgress(data=body)
+    body = {"text": text}
+    mine = _Text(data=body)
+    drf = _DrfText(data=body)
     assert mine.is_valid() is drf.is_valid() is (errors is None)
     if errors is not None:
-        assert mine.errors == drf.errors == {"partial_text": errors}
-        assert mine.errors["partial_text"][0].code == "surrogate_characters_not_allowed"
+        assert mine.errors == drf.errors == {"text": errors}
+        assert mine.errors["text"][0].code == "surrogate_characters_not_allowed"
 
 
-class _DrfProgress(ProgressInput):
-    partial_text = serializers.CharField(
-        required=False, allow_blank=True, trim_whitespace=False, allow_null=True
-    )
+class _Text(StrictInput):
+    text = TextField(allow_blank=True, trim_whitespace=False)
+
+
+class _DrfText(StrictInput):
+    text = serializers.CharField(allow_blank=True, trim_whitespace=False)
+
+
+@pytest.mark.parametrize("text", ["a lone \ud800 high surrogate", "a NUL \x00", "plain"])
+def test_an_executors_partial_answer_takes_what_an_agent_may_stream(text):
+    """A partial answer is an executor's text, as a result is: NUL and lone surrogates are
+    taken (the service stores them as U+FFFD), where a product's message refuses them."""
+    progress = ProgressInput(data={"worker_id": "w", "attempt": 1, "partial_text": text})
+    assert progress.is_valid(), progress.errors
+    assert progress.validated_data["partial_text"] == text
+    assert MessageInput(data={"message": text}).is_valid() is (text == "plain")

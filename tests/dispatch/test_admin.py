@@ -196,7 +196,7 @@ def test_add_refuses_a_task_type_that_is_not_a_slug(admin_client):
     [
         ({"max_tokens": 10}, "max_tokens", "must be at least 1024"),
         ({"max_messages": 0}, "max_messages", "positive"),
-        ({"token_encoding": "no_such_encoding"}, "token_encoding", "cannot be loaded"),
+        ({"token_encoding": "no_such_encoding"}, "token_encoding", "Select a valid choice"),
         (
             {"per_message_max_chars": 50_000},
             "per_message_max_chars",

@@ -129,6 +129,55 @@ def test_the_executors_overhead_is_learned_from_its_usage_reports(api, worker_ap
     assert bot.overhead_tokens == 9_000
 
 
+def _turn_reporting(api, worker_api, task_id, *, over_prompt: int) -> None:
+    """The task's next turn, answered with input tokens `over_prompt` above its prompt's."""
+    api.post(f"/api/tasks/{task_id}/messages/", {"message": "again"}, format="json")
+    [turn] = dispatch(worker_api)
+    usage = {"input_tokens": turn["prompt_report"]["tokens"] + over_prompt}
+    assert report(worker_api, turn, result={"value": "ok"}, usage=usage).status_code == 200
+
+
+def test_one_outlying_report_does_not_move_the_learned_overhead(api, worker_api):
+    task = create(api)
+    [turn] = dispatch(worker_api)
+    usage = {"input_tokens": turn["prompt_report"]["tokens"] + 9_000}
+    assert report(worker_api, turn, result={"value": "ok"}, usage=usage).status_code == 200
+    _turn_reporting(api, worker_api, task["id"], over_prompt=9_200)
+    # A report whose input is barely above the prompt (a stand-in model, usage gone wrong).
+    _turn_reporting(api, worker_api, task["id"], over_prompt=1)
+    assert Bot.objects.get(name="codex").overhead_tokens == 9_000
+    # One far above, as high as a report may go: not what the executor adds to one request.
+    _turn_reporting(api, worker_api, task["id"], over_prompt=999_000_000)
+    assert Bot.objects.get(name="codex").overhead_tokens == 9_000
+    api.post(f"/api/tasks/{task['id']}/messages/", {"message": "again"}, format="json")
+    [turn] = dispatch(worker_api)
+    row = PromptReport.objects.get(subtask_id=turn["subtask_id"])
+    assert (row.overhead_tokens, row.effective_max_tokens) == (9_000, 131_500)
+
+
+@pytest.mark.parametrize(
+    ("usage", "field"),
+    [
+        ({"input_tokens": 10**30}, "usage.input_tokens"),
+        ({"input_tokens": 3_000_000_000}, "usage.input_tokens"),
+        ({"output_tokens": 10**9 + 1}, "usage.output_tokens"),
+        ({"cached_input_tokens": 2**63}, "usage.cached_input_tokens"),
+        ({"cost_usd": 1e12}, "usage.cost_usd"),
+    ],
+)
+def test_usage_past_its_bound_is_a_400_naming_the_field(api, worker_api, usage, field):
+    create(api)
+    [turn] = dispatch(worker_api)
+    response = report(worker_api, turn, result={"value": "fixed"}, usage=usage)
+    assert response.status_code == 400, response.json()
+    assert list(response.json()["fields"]) == [field]
+    assert Subtask.objects.get(pk=turn["subtask_id"]).status == "RUNNING"  # nothing lost
+    assert Bot.objects.get(name="codex").overhead_tokens is None
+    bounded = {"input_tokens": 10**9, "output_tokens": 10**9, "cost_usd": 1e6}
+    response = report(worker_api, turn, result={"value": "fixed"}, usage=bounded)
+    assert response.status_code == 200, response.json()
+
+
 def test_a_failed_turn_teaches_no_overhead(api, worker_api):
     create(api)
     [turn] = dispatch(worker_api)

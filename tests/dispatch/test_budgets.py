@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from backend.dispatch.budgets import (
     DEFAULT_OVERHEAD_TOKENS,
     ModelWindow,
     effective_max_tokens,
-    learn_overhead,
+    learned_overhead,
     model_windows_for,
     output_reserve,
 )
@@ -222,26 +224,54 @@ def test_a_model_the_table_does_not_list_is_counted_with_the_policys_encoding_as
 # --- the overhead learned from usage ------------------------------------------------------------
 
 
-@pytest.mark.django_db
-def test_the_smallest_overhead_seen_is_kept():
-    bot = Bot.objects.get(name="codex")
-    assert bot.overhead_tokens is None
-    assert learn_overhead(bot=bot, input_tokens=21_000, prompt_tokens=3_000)
-    assert not learn_overhead(bot=bot, input_tokens=40_000, prompt_tokens=3_000)  # a tool loop
-    assert learn_overhead(bot=bot, input_tokens=15_000, prompt_tokens=3_000)
-    bot.refresh_from_db()
-    assert bot.overhead_tokens == 12_000
-    [codex] = model_windows_for([bot]).values()
-    assert (codex.overhead_tokens, codex.overhead_learned) == (12_000, True)
+@pytest.mark.parametrize(
+    ("readings", "ceiling", "overhead"),
+    [
+        ([], 100_000, None),
+        ([12_000], 100_000, 12_000),
+        ([18_000, 40_000], 100_000, 18_000),  # a tool loop reads high
+        ([12_000, 40_000, 12_300], 100_000, 12_300),
+        # One reading far below the rest, or far above, does not set it.
+        ([12_000, 1, 12_200, 60_000], 100_000, 12_000),
+        ([12_000, 12_100, 60_000, 90_000], 100_000, 12_100),
+        ([12_000, 12_100, 2_000_000_000], 100_000, 12_000),  # past the ceiling: left out
+        # Readings that are no overhead: not above the prompt, or past the ceiling.
+        ([0, -5, 250_000], 100_000, None),
+        ([250_000, 9_000], 100_000, 9_000),
+    ],
+)
+def test_the_overhead_is_about_the_smallest_reading(readings, ceiling, overhead):
+    assert learned_overhead(readings, ceiling=ceiling) == overhead
 
 
-@pytest.mark.django_db
-@pytest.mark.parametrize("input_tokens", [None, "12000", True, 3_000, 2_999])
-def test_usage_that_does_not_exceed_the_prompt_teaches_nothing(input_tokens):
-    bot = Bot.objects.get(name="codex")
-    assert not learn_overhead(bot=bot, input_tokens=input_tokens, prompt_tokens=3_000)
-    bot.refresh_from_db()
-    assert bot.overhead_tokens is None
+def _normal_readings(overhead: int) -> st.SearchStrategy[list[int]]:
+    """A bot's readings: turns of one model request (its overhead, give or take 5 %: the
+    counted prompt is not the model's) and tool loops (several requests: more)."""
+    single = st.integers(overhead, overhead + overhead // 20)
+    loop = st.integers(overhead, 2_000_000)
+    return st.tuples(st.lists(single, min_size=2, max_size=30), st.lists(loop, max_size=20)).map(
+        lambda parts: parts[0] + parts[1]
+    )
+
+
+@given(
+    data=st.data(),
+    overhead=st.integers(1_000, 60_000),
+    outlier=st.integers(-(10**9), 10**9),
+)
+def test_one_outlier_among_normal_reports_moves_the_overhead_by_a_small_margin(
+    data, overhead, outlier
+):
+    readings = data.draw(_normal_readings(overhead))
+    position = data.draw(st.integers(0, len(readings)))
+    with_outlier = [*readings[:position], outlier, *readings[position:]]
+    ceiling = 500_000  # half a 1M window
+    normal = learned_overhead(readings, ceiling=ceiling)
+    moved = learned_overhead(with_outlier, ceiling=ceiling)
+    assert normal is not None and moved is not None
+    margin = overhead // 20
+    assert overhead <= moved <= overhead + margin
+    assert abs(moved - normal) <= margin
 
 
 @pytest.mark.parametrize(

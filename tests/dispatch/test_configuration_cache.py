@@ -9,7 +9,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from backend.configuration_cache import MAX_READS, ConfigurationReads
-from backend.dispatch.budgets import learn_overhead
+from backend.dispatch.budgets import set_learned_overhead
 from backend.dispatch.claims import claim_turns
 from backend.dispatch.models import ConfigurationVersion, HistoryPolicy
 from backend.dispatch.policies import save_policy
@@ -174,10 +174,10 @@ def test_a_write_that_changes_no_row_keeps_the_version(coder):
     coder.overhead_tokens = 500
     coder.save()
     version = _version()
-    # A larger overhead teaches nothing: the UPDATE matches no row.
-    assert learn_overhead(bot=coder, input_tokens=10_600, prompt_tokens=10_000) is False
+    # The overhead it holds already: the UPDATE matches no row.
+    assert set_learned_overhead(bot=coder, overhead=500) is False
     assert _version() == version
-    assert learn_overhead(bot=coder, input_tokens=10_100, prompt_tokens=10_000) is True
+    assert set_learned_overhead(bot=coder, overhead=100) is True
     assert _version() != version
 
 

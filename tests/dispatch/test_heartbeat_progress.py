@@ -4,6 +4,7 @@ buffer settles every outcome so that Baton holds exactly what it sent."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -123,21 +124,146 @@ def test_a_cancelled_or_foreign_claim_stores_nothing(api, worker_api, other_work
 @pytest.mark.parametrize(
     ("progress", "field"),
     [
-        ({"partial_text_append": "x"}, "turns.0.progress.partial_text_offset"),
-        ({"partial_text_offset": 0}, "turns.0.progress.partial_text_append"),
+        ({"partial_text_append": "x"}, "progress.partial_text_offset"),
+        ({"partial_text_offset": 0}, "progress.partial_text_append"),
         (
             {"partial_text": "x", "partial_text_append": "x", "partial_text_offset": 0},
-            "turns.0.progress.partial_text",
+            "progress.partial_text",
         ),
-        ({"events": "x"}, "turns.0.progress.events"),
-        ({"surprise": 1}, "turns.0.progress.surprise"),
+        ({"events": "x"}, "progress.events"),
+        ({"surprise": 1}, "progress.surprise"),
+        ({"partial_text": 5}, "progress.partial_text"),
     ],
 )
-def test_progress_input_errors_name_the_field_and_store_nothing(api, worker_api, progress, field):
-    first, _ = two_turns(api, worker_api)
-    body = heartbeat(worker_api, claim(first, **progress), status=400)
-    assert field in body["fields"], body
+def test_a_claims_invalid_progress_is_refused_in_its_part_and_the_others_are_stored(
+    api, worker_api, progress, field
+):
+    first, second = two_turns(api, worker_api)
+    answer = heartbeat(
+        worker_api,
+        claim(first, **progress),
+        claim(second, partial_text="Bonjour", events=[{"type": "tool_started"}]),
+    )
+    refused = answer[first["subtask_id"]]
+    assert refused["state"] == "running"  # its lease is kept all the same
+    assert (refused["progress"]["stored"], refused["progress"]["code"]) == (False, "invalid")
+    assert f"{field}: " in refused["progress"]["detail"], refused["progress"]
     assert stored(first) == ""
+    assert Subtask.objects.get(pk=first["subtask_id"]).progress_events is None
+    assert answer[second["subtask_id"]]["progress"]["stored"] is True
+    assert stored(second) == "Bonjour"
+
+
+def test_progress_that_is_not_an_object_is_refused_in_its_claims_part(api, worker_api):
+    first, second = two_turns(api, worker_api)
+    body = {
+        "worker_id": "w1",
+        "turns": [
+            {"subtask_id": first["subtask_id"], "attempt": 1, "progress": "x"},
+            claim(second, partial_text="ok"),
+        ],
+    }
+    response = worker_api.post("/api/executor/heartbeat/", body, format="json")
+    assert response.status_code == 200, response.json()
+    refused, fine = response.json()["turns"]
+    assert refused["progress"]["code"] == "invalid"
+    assert "progress: " in refused["progress"]["detail"]
+    assert fine["progress"]["stored"] is True
+    assert stored(second) == "ok"
+
+
+def post_json(worker_api, path: str, body: dict[str, Any]):
+    """POST `body` as JSON text with lone surrogates as `\\udXXX` escapes (as a worker's JSON
+    encoder writes them; the test client would fail to encode them as UTF-8)."""
+    return worker_api.post(path, json.dumps(body), content_type="application/json")
+
+
+def test_nul_and_lone_surrogates_in_progress_are_stored_not_refused(api, worker_api):
+    first, second = two_turns(api, worker_api)
+    events = [{"type": "tool_output", "text": "bin\x00ary \ud83d cut", "k\x00\udc00": ["\x00"]}]
+    response = post_json(
+        worker_api,
+        "/api/executor/heartbeat/",
+        {
+            "worker_id": "w1",
+            "turns": [
+                claim(first, partial_text="a\x00b\ud800c", events=events),
+                claim(second, partial_text="Bonjour"),
+            ],
+        },
+    )
+    assert response.status_code == 200, response.content
+    answer = {turn["subtask_id"]: turn for turn in response.json()["turns"]}
+    assert answer[first["subtask_id"]]["progress"]["stored"] is True
+    # One code point for one: the worker's offsets stay right.
+    assert answer[first["subtask_id"]]["progress"]["partial_text_chars"] == 5
+    assert stored(first) == "a\ufffdb\ufffdc"
+    assert stored(second) == "Bonjour"
+    # The turn keeps the events as sent (a lossless text column) ...
+    assert Subtask.objects.get(pk=first["subtask_id"]).progress_events == events
+    # ... and the task's event log (jsonb on PostgreSQL) shows them as U+FFFD.
+    logged = TaskEvent.objects.get(task_id=first["task_id"], type="turn.progress")
+    assert logged.data["events"] == [
+        {"type": "tool_output", "text": "bin\ufffdary \ufffd cut", "k\ufffd\ufffd": ["\ufffd"]}
+    ]
+    assert logged.data["text"] == "a\ufffdb\ufffdc"
+    # An append, and a progress post of its own, take them too.
+    response = post_json(
+        worker_api,
+        "/api/executor/heartbeat/",
+        {
+            "worker_id": "w1",
+            "turns": [claim(first, partial_text_append="\x00", partial_text_offset=5)],
+        },
+    )
+    assert response.json()["turns"][0]["progress"]["partial_text_chars"] == 6
+    response = post_json(
+        worker_api,
+        f"/api/executor/subtasks/{second['subtask_id']}/progress/",
+        {
+            "worker_id": "w1",
+            "attempt": second["attempt"],
+            "events": [{"\x00": "\udfff"}],
+            "partial_text_append": "\ud800!",
+            "partial_text_offset": 7,
+        },
+    )
+    assert response.status_code == 200, response.content
+    assert stored(first) == "a\ufffdb\ufffdc\ufffd"
+    assert stored(second) == "Bonjour\ufffd!"
+
+
+@pytest.mark.parametrize(
+    ("ref", "field"),
+    [
+        ({"subtask_id": 2**63}, "turns.0.subtask_id"),
+        ({"subtask_id": 2**64}, "turns.0.subtask_id"),
+        ({"attempt": 2**31}, "turns.0.attempt"),
+        ({"attempt": 2**64}, "turns.0.attempt"),
+        ({"steers": [{"steer_id": 2**64, "delivered": True}]}, "turns.0.steers.0.steer_id"),
+    ],
+)
+def test_out_of_range_ids_are_a_400_naming_the_field(api, worker_api, ref, field):
+    first, second = two_turns(api, worker_api)
+    body = heartbeat(
+        worker_api,
+        {**claim(first, partial_text="x"), **ref},
+        claim(second, partial_text="y"),
+        status=400,
+    )
+    assert field in body["fields"], body
+    assert (stored(first), stored(second)) == ("", "")
+
+
+def test_an_out_of_range_attempt_in_a_progress_post_is_a_400_naming_it(api, worker_api):
+    first, _ = two_turns(api, worker_api)
+    response = worker_api.post(
+        f"/api/executor/subtasks/{first['subtask_id']}/progress/",
+        {"worker_id": "w1", "attempt": 2**64, "partial_text": "x"},
+        format="json",
+    )
+    assert response.status_code == 400, response.json()
+    assert "attempt" in response.json()["fields"]
 
 
 def test_each_claim_is_named_once(api, worker_api):

@@ -52,7 +52,7 @@ def test_default_row_by_name(staff_api):
         ({"max_tokens": 100}, "max_tokens", "at least 1024"),
         ({"max_tokens_fraction": 0}, "max_tokens_fraction", "at most 1"),
         ({"max_tokens_fraction": 1.5}, "max_tokens_fraction", "at most 1"),
-        ({"token_encoding": "nope"}, "token_encoding", "cannot be loaded"),
+        ({"token_encoding": "nope"}, "token_encoding", "not a token encoding Baton bundles"),
         ({"max_messages": -1}, "max_messages", "positive"),
         ({"context_passing": "everything"}, "context_passing", "not a valid choice"),
         ({"max_mesages": 3}, "max_mesages", "Unknown field"),

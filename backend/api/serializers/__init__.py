@@ -16,7 +16,15 @@ from backend.api.serializers.inputs import (
 )
 from backend.api.serializers.pages import PAGE_PARAMETERS, page_of
 from backend.api.serializers.reports import PromptReportLinkOutput, PromptReportOutput
-from backend.api.serializers.strict import StrictInput, StrictQuery, TextField
+from backend.api.serializers.strict import (
+    MAX_ROW_ID,
+    ExecutorTextField,
+    StrictInput,
+    StrictQuery,
+    TextField,
+    attempt_field,
+    row_id_field,
+)
 from backend.api.serializers.tasks import (
     BotOutput,
     PipelineStepOutput,
@@ -39,12 +47,14 @@ from backend.api.serializers.turns import (
 )
 
 __all__ = [
+    "MAX_ROW_ID",
     "PAGE_PARAMETERS",
     "RESULT_SCHEMA",
     "SPILLED_TEXT_SCHEMA",
     "TEXT_OR_SPILLED_SCHEMA",
     "BotOutput",
     "CancelQuery",
+    "ExecutorTextField",
     "HistoryMeasureOutput",
     "MessageInput",
     "PipelineInput",
@@ -68,6 +78,8 @@ __all__ = [
     "TurnListQuery",
     "TurnPageOutput",
     "UsageFields",
+    "attempt_field",
     "label_name_field",
     "page_of",
+    "row_id_field",
 ]

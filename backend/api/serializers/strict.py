@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from django.core.validators import ProhibitNullCharactersValidator
 from rest_framework import serializers
 from rest_framework.fields import empty
 from rest_framework.settings import api_settings
@@ -85,6 +86,22 @@ class StrictQuery(StrictInput):
         return super().to_internal_value(data)
 
 
+# The largest id a row can have (BigAutoField, a signed 64-bit integer): a larger one names no
+# row, and the database could not even compare it.
+MAX_ROW_ID = 2**63 - 1
+# The largest attempt number a turn can have (`Subtask.attempts`, a PositiveIntegerField).
+MAX_ATTEMPT = 2**31 - 1
+
+
+def row_id_field(**kwargs: Any) -> serializers.IntegerField:
+    """A row's id in a request body: a 400 naming the field past MAX_ROW_ID, not a 500."""
+    return serializers.IntegerField(min_value=1, max_value=MAX_ROW_ID, **kwargs)
+
+
+def attempt_field(**kwargs: Any) -> serializers.IntegerField:
+    return serializers.IntegerField(min_value=1, max_value=MAX_ATTEMPT, **kwargs)
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -109,3 +126,19 @@ def _no_lone_surrogate(value: str) -> None:
     if found is not None:
         message = ProhibitSurrogateCharactersValidator.message.format(code_point=ord(found[0]))
         raise serializers.ValidationError(message, code=ProhibitSurrogateCharactersValidator.code)
+
+
+class ExecutorTextField(TextField):
+    """A text an executor emitted (its partial answer): NUL and lone surrogates are taken, as in
+    a result, since binary tool output and a cut emoji are what an agent may legitimately
+    stream. The service stores them as U+FFFD (`ingestion.replace_unstorable_chars`), one code
+    point for one, so lengths and offsets stay the worker's."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validators = [
+            validator
+            for validator in self.validators
+            if not isinstance(validator, ProhibitNullCharactersValidator)
+            and validator is not _no_lone_surrogate
+        ]

@@ -63,26 +63,33 @@ class ResultField(serializers.JSONField):
     pass
 
 
+# What one turn may report: far past any model's window summed over a long agent loop, yet
+# what the columns that keep a figure (a native session's context tokens) and the budget's
+# arithmetic hold. A larger figure is a report gone wrong: a 400 naming the field.
+MAX_USAGE_TOKENS = 10**9
+MAX_USAGE_COST_USD = 10**6
+
+
+def _usage_tokens(help_text: str) -> serializers.IntegerField:
+    return serializers.IntegerField(
+        min_value=0, max_value=MAX_USAGE_TOKENS, required=False, help_text=help_text
+    )
+
+
 class UsageFields(StrictInput):
     """Token usage of one turn (never cumulative over a native session), and cost when known."""
 
-    input_tokens = serializers.IntegerField(
-        min_value=0, required=False, help_text="Every input token, cached ones included."
-    )
-    cached_input_tokens = serializers.IntegerField(
-        min_value=0, required=False, help_text="Of input_tokens: read from a prompt cache."
-    )
-    cache_write_input_tokens = serializers.IntegerField(
-        min_value=0, required=False, help_text="Of input_tokens: written to a prompt cache."
-    )
-    output_tokens = serializers.IntegerField(
-        min_value=0, required=False, help_text="Every output token, reasoning included."
-    )
-    reasoning_tokens = serializers.IntegerField(
-        min_value=0, required=False, help_text="Of output_tokens: spent on reasoning."
-    )
+    input_tokens = _usage_tokens("Every input token, cached ones included.")
+    cached_input_tokens = _usage_tokens("Of input_tokens: read from a prompt cache.")
+    cache_write_input_tokens = _usage_tokens("Of input_tokens: written to a prompt cache.")
+    output_tokens = _usage_tokens("Every output token, reasoning included.")
+    reasoning_tokens = _usage_tokens("Of output_tokens: spent on reasoning.")
     cost_usd = serializers.FloatField(
-        min_value=0, required=False, allow_null=True, help_text="Cost in US dollars, when known."
+        min_value=0,
+        max_value=MAX_USAGE_COST_USD,
+        required=False,
+        allow_null=True,
+        help_text="Cost in US dollars, when known.",
     )
     model = serializers.CharField(
         max_length=200, required=False, help_text="The model that served the turn."
