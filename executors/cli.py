@@ -66,6 +66,14 @@ def uses_standin(settings: WorkerSettings, kind: str) -> bool:
     return not settings.provider(KINDS[kind].provider).configured
 
 
+def endpoint_source(settings: WorkerSettings, kind: str) -> str:
+    """Where `kind`'s model calls go, as the log says it: `standin`, `configured` (the
+    provider's base URL variable) or `default` (the provider's own API)."""
+    if uses_standin(settings, kind):
+        return "standin"
+    return "configured" if settings.provider(KINDS[kind].provider).base_url else "default"
+
+
 def locate_adapters(kinds: Sequence[str]) -> dict[str, ExecutorAdapter]:
     """Find every executor once, at start; ExecutorUnavailable names what is missing."""
     adapters = {}
@@ -130,9 +138,8 @@ def _serve(settings: WorkerSettings, identity: WorkerIdentity) -> int:
                     {
                         "event": "executor_ready",
                         "kind": kind,
-                        "model_endpoint": "stand-in model"
-                        if uses_standin(settings, kind)
-                        else (endpoints[kind].base_url or "provider default"),
+                        # Which endpoint, never its URL: one may carry credentials.
+                        "model_endpoint": endpoint_source(settings, kind),
                     }
                 )
             )
