@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -22,8 +23,15 @@ from executors.adapters import adapter_for
 from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, ModelEndpoint
 from executors.client import BackendClient
 from executors.config import ConfigurationError, StandinMode, WorkerSettings, load_settings
+from executors.credentials import (
+    CredentialProxy,
+    ProxiedEndpoint,
+    hand_off_keys,
+    take_handed_keys,
+    upstream_for_provider,
+)
 from executors.identity import WorkerIdentity, claim_workspace_root
-from executors.kinds import KINDS
+from executors.kinds import KINDS, PROVIDERS
 from executors.logs import configure_logging
 from executors.standin import ModelServer
 from executors.worker import Worker
@@ -66,6 +74,14 @@ def uses_standin(settings: WorkerSettings, kind: str) -> bool:
     return not settings.provider(KINDS[kind].provider).configured
 
 
+def endpoint_source(settings: WorkerSettings, kind: str) -> str:
+    """Where `kind`'s model calls go, as the log says it: `standin`, `configured` (the
+    provider's base URL variable) or `default` (the provider's own API)."""
+    if uses_standin(settings, kind):
+        return "standin"
+    return "configured" if settings.provider(KINDS[kind].provider).base_url else "default"
+
+
 def locate_adapters(kinds: Sequence[str]) -> dict[str, ExecutorAdapter]:
     """Find every executor once, at start; ExecutorUnavailable names what is missing."""
     adapters = {}
@@ -84,8 +100,17 @@ def locate_adapters(kinds: Sequence[str]) -> dict[str, ExecutorAdapter]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The worker program; `argv` None: this process's own arguments. Started with provider
+    keys in its environment, the program re-executes itself without them first
+    (`executors.credentials`: no process an agent can read holds a key)."""
+    if argv is None:
+        hand_off_keys(sys.orig_argv, os.environ)
+    keys = take_handed_keys(os.environ)
+    for provider in PROVIDERS:  # started by a caller (argv given): gone from here on at least
+        if (key := os.environ.pop(provider.api_key_variable, None)) is not None:
+            keys.setdefault(provider.api_key_variable, key)
     try:
-        settings = load_settings(argv)
+        settings = load_settings(argv, {**os.environ, **keys})
     except ConfigurationError as error:
         print(f"baton-executor: {error}", file=sys.stderr)
         return 2
@@ -122,17 +147,29 @@ def _serve(settings: WorkerSettings, identity: WorkerIdentity) -> int:
     standin = None
     if any(uses_standin(settings, kind) for kind in settings.kinds):
         standin = ModelServer(keep_requests=False).start()
+    proxy = None
     try:
-        endpoints = model_endpoints(settings, standin_url=standin.url if standin else None)
+        direct = model_endpoints(settings, standin_url=standin.url if standin else None)
+        proxy = CredentialProxy(
+            {
+                kind: upstream_for_provider(
+                    KINDS[kind].provider, base_url=endpoint.base_url, api_key=endpoint.api_key
+                )
+                for kind, endpoint in direct.items()
+            }
+        ).start()
+        endpoints: dict[str, ModelEndpoint] = {
+            kind: ProxiedEndpoint(max_retries=endpoint.max_retries, proxy=proxy, route=kind)
+            for kind, endpoint in direct.items()
+        }
         for kind in settings.kinds:
             logger.info(
                 json.dumps(
                     {
                         "event": "executor_ready",
                         "kind": kind,
-                        "model_endpoint": "stand-in model"
-                        if uses_standin(settings, kind)
-                        else (endpoints[kind].base_url or "provider default"),
+                        # Which endpoint, never its URL: one may carry credentials.
+                        "model_endpoint": endpoint_source(settings, kind),
                     }
                 )
             )
@@ -145,5 +182,7 @@ def _serve(settings: WorkerSettings, identity: WorkerIdentity) -> int:
             return 0  # stopped before the backend answered
         return worker.run()
     finally:
+        if proxy is not None:
+            proxy.stop()
         if standin is not None:
             standin.stop()

@@ -25,6 +25,7 @@ as a stream of UTF-8 (`upload_value`) and the report names it by its sha256 (`re
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import random
 import re
@@ -52,6 +53,9 @@ VALUE_UPLOAD_MIN_BYTES = 1 << 20
 _ENCODE_CHUNK_CHARS = 1 << 18
 # What an uploaded value cannot hold: NUL (Baton refuses it there) and lone surrogates (not UTF-8).
 _NOT_UPLOADABLE = re.compile("[\x00\ud800-\udfff]")
+# A surrogate code point in a str is one that no UTF-8 can carry (a pair stands for one
+# character only in UTF-16): what an executor's JSON may hand the worker (`"\ud800"`).
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _T = TypeVar("_T")
 # Waiting for the backend at start: silent this long (a server beside the worker is starting),
 # then one line; the pause between tries grows to HEALTH_MAX_PAUSE_SECONDS.
@@ -364,9 +368,15 @@ class BackendClient:
         client's own for this call; see `_with_retries` for `give_up`."""
         client = http or self._http
 
+        content = json_body(body)
+
         def attempt() -> Any:
             response = client.post(
-                path, json=body, timeout=timeout or client.timeout, extensions=extensions
+                path,
+                content=content,
+                headers={"Content-Type": "application/json"},
+                timeout=timeout or client.timeout,
+                extensions=extensions,
             )
             _raise_for(response)
             return response.json()
@@ -479,6 +489,17 @@ def uploads_value(value: object) -> bool:
         len(value) > VALUE_UPLOAD_MIN_BYTES
         or sum(len(chunk) for chunk in _utf8_chunks(value)) > VALUE_UPLOAD_MIN_BYTES
     )
+
+
+def json_body(body: Any) -> bytes:
+    """`body` as the UTF-8 JSON of a request: the one place the worker serializes what it sends.
+
+    Whatever text an executor emitted can be sent: a lone surrogate, which UTF-8 cannot encode
+    (it made the encoder raise, and killed the thread that sent it), becomes U+FFFD; NUL and
+    other control characters are escaped by JSON itself (`\\u0000`), so they arrive as sent.
+    """
+    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _SURROGATE.sub("\ufffd", text).encode("utf-8")
 
 
 def _utf8_chunks(value: str) -> Iterator[bytes]:

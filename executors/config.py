@@ -5,8 +5,9 @@ the worker reads a `WorkerSettings` and never `os.environ`. Model endpoints and 
 ecosystem's own variable names — `OPENAI_BASE_URL` / `OPENAI_API_KEY` for Codex and Agno,
 `ANTHROPIC_BASE_URL` / `ANTHROPIC_API_KEY` for Claude Code, each kind's provider in
 `executors.kinds` — so a worker machine set up for those tools needs nothing new. Keys stay on
-the worker: they never travel through the backend and are never logged (they are excluded from
-every repr).
+the worker: they never travel through the backend, are never logged (they are excluded from
+every repr) and never reach an executor (`executors.credentials`: a worker started with them
+re-executes itself without them, and executors get a per-run token for its proxy).
 """
 
 from __future__ import annotations

@@ -29,6 +29,12 @@ class Provider:
     # What follows the stand-in's URL in the base URL an executor is given: OpenAI clients
     # expect `/v1` in it, Anthropic clients append `/v1/messages` themselves.
     standin_path: str
+    # The provider's own API, when no base URL is configured.
+    default_base_url: str
+    # How a request carries the key: "authorization" (a Bearer token) or "x-api-key".
+    key_header: str
+    # Whether its clients append `/v1` to the base URL themselves (Anthropic's do).
+    clients_append_v1: bool = False
 
 
 OPENAI = Provider(
@@ -36,12 +42,17 @@ OPENAI = Provider(
     base_url_variable="OPENAI_BASE_URL",
     api_key_variable="OPENAI_API_KEY",
     standin_path="/v1",
+    default_base_url="https://api.openai.com/v1",
+    key_header="authorization",
 )
 ANTHROPIC = Provider(
     name="anthropic",
     base_url_variable="ANTHROPIC_BASE_URL",
     api_key_variable="ANTHROPIC_API_KEY",
     standin_path="",
+    default_base_url="https://api.anthropic.com",
+    key_header="x-api-key",
+    clients_append_v1=True,
 )
 PROVIDERS: tuple[Provider, ...] = (OPENAI, ANTHROPIC)
 

@@ -280,12 +280,15 @@ class TurnRun:
         tmp_dir = self.state_root / "tmp" / tmp_name
         os.close(open_directory(self.state_root, f"tmp/{tmp_name}", create=True))
         try:
-            return self._execute_in(
-                workspace=workspace,
-                tmp_dir=tmp_dir,
-                prompt=prompt,
-                resume_session_id=resume_session_id,
-            )
+            # A key of the run's own, revoked once the run and what it left have ended.
+            with self.endpoint.for_run() as endpoint:
+                return self._execute_in(
+                    workspace=workspace,
+                    tmp_dir=tmp_dir,
+                    prompt=prompt,
+                    resume_session_id=resume_session_id,
+                    endpoint=endpoint,
+                )
         finally:
             self.executor_done = True
             with suppress(OSError):
@@ -297,7 +300,13 @@ class TurnRun:
                     os.close(tmp_root)
 
     def _execute_in(
-        self, *, workspace: Path, tmp_dir: Path, prompt: str, resume_session_id: str | None
+        self,
+        *,
+        workspace: Path,
+        tmp_dir: Path,
+        prompt: str,
+        resume_session_id: str | None,
+        endpoint: ModelEndpoint,
     ) -> tuple[Outcome | None, int | None]:
         config = self.turn.bot_config
         state_dir = self.state_root / self.adapter.kind
@@ -315,7 +324,7 @@ class TurnRun:
             workspace=workspace,
             state_dir=state_dir,
             tmp_dir=tmp_dir,
-            endpoint=self.endpoint,
+            endpoint=endpoint,
             resume_session_id=resume_session_id,
             passthrough_env=self.passthrough_env,
         )

@@ -247,16 +247,25 @@ class Worker:
     # -- supervision ------------------------------------------------------------------------
 
     def _supervise(self) -> None:
+        """Until the worker has finished: timeouts, heartbeats, cancels and steers. Nothing
+        one round meets ends the thread — without it no lease is renewed and no cancel or
+        timeout reaches a run — so a round that fails is logged (its error's type only: its
+        text may quote what an executor said) and the next one goes on."""
         next_check = 0.0
         while not self._finished.is_set():
             now = time.monotonic()
-            runs = self._current_runs()
-            for run in runs:
-                if now > run.deadline:
-                    run.request_stop(TIMEOUT)
-            if runs and now >= next_check:
-                next_check = now + self.settings.claim_check_seconds
-                self._check_claims(runs, now)
+            try:
+                runs = self._current_runs()
+                for run in runs:
+                    if now > run.deadline:
+                        run.request_stop(TIMEOUT)
+                if runs and now >= next_check:
+                    next_check = now + self.settings.claim_check_seconds
+                    self._check_claims(runs, now)
+            except Exception as error:  # noqa: BLE001 - the supervisor must outlive any round
+                logger.error(
+                    json.dumps({"event": "supervisor_round_failed", "error_type": _type(error)})
+                )
             self._finished.wait(SUPERVISOR_TICK_SECONDS)
 
     def _check_claims(self, runs: list[TurnRun], now: float) -> None:
@@ -286,8 +295,13 @@ class Worker:
                 progress={run.claim: batch.to_json() for run, batch in carried},
                 steers=steers,
             )
-        except BackendError as error:
-            logger.warning(json.dumps({"event": "heartbeat_failed", "status": error.status}))
+        except Exception as error:  # noqa: BLE001 - the next heartbeat sends the progress again
+            status = error.status if isinstance(error, BackendError) else None
+            logger.warning(
+                json.dumps(
+                    {"event": "heartbeat_failed", "status": status, "error_type": _type(error)}
+                )
+            )
             for run, batch in carried:
                 run.progress.refused(batch)
             states = []
@@ -338,3 +352,8 @@ class Worker:
                     }
                 )
             )
+
+
+def _type(error: BaseException) -> str:
+    """What a log line says of an error: its type's name, never its text."""
+    return type(error).__name__

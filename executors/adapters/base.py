@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -44,6 +45,11 @@ class ModelEndpoint:
     api_key: str | None = field(default=None, repr=False)
     # Retries inside the executor for one model call; Baton retries whole turns itself.
     max_retries: int = 2
+
+    def for_run(self) -> AbstractContextManager[ModelEndpoint]:
+        """The endpoint one run is given, for as long as it runs: this one here; through the
+        worker's credential proxy, one with a key of the run's own (`executors.credentials`)."""
+        return nullcontext(self)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from executors.standin import anthropic_messages, openai_chat, openai_responses
 from executors.standin.answer import earlier_answers, extract_prompt, standin_answer
 from executors.standin.errors import anthropic_error, openai_error
 from executors.standin.script import ScriptError, Turn, parse_turns
-from executors.standin.wire import IdSource, JsonReply, Reply, StreamReply
+from executors.standin.wire import IdSource, JsonReply, Reply, StreamReply, json_bytes
 
 _Render = Callable[[Turn, dict[str, Any], IdSource], Reply]
 _RENDERERS: dict[str, _Render] = {
@@ -410,7 +410,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, reply: Reply) -> None:
         if isinstance(reply, JsonReply):
-            payload = json.dumps(reply.body, ensure_ascii=False).encode()
+            payload = json_bytes(json.dumps(reply.body, ensure_ascii=False))
             self.send_response(reply.status)
             self.send_header("content-type", "application/json")
             self.send_header("content-length", str(len(payload)))

@@ -29,7 +29,13 @@ class SseEvent:
 
     def encode(self) -> bytes:
         head = f"event: {self.event}\n" if self.event is not None else ""
-        return f"{head}data: {self.data}\n\n".encode()
+        return json_bytes(f"{head}data: {self.data}\n\n")
+
+
+def json_bytes(text: str) -> bytes:
+    """UTF-8 of text holding JSON: a lone surrogate in a scripted answer, which UTF-8 cannot
+    carry, goes as its JSON escape (`\\ud800`), as a provider sends one."""
+    return text.encode("utf-8", "backslashreplace")
 
 
 def sse(event_type: str, payload: dict[str, Any]) -> SseEvent:

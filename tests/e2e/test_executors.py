@@ -159,6 +159,31 @@ def test_an_http_500_is_retried_and_then_succeeds(kind, baton, model_server, tmp
     assert (turn["error"], turn["error_code"]) == ("", "")
 
 
+# Codex is not among them: its JSON parser refuses a stream that holds a lone surrogate.
+@pytest.mark.parametrize("kind", ["claude_code", "agno"])
+def test_a_lone_surrogate_in_the_models_answer_is_recorded_as_u_fffd(
+    kind, baton, model_server, tmp_path
+):
+    """UTF-8 cannot carry half a surrogate pair, which a model's JSON can send ("\\ud83d"): the
+    worker's heartbeats carrying it as progress, and its report, still go out, with U+FFFD."""
+    # Agno's model client cannot send such text back to the model in its next request.
+    first = "Half a pair: \ud83d." if kind == "claude_code" else "Half a pair."
+    model_server.set_turns(
+        [
+            {**tool_call(kind, "sleep 1.5; echo slept"), "text": first},
+            {"text": "Answer \udc80 and \ud83d\ude00 end."},
+        ]
+    )
+    with worker(baton, model_server, tmp_path, [kind]) as running:
+        task = baton.create(executor=kind, message="Answer oddly.")
+        done = baton.wait(task["id"])
+    turn = done["turns"][1]
+    assert (turn["status"], turn["attempts"], turn["error_code"]) == ("COMPLETED", 1, "")
+    # The escaped pair arrives whole: a JSON parser joins it into one character.
+    assert turn["result"]["value"].endswith("Answer \ufffd and \U0001f600 end.")
+    assert "_failed" not in running.logs()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_context_length_error_is_recorded_with_its_code(kind, baton, model_server, tmp_path):
     model_server.set_turns([{"context_overflow": True}])

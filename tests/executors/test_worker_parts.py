@@ -429,6 +429,63 @@ def test_a_report_refused_as_lease_lost_is_sent_once_and_logged_without_content(
     assert "nobody may log" not in caplog.text
 
 
+# Text an executor may emit that UTF-8 cannot carry (lone surrogates: JSON's "\\ud800" read
+# by Python) beside a NUL and other controls, which JSON escapes.
+UNENCODABLE = "low \udc80 high \ud83d pair-halves \ud83d\ude00 nul \x00 bell \x07 end"
+SENT_AS = "low \ufffd high \ufffd pair-halves \ufffd\ufffd nul \x00 bell \x07 end"
+
+
+def test_text_utf8_cannot_carry_is_sent_as_valid_json(backend):
+    """Every post — heartbeat with progress, progress, report — goes out as UTF-8 JSON whatever
+    an executor emitted: lone surrogates become U+FFFD, NUL stays (escaped)."""
+    backend.script = [(200, {"turns": []}), (200, {"partial_text_chars": 3}), (200, {})]
+    client = _client(backend)
+    progress = {"partial_text": UNENCODABLE, "events": [{"type": "message", "text": UNENCODABLE}]}
+    client.heartbeat([(7, 1)], progress={(7, 1): progress})
+    client.progress(subtask_id=7, attempt=1, progress=progress)
+    client.report(subtask_id=7, attempt=1, status="COMPLETED", result={"value": UNENCODABLE})
+    heartbeat, posted, report = (json.loads(body) for _, _, _, body in backend.seen)
+    assert heartbeat["turns"][0]["progress"] == {
+        "partial_text": SENT_AS,
+        "events": [{"type": "message", "text": SENT_AS}],
+    }
+    assert (posted["partial_text"], report["result"]["value"]) == (SENT_AS, SENT_AS)
+    assert all(b"\\u0000" in body for _, _, _, body in backend.seen)
+
+
+def test_the_supervisor_outlives_a_heartbeat_that_raises(backend, tmp_path, caplog):
+    """A heartbeat that fails with anything (a bug, text that cannot be sent) is one failed
+    round: the supervisor goes on heartbeating, so leases, cancels and timeouts still work."""
+    worker = _idle_worker(backend, tmp_path, BATON_WORKER_CLAIM_CHECK_SECONDS="0.05")
+    run = agno_turn_run(turn=_turn(backend), client=worker.client, root=tmp_path)
+    worker._runs[run.turn.subtask_id] = (run, threading.Thread(target=lambda: None))
+    calls = []
+
+    def heartbeat(claims, **kwargs):
+        calls.append(claims)
+        if len(calls) == 1:
+            raise UnicodeEncodeError("utf-8", "\ud800 the answer nobody may log", 0, 1, "x")
+        return []
+
+    worker.client.heartbeat = heartbeat
+    supervisor = threading.Thread(target=worker._supervise, daemon=True)
+    with caplog.at_level(logging.INFO, logger="baton.worker"):
+        supervisor.start()
+        _wait_until(lambda: len(calls) >= 3, timeout=10)
+        worker._finished.set()
+        supervisor.join(timeout=10)
+    assert calls[:3] == [[(7, 1)]] * 3
+    failed = [
+        json.loads(record.getMessage())
+        for record in caplog.records
+        if "heartbeat_failed" in record.getMessage()
+    ]
+    assert failed == [
+        {"event": "heartbeat_failed", "status": None, "error_type": "UnicodeEncodeError"}
+    ]
+    assert "nobody may log" not in caplog.text
+
+
 def test_a_value_baton_no_longer_holds_is_uploaded_once_more(backend):
     value = "a long answer ✓\n" * 80_000
     sha = hashlib.sha256(value.encode()).hexdigest()
