@@ -9,10 +9,13 @@ The binary is the one the SDK wheel bundles, found without importing `claude_age
 import alone takes about a second). The prompt goes to stdin, the bot's instructions to a file in
 the run's private tmp dir: neither may be an argument, since Linux refuses one of 128 KiB or more.
 
-Configuration comes from the command line, the environment and `CLAUDE_CONFIG_DIR` (the worker's
-state dir) only: `--setting-sources user` keeps Claude Code from reading `.claude/settings.json`
-in the workspace, which is task content. Without it, such a file ran its hooks even in read_only
-mode, and its `env` redirected `ANTHROPIC_BASE_URL` — with our API key — to another host.
+Configuration comes from the command line, the environment and `CLAUDE_CONFIG_DIR` only, and
+that is the task's own state dir, made afresh before each run (`executors.homes`): a
+`settings.json`, `CLAUDE.md` or anything but the task's session transcripts that a tool command
+wrote there is gone by the next run, as is all of HOME. And `--setting-sources user` keeps
+Claude Code from reading `.claude/settings.json` in the workspace, which is task content.
+Without either, such a file ran its hooks even in read_only mode, and its `env` redirected
+`ANTHROPIC_BASE_URL` — with our API key — to another host.
 
 The stream it prints is read in `claude_code_stream`; what goes to its stdin, and how a steer
 reaches the running turn, is `claude_code_steering`.
@@ -26,7 +29,11 @@ from pathlib import Path, PurePosixPath
 
 from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, Launch, RunRequest
 from executors.adapters.claude_code_steering import user_message_line
-from executors.adapters.claude_code_stream import ClaudeCodeStreamParser, is_missing_session
+from executors.adapters.claude_code_stream import (
+    USAGE_STATE_DIR,
+    ClaudeCodeStreamParser,
+    is_missing_session,
+)
 from executors.events import Outcome
 
 PINNED_PACKAGE = "claude-agent-sdk==0.2.189"
@@ -47,6 +54,14 @@ class ClaudeCodeAdapter(ExecutorAdapter):
 
     kind = "claude_code"
     steerable = True
+    # Session transcripts (and each session's own directory beside it), not the project's
+    # `memory/`; nothing else: not `settings.json`, `CLAUDE.md`, `.claude.json`, agents,
+    # commands, skills, hooks or plugins.
+    session_files = (
+        "projects/*/*.jsonl",
+        "projects/*/????????-????-????-????-????????????",
+        USAGE_STATE_DIR,
+    )
 
     def _find(self) -> str:
         """The bundled `claude` binary's path, found once per adapter."""
