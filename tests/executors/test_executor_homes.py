@@ -4,6 +4,7 @@ followed, and each task and executor kind has a home of its own (`executors/home
 from __future__ import annotations
 
 import shutil
+import threading
 from pathlib import Path
 
 from executors.adapters.claude_code import ClaudeCodeAdapter
@@ -122,3 +123,24 @@ def test_each_task_and_job_has_a_home_of_its_own(tmp_path: Path) -> None:
         for job in ("turn", "summary")
     }
     assert len(homes) == 8
+
+
+def test_runs_of_one_home_take_turns_and_other_homes_do_not_wait(tmp_path: Path) -> None:
+    template = HomeTemplate()
+    home = TaskHome(state_root=tmp_path, task_id=1, name="codex", template=template)
+    same = TaskHome(state_root=tmp_path, task_id=1, name="codex", template=template)
+    other = TaskHome(state_root=tmp_path, task_id=2, name="codex", template=template)
+    entered = threading.Event()
+
+    def second_run() -> None:
+        with same.held():
+            entered.set()
+
+    with home.held():
+        with other.held():
+            pass  # another task's home is not held up
+        thread = threading.Thread(target=second_run)
+        thread.start()
+        assert not entered.wait(0.2)  # the same home waits for the run that holds it
+    assert entered.wait(5)
+    thread.join(5)
