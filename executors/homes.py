@@ -1,4 +1,4 @@
-"""Executor homes: each task's executor state of its own, made afresh before every run.
+"""Executor homes: each task's executor state of its own, made afresh before and after every run.
 
 An executor reads user-level configuration from its home — Codex from `CODEX_HOME`
 (`config.toml`, `AGENTS.override.md`, `skills/`, `rules/`), Claude Code from `CLAUDE_CONFIG_DIR`
@@ -6,15 +6,17 @@ An executor reads user-level configuration from its home — Codex from `CODEX_H
 its commands run in from `HOME` (`~/.profile`, `~/.bashrc`) — and an agent's commands can write
 there. So no home is shared: each task has one per executor kind,
 `<state_root>/homes/<task_id>/<kind>/` (its `home/` is the executor's `HOME`), and before every
-run the worker makes it afresh from its template. The template is the worker's own, in code, so
+run the worker makes it afresh from its template (and again after it, so an idle home holds
+only session files). The template is the worker's own, in code, so
 no run can write it: an empty directory, plus only the files of the executor's native sessions
-that the task's own earlier runs wrote there (`HomeTemplate.session_files`: Codex's rollouts and
-thread state, Claude Code's session transcripts), so a resumed session finds what its task
-wrote and nothing else. Everything else — whatever a run wrote or planted — is removed, `HOME`
-is emptied, and what the worker itself writes for the executor (its config) is written after.
+that the task's own earlier runs wrote there (`HomeTemplate.session_files`: Codex's rollouts,
+Claude Code's session transcripts, Agno's session dbs, Baton's usage records), so a resumed
+session finds what its task wrote and nothing else. Everything else — whatever a run wrote or
+planted — is removed and `HOME` is emptied. What the worker itself configures comes from the
+command line, the environment and the run's tmp dir, never from a file left in a home.
 
-Runs of one home are one at a time on this worker (`TaskHome.held`): making it afresh must not pull
-the files from under a run still using them. A summary job has a home apart from its task's
+Runs of one home are one at a time on this worker (`TaskHome.held`): making it afresh must not
+pull the files from under a run still using them. A summary job has a home apart from its task's
 turns (`home_name`), so the two run side by side as before.
 
 Removal is link-safe like every write of the worker (`workspace.open_directory`): no link is
