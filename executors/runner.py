@@ -44,6 +44,7 @@ from executors.client import (
     TurnCancelled,
 )
 from executors.events import ErrorCode, Outcome, OutcomeStatus
+from executors.homes import HomeTemplate, TaskHome, home_name
 from executors.payloads import DispatchedTurn
 from executors.process import ExecutorProcess
 from executors.progress import ProgressBuffer
@@ -279,16 +280,31 @@ class TurnRun:
         tmp_name = f"{self.marker}-{uuid.uuid4().hex[:8]}"
         tmp_dir = self.state_root / "tmp" / tmp_name
         os.close(open_directory(self.state_root, f"tmp/{tmp_name}", create=True))
+        # The task's executor state of its own, made afresh from the template (`homes`).
+        home = TaskHome(
+            state_root=self.state_root,
+            task_id=self.turn.task_id,
+            name=home_name(kind=self.adapter.kind, job=self.turn.kind),
+            template=HomeTemplate(session_files=self.adapter.session_files),
+        )
         try:
-            # A key of the run's own, revoked once the run and what it left have ended.
-            with self.endpoint.for_run() as endpoint:
-                return self._execute_in(
-                    workspace=workspace,
-                    tmp_dir=tmp_dir,
-                    prompt=prompt,
-                    resume_session_id=resume_session_id,
-                    endpoint=endpoint,
-                )
+            with home.held(), self.endpoint.for_run() as endpoint:
+                # A key of the run's own, revoked once the run and what it left have ended.
+                state_dir = home.make_afresh()
+                try:
+                    return self._execute_in(
+                        workspace=workspace,
+                        state_dir=state_dir,
+                        tmp_dir=tmp_dir,
+                        prompt=prompt,
+                        resume_session_id=resume_session_id,
+                        endpoint=endpoint,
+                    )
+                finally:
+                    # Between runs a home holds only its session files (disk: Codex's
+                    # skills, logs and caches are megabytes a task).
+                    with suppress(OSError):
+                        home.make_afresh()
         finally:
             self.executor_done = True
             with suppress(OSError):
@@ -303,14 +319,13 @@ class TurnRun:
         self,
         *,
         workspace: Path,
+        state_dir: Path,
         tmp_dir: Path,
         prompt: str,
         resume_session_id: str | None,
         endpoint: ModelEndpoint,
     ) -> tuple[Outcome | None, int | None]:
         config = self.turn.bot_config
-        state_dir = self.state_root / self.adapter.kind
-        os.close(open_directory(self.state_root, self.adapter.kind, create=True))
         request = RunRequest(
             prompt=prompt,
             bot=BotConfig(

@@ -60,6 +60,8 @@ _EXECUTORS_ROOT = Path(executors.__file__).resolve().parent.parent
 
 class AgnoAdapter(ExecutorAdapter):
     kind: ClassVar[str] = "agno"
+    # One JSON db directory per session (`agno_runner`).
+    session_files: ClassVar[tuple[str, ...]] = ("sessions",)
 
     def _find(self) -> str:
         """The Python that runs the runner (this one), once agno and openai are found in it."""

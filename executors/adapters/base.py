@@ -71,7 +71,9 @@ class RunRequest:
     prompt: str
     bot: BotConfig
     workspace: Path  # the task's workspace: the executor's working directory
-    state_dir: Path  # this worker's private home for this executor kind (native sessions live here)
+    # The task's own executor state for this kind, made afresh from the worker's template before
+    # the run (`executors.homes`): its native sessions live here, `home/` is the executor's HOME.
+    state_dir: Path
     tmp_dir: Path  # a private, empty temporary directory for this run only
     endpoint: ModelEndpoint
     resume_session_id: str | None = None
@@ -155,6 +157,9 @@ class ExecutorAdapter(ABC):
     kind: ClassVar[str]  # its name in `executors.kinds.KINDS`
     # Whether its runs are interactive and take more user input while they run (`steer`).
     steerable: ClassVar[bool] = False
+    # The files of its native sessions in the state dir, kept from one run of a task to the
+    # next (`executors.homes.HomeTemplate`); everything else there is removed before each run.
+    session_files: ClassVar[tuple[str, ...]] = ()
     _located: str | None = None
 
     def locate(self) -> str:

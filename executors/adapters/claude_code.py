@@ -9,10 +9,16 @@ The binary is the one the SDK wheel bundles, found without importing `claude_age
 import alone takes about a second). The prompt goes to stdin, the bot's instructions to a file in
 the run's private tmp dir: neither may be an argument, since Linux refuses one of 128 KiB or more.
 
-Configuration comes from the command line, the environment and `CLAUDE_CONFIG_DIR` (the worker's
-state dir) only: `--setting-sources user` keeps Claude Code from reading `.claude/settings.json`
-in the workspace, which is task content. Without it, such a file ran its hooks even in read_only
-mode, and its `env` redirected `ANTHROPIC_BASE_URL` — with our API key — to another host.
+Configuration comes from the command line and the environment only. `--setting-sources ""`
+keeps Claude Code from reading any settings file or CLAUDE.md: not the workspace's
+(`.claude/settings.json`, `CLAUDE.md`: task content) and not the user's in `CLAUDE_CONFIG_DIR`
+(`settings.json`, `CLAUDE.md`), which a tool command can write. Without it, such a
+`settings.json` ran its hooks even in read_only mode, and its `env` redirected
+`ANTHROPIC_BASE_URL` — with our API key — to another host; with `user` (this adapter's choice
+before) the user's were still read, also one the running agent had just written. The
+`CLAUDE_CONFIG_DIR` is besides the task's own state dir, made afresh before each run
+(`executors.homes`): anything but the task's session transcripts that a tool command wrote there
+(agents, commands, skills, plugins, `.claude.json`) is gone by the next run, as is all of HOME.
 
 The stream it prints is read in `claude_code_stream`; what goes to its stdin, and how a steer
 reaches the running turn, is `claude_code_steering`.
@@ -26,7 +32,11 @@ from pathlib import Path, PurePosixPath
 
 from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, Launch, RunRequest
 from executors.adapters.claude_code_steering import user_message_line
-from executors.adapters.claude_code_stream import ClaudeCodeStreamParser, is_missing_session
+from executors.adapters.claude_code_stream import (
+    USAGE_STATE_DIR,
+    ClaudeCodeStreamParser,
+    is_missing_session,
+)
 from executors.events import Outcome
 
 PINNED_PACKAGE = "claude-agent-sdk==0.2.189"
@@ -47,6 +57,14 @@ class ClaudeCodeAdapter(ExecutorAdapter):
 
     kind = "claude_code"
     steerable = True
+    # Session transcripts (and each session's own directory beside it), not the project's
+    # `memory/`; nothing else: not `settings.json`, `CLAUDE.md`, `.claude.json`, agents,
+    # commands, skills, hooks or plugins.
+    session_files = (
+        "projects/*/*.jsonl",
+        "projects/*/????????-????-????-????-????????????",
+        USAGE_STATE_DIR,
+    )
 
     def _find(self) -> str:
         """The bundled `claude` binary's path, found once per adapter."""
@@ -76,9 +94,10 @@ class ClaudeCodeAdapter(ExecutorAdapter):
             "stream-json",
             "--verbose",  # stream-json in -p mode requires it
             "--include-partial-messages",  # text deltas as `stream_event` lines
-            # Read no settings from the workspace (hooks, env, permissions): see module doc.
+            # Read no settings file or CLAUDE.md, the workspace's or the user's (hooks, env,
+            # permissions, instructions): see module doc.
             "--setting-sources",
-            "user",
+            "",
             # Render the system prompt on every run: with the default ("on") a resumed session
             # reused the first run's text, so edited bot instructions never reached the model.
             "--system-prompt-snapshot",

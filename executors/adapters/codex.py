@@ -17,9 +17,11 @@ thread in as trusted (it writes that into `$CODEX_HOME/config.toml`), after whic
 `developer_instructions` did reach the model. The `projects` override declares the workspace
 untrusted, replacing every trust entry of `$CODEX_HOME/config.toml`; then nothing is written
 and the workspace's config stays unloaded, also in a state dir an earlier run had marked. The
-rest of `$CODEX_HOME/config.toml` would be read too: Baton writes none and Codex no longer
-does, so one found there was written by something else — a tool command can reach the state
-dir — and it is removed before each run (the role `--ignore-user-config` had for `exec`). The
+rest of `$CODEX_HOME/config.toml` would be read too, and so would `AGENTS.override.md`,
+`skills/` and `rules/` there, and `~/.profile` in the commands' login shell: a tool command can
+write them all. So `CODEX_HOME` is the task's own and made afresh before each run
+(`executors.homes`): only the task's session files stay (`session_files`), everything else and
+all of HOME is removed (the role `--ignore-user-config` had for `exec`). The
 model provider is always a custom one named `baton`, because Codex 0.163 ignores
 `OPENAI_BASE_URL`.
 
@@ -35,7 +37,11 @@ import uuid
 from pathlib import Path
 
 from executors.adapters.base import ExecutorAdapter, ExecutorUnavailable, Launch, RunRequest
-from executors.adapters.codex_stream import CodexStreamParser, is_missing_session
+from executors.adapters.codex_stream import (
+    USAGE_STATE_DIR,
+    CodexStreamParser,
+    is_missing_session,
+)
 from executors.events import Outcome
 
 logger = logging.getLogger(__name__)
@@ -58,6 +64,11 @@ class CodexAdapter(ExecutorAdapter):
 
     kind = "codex"
     steerable = True
+    # A thread's rollout files: `thread/resume` finds the thread by them alone (checked: the
+    # sqlite state Codex keeps beside them is rebuilt). Nothing else: not the sqlite files
+    # (`memories_*` among them), `shell_snapshots/`, `skills/`, `rules/`, `AGENTS*.md` or
+    # `config.toml`.
+    session_files = ("sessions", "archived_sessions", USAGE_STATE_DIR)
 
     def _find(self) -> str:
         """The bundled `codex` binary's path, found once per adapter."""

@@ -25,7 +25,7 @@ pytestmark = [
 ]
 
 RESUMABLE = ["codex", "claude_code"]
-# Where each executor keeps its sessions under the worker's executor home.
+# Where each executor keeps its sessions in the task's executor home.
 SESSION_DIRS = {"codex": "sessions", "claude_code": "projects"}
 
 
@@ -151,7 +151,8 @@ def test_a_lost_session_falls_back_to_a_fresh_run_within_the_claim(
         task = baton.create(executor=kind, message="First question.")
         first = baton.wait(task["id"])["turns"][1]
         # The session's files are gone (a wiped disk, a reinstalled worker).
-        shutil.rmtree(running.workspace_root / ".worker" / kind / SESSION_DIRS[kind])
+        home = running.workspace_root / ".worker" / "homes" / str(task["id"]) / kind
+        shutil.rmtree(home / SESSION_DIRS[kind])
         baton.follow_up(task["id"], "Second question.")
         done = baton.wait(task["id"])
         assert '"event": "turn_resume_failed"' in running.logs()
