@@ -10,13 +10,19 @@ from backend.prompting import escaping, units
 
 
 def test_each_server_process_warms_escaping_before_its_first_request() -> None:
-    escaping._candidates.cache_clear()
-    escaping._marker_prefilters.cache_clear()
-    escaping._derived_classes.cache_clear()
+    derived = (
+        escaping._derived_classes,
+        escaping._candidates,
+        escaping._marker_prefilter,
+        escaping._looks_structural_folded,
+        escaping._folded_marker,
+        escaping._brackets,
+        escaping.colon_like_class,
+    )
+    for table in derived:
+        table.cache_clear()
     gunicorn_conf.post_worker_init(object())
-    assert escaping._derived_classes.cache_info().currsize == 1
-    assert escaping._candidates.cache_info().currsize == 1
-    assert escaping._marker_prefilters.cache_info().currsize == 1
+    assert [table.cache_info().currsize for table in derived] == [1] * len(derived)
 
 
 def test_each_server_process_loads_the_token_encodings_before_its_first_request() -> None:

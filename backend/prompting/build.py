@@ -54,7 +54,7 @@ from backend.prompting.truncate import Preview
 
 _VERIFY_ROUNDS = 4
 
-BUILDER_VERSION = "2026.12.06.1"
+BUILDER_VERSION = "2026.12.07.1"
 """Names the rendering rules. Change it whenever the same input and policy would render to other
 bytes: a PromptReport records it, and a replay under another version says so instead of
 claiming the past prompt was different."""

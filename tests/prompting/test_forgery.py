@@ -246,17 +246,18 @@ def test_the_scan_reads_every_code_point_as_reading_does() -> None:
 
 
 def test_each_fast_path_agrees_with_the_full_fold_for_every_code_point() -> None:
-    plain_class, dot_class, digit_class = escaping._derived_classes()
-    plain, dots, digits = (re.compile(f"[{body}]") for body in escaping._derived_classes())
-    dot_prefilter, digit_prefilter = escaping._marker_prefilters()
-    assert dot_prefilter.fullmatch("\U0001d7ce") and digit_prefilter.fullmatch("\U0001d7ce")
-    assert plain_class and dot_class and digit_class
+    classes = escaping._derived_classes()
+    assert all(classes)
+    plain, dot, dots, opener, digit, both, gap = (re.compile(f"[{body}]") for body in classes)
+    prefilter = escaping._marker_prefilter()
+    assert prefilter.search("\U0001d7ce(\U0001d7ce") and prefilter.search("\u152f")
+    openers = re.compile(f"[{escaping._brackets()[0]}]")
     wrong = []
     for code in ALL_CODE_POINTS:
         char = chr(code)
         read = reading(char)
         if code >= 0x10000:  # no class reaches above the BMP: astral lines are all folded
-            assert not plain.fullmatch(char) and dots.fullmatch(char) is None
+            assert not plain.fullmatch(char) and dot.fullmatch(char) is None
             if any(c in LINE_BREAKS for c in read):
                 wrong.append(f"U+{code:04X} reads as a line break")
             continue
@@ -264,10 +265,22 @@ def test_each_fast_path_agrees_with_the_full_fold_for_every_code_point() -> None
             wrong.append(f"U+{code:04X} reads as a line break")
         if escaping._may_start_structure.__wrapped__(char) and plain.fullmatch(char):
             wrong.append(f"U+{code:04X} is plain but can start structure")
-        if ("." in read or "·" in read) and not char.isascii() and not dots.fullmatch(char):
-            wrong.append(f"U+{code:04X} reads as a dot, not prefiltered")
-        if any("0" <= c <= "9" for c in read) and not char.isascii() and not digits.fullmatch(char):
-            wrong.append(f"U+{code:04X} reads as a digit, not prefiltered")
+        if char.isascii():
+            continue
+        dotted = read.count(".") + read.count("\u00b7")
+        is_opener = openers.search(read) is not None
+        is_digit = re.search(r"\d", read) is not None
+        expected = {
+            dot: dotted >= 1,
+            dots: dotted >= 2,
+            opener: is_opener,
+            digit: is_digit,
+            both: is_digit and (dotted >= 1 or is_opener),
+            gap: not read.strip(),
+        }
+        for pattern, wanted in expected.items():
+            if wanted != bool(pattern.fullmatch(char)):
+                wrong.append(f"U+{code:04X} misfiled by the marker prefilter")
     assert wrong == []
 
 

@@ -225,7 +225,8 @@ def test_escaping_is_reversible(content: str) -> None:
         ("… 3 chars truncated …", "…\\ 3 chars truncated …"),
         ("…\u200b4 characters truncated…", "…\\\u200b4 characters truncated…"),
         ("typed …\\9 chars truncated…", "typed …\\\\9 chars truncated…"),
-        ("…5 chars were truncated…", "…5 chars were truncated…"),  # not a marker's shape
+        ("…5 chars were truncated…", "…\\5 chars were truncated…"),  # the family's shape
+        ("…5 chars, truncated as noted", "…5 chars, truncated as noted"),  # not its shape
         ("nothing truncated here", "nothing truncated here"),
     ],
 )
@@ -266,7 +267,7 @@ def test_the_line_scan_finds_every_line_the_fold_reads_as_structure(content: str
 
 def _folded(line: str) -> bool:
     visible = escaping.model_eye(line.lstrip("\\"))
-    return escaping._LOOKS_STRUCTURAL.match(visible) is not None
+    return escaping._looks_structural_folded().match(visible) is not None
 
 
 def _document() -> PromptDocument:
