@@ -425,6 +425,14 @@ def test_both_lists_answer_a_bad_page_query_the_same_way(api, query, field):
         assert past_the_end.json()["code"] == "not_found"
 
 
+@pytest.mark.parametrize("query", [{"page": str(2**64)}, {"after": str(2**64)}])
+def test_a_turn_page_past_what_a_row_number_holds_is_a_400_naming_it(api, query):
+    task_id = create(api, SINGLE)["id"]
+    response = api.get(f"/api/tasks/{task_id}/subtasks/", query)
+    assert response.status_code == 400
+    assert list(response.json()["fields"]) == list(query)
+
+
 def test_list_still_refuses_an_unknown_query_parameter(api):
     response = api.get("/api/tasks/", {"statu": "COMPLETED"})
     assert response.status_code == 400

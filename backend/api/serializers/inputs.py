@@ -9,7 +9,7 @@ from rest_framework.settings import api_settings
 
 from backend import executor_kinds
 from backend.api.pagination import TaskPagination, TurnPageQuery, TurnPagination
-from backend.api.serializers.strict import StrictInput, StrictQuery, TextField
+from backend.api.serializers.strict import MAX_ROW_ID, StrictInput, StrictQuery, TextField
 from backend.dispatch.stops import DEFAULT_STOP_WAIT_SECONDS, MAX_STOP_WAIT_SECONDS
 from backend.errors import InvalidInput
 from backend.prompting.inputs import validate_name
@@ -148,7 +148,10 @@ class TurnListQuery(StrictQuery):
     bad page or page size is a 400 naming it; a numbered page past the end is a 404), and
     `after`, where the `next` links continue."""
 
-    page = serializers.IntegerField(min_value=1, required=False)
+    # A page's first row must be a row number the database can hold (a 400, not a 500).
+    page = serializers.IntegerField(
+        min_value=1, max_value=MAX_ROW_ID // TurnPagination.max_page_size, required=False
+    )
     page_size = serializers.IntegerField(
         min_value=1,
         max_value=TurnPagination.max_page_size,
@@ -157,6 +160,7 @@ class TurnListQuery(StrictQuery):
     )
     after = serializers.IntegerField(
         min_value=0,
+        max_value=MAX_ROW_ID,
         required=False,
         help_text="Start just after the turn with this message_id (the `next` links use it).",
     )
