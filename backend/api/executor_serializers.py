@@ -213,9 +213,8 @@ class ResultInput(ClaimInput):
     )
     # Any JSON: the service says precisely what is wrong with a result that is not an object.
     result = ResultField(required=False, allow_null=True, default=None)
-    error = serializers.CharField(
-        required=False, allow_blank=True, default="", trim_whitespace=False
-    )
+    # What the executor said when it failed (its stderr): stored as a partial answer is.
+    error = ExecutorTextField(required=False, allow_blank=True, default="", trim_whitespace=False)
     error_code = serializers.RegexField(
         ERROR_CODE_PATTERN,
         required=False,

@@ -3,6 +3,7 @@ the batched heartbeat, and what the task API shows of them."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -289,3 +290,21 @@ def test_a_result_report_runs_a_fixed_number_of_statements(
         assert report(worker_api, second, result={"value": "Done."}).status_code == 200
     assert Subtask.objects.get(pk=second["subtask_id"]).status == "COMPLETED"
     assert Task.objects.get(pk=second["task_id"]).status == "COMPLETED"
+
+
+@pytest.mark.parametrize("status", ["FAILED", "RETRY"])
+def test_an_error_with_nul_or_a_lone_surrogate_is_stored_not_refused(api, worker_api, status):
+    """An executor's error text is its stderr: binary output or a cut emoji in it must not
+    make Baton refuse the whole report (the turn would then wait for its lease to run out)."""
+    create(api, SINGLE)
+    [turn] = dispatch(worker_api)
+    body = {"worker_id": "w1", "attempt": turn["attempt"], "status": status, "error_code": "x"}
+    # As a worker sends it: JSON escapes (`\u0000`, `\ud83d`), valid UTF-8 on the wire.
+    answer = worker_api.post(
+        f"/api/executor/subtasks/{turn['subtask_id']}/result/",
+        json.dumps({**body, "error": "boom\x00 \ud83d!"}),
+        content_type="application/json",
+    )
+    assert answer.status_code == 200, answer.content
+    row = Subtask.objects.get(pk=turn["subtask_id"])
+    assert row.error.startswith("boom\ufffd \ufffd!")
