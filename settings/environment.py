@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from backend.prompting.units import unbundled_encoding_reason
+from backend.prompting.units import bundled_encoding
 from backend.tasks.follow_up_strategies import FollowUpStrategy
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -239,10 +239,7 @@ class BatonEnvironment(BaseModel):
     @field_validator("history_token_encoding")
     @classmethod
     def _encoding_is_bundled(cls, value: str) -> str:
-        reason = unbundled_encoding_reason(value)
-        if reason is not None:
-            raise ValueError(reason)
-        return value
+        return bundled_encoding(value)
 
     @field_validator(
         "history_max_messages",

@@ -37,7 +37,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from backend.prompting.inputs import validate_name
-from backend.prompting.units import DEFAULT_TOKEN_ENCODING, unbundled_encoding_reason
+from backend.prompting.units import DEFAULT_TOKEN_ENCODING, bundled_encoding
 
 MIN_MAX_TOKENS = 1024
 """Room the structure of a prompt may need: headers, two labels with 64-char names, markers."""
@@ -165,11 +165,7 @@ class PromptPolicy(BaseModel):
     @field_validator("token_encoding")
     @classmethod
     def _encoding_is_bundled(cls, value: str) -> str:
-        # Judged by name: validating never loads an encoding (or waits on a load).
-        reason = unbundled_encoding_reason(value)
-        if reason is not None:
-            raise ValueError(reason)
-        return value
+        return bundled_encoding(value)
 
     @model_validator(mode="after")
     def _caps_are_coherent(self) -> PromptPolicy:

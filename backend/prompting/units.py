@@ -85,6 +85,15 @@ def unbundled_encoding_reason(encoding_name: str) -> str | None:
     )
 
 
+def bundled_encoding(encoding_name: str) -> str:
+    """``encoding_name`` when it is bundled, else ValueError saying why (a validator's check:
+    by name, so validating never loads an encoding or waits on a load)."""
+    reason = unbundled_encoding_reason(encoding_name)
+    if reason is not None:
+        raise ValueError(reason)
+    return encoding_name
+
+
 def load_encoding(encoding_name: str) -> tiktoken.Encoding:
     """Load a bundled tiktoken encoding once per process (threads that ask while it loads wait
     for that load rather than each loading it: 0.2–0.7 s of CPU a load); raise
