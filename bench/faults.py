@@ -7,16 +7,19 @@ runs `--tool-calls` shell commands of `--tool-seconds` each before it answers, s
 finds turns running. For `--seconds`, `--tasks` products' users (over `--accounts` accounts)
 each work on a task: follow-ups with every strategy (enqueue, interrupt, rollback, steer),
 reads of the task and its turns, now and then a turn stopped, a queued message withdrawn or
-the task cancelled (and a new one started). Every `--kill-every` seconds one process is killed
-with SIGKILL, in turn a worker (started again after a moment: half the time on its workspace
-root, so Baton knows it by the same worker id, half the time on a new one, a new worker) and
-a server process (gunicorn's master starts another).
+the task cancelled (and a new one started); every other user is patient, never stopping a
+turn, so a dead worker's turn also waits for its lease to run out. Every `--kill-every`
+seconds one process is killed with SIGKILL, in turn a worker (one holding a running turn,
+when one does; started again after a moment: half the time on its workspace root, so Baton
+knows it by the same worker id, half the time on a new one, a new worker) and a server
+process (gunicorn's master starts another).
 
 Then the faults stop, the workers run on until every turn has finished (a dead worker's turn
 waits for its lease to run out: `--lease-seconds`, set for the server), and the run checks
 (`bench/_fault_checks.py`): every message answered (lost: none), answered once (answered
-twice: none), nothing left pending or running (stuck: none), no 5xx in the server's access
-log, and no executor process outliving its killed worker. Nothing is timed.
+twice: none), nothing left pending or running (stuck: none), no task seen with two rounds
+active at once (looked for every half second), no 5xx in the server's access log, and no
+executor process outliving its killed worker. Nothing is timed.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ STRATEGIES = ("enqueue", "interrupt", "rollback", "steer")
 # How often a user picks each follow-up strategy: steers and queued messages most, as a
 # product's users send them, and enough stops to cross every path.
 STRATEGY_WEIGHTS = (3, 1, 1, 4)
+PATIENT_STRATEGIES = ("enqueue", "steer")  # what a patient user sends (see User)
 THINK_SECONDS = (0.5, 2.0)  # a user's pause between two actions
 QUEUE_LIMIT = 2  # a user who sees this many messages queued withdraws one instead
 RESTART_SECONDS = 1.0  # how long a killed worker stays down
@@ -143,10 +147,13 @@ class Traffic:
 
 @dataclass
 class User:
-    """One product user working on a task of one executor kind."""
+    """One product user working on a task of one executor kind. A patient one never stops a
+    turn (it queues and steers only, and never cancels), so a turn whose worker died waits
+    for its lease to run out instead of being stopped by its user first."""
 
     number: int
     kind: str
+    patient: bool
     client: httpx.Client
     traffic: Traffic
     rng: random.Random
@@ -190,10 +197,10 @@ class User:
             )
         elif roll < 0.9:
             self.traffic.call(self.client, "GET", "/api/tasks/", "/api/tasks/?page_size=20")
-        elif roll < 0.96:
+        elif roll < 0.96 and not self.patient:
             self.read()
             self.stop_turn()
-        elif roll < 0.98:
+        elif roll < 0.98 or self.patient:
             self.read()
             self.withdraw()
         else:
@@ -215,7 +222,11 @@ class User:
             self.turns = task["turns"]
 
     def follow_up(self) -> None:
-        strategy = self.rng.choices(STRATEGIES, weights=STRATEGY_WEIGHTS)[0]
+        weights = [
+            weight if strategy in PATIENT_STRATEGIES or not self.patient else 0
+            for strategy, weight in zip(STRATEGIES, STRATEGY_WEIGHTS, strict=True)
+        ]
+        strategy = self.rng.choices(STRATEGIES, weights=weights)[0]
         text = self.text()
         response = self.traffic.call(
             self.client,
@@ -275,7 +286,7 @@ class Kills:
 
     workers_same_id: int = 0
     workers_new_id: int = 0
-    workers_running_a_turn: int = 0
+    workers_running_a_turn: int = 0  # killed while they held a running turn
     server_processes: int = 0
 
     @property
@@ -296,6 +307,8 @@ class Faults:
         self.thread = threading.Thread(target=self._run, name="faults", daemon=True)
 
     def _run(self) -> None:
+        from django.db import connection
+
         number = 0
         while not self.stopping.wait(self.every):
             if number % 2 == 0:
@@ -303,10 +316,11 @@ class Faults:
             else:
                 self._kill_server_process()
             number += 1
+        connection.close()  # this thread's
 
     def _kill_worker(self, *, same_id: bool) -> None:
-        # A worker running an executor, when one is: that is the kill that tests a claim.
-        busy = [slot for slot in self.slots if _children(slot.process.pid)]
+        # A worker holding a running turn, when one does: that is the kill that tests a claim.
+        busy = [slot for slot in self.slots if _holds_a_turn(slot)]
         slot = self.rng.choice(busy or self.slots)
         slot.process.send_signal(signal.SIGKILL)
         slot.process.wait(timeout=30)
@@ -327,11 +341,16 @@ class Faults:
             self.kills.server_processes += 1
 
 
-def _children(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return []
+def _holds_a_turn(slot: WorkerSlot) -> bool:
+    """Whether the worker holds a running turn, by the worker id it keeps in its workspace
+    root (`executors.identity`)."""
+    from backend.tasks.models import Subtask
+
+    kept = slot.workdir / "workspaces" / ".baton" / "worker-id"
+    if not kept.exists():
+        return False
+    worker_id = kept.read_text().strip()
+    return Subtask.objects.filter(status="RUNNING", lease_owner=worker_id).exists()
 
 
 def _left_behind(roots: list[Path]) -> list[int]:
@@ -444,6 +463,7 @@ def _run(
         User(
             number=number,
             kind=KINDS[number % len(KINDS)],
+            patient=number % 2 == 1,
             client=httpx.Client(
                 base_url=baton.url,
                 headers={"Authorization": f"Token {tokens[number % len(tokens)]}"},
@@ -607,7 +627,7 @@ def _rows(
             kills.total,
             "kills",
             note=f"{kills.workers_same_id + kills.workers_new_id} workers "
-            f"({kills.workers_running_a_turn} running an executor; started again "
+            f"({kills.workers_running_a_turn} holding a running turn; started again "
             f"{kills.workers_same_id} with the same worker id, {kills.workers_new_id} with a "
             f"new one), {kills.server_processes} server processes; one every "
             f"{args.kill_every:g} s for {outcome.load_seconds:.0f} s",
