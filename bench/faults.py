@@ -159,7 +159,9 @@ class User:
     rng: random.Random
     task_id: int | None = None
     sent: int = 0
-    queued: list[int] = field(default_factory=list)  # queued message ids, from the last read
+    queued: int = 0  # messages queued, at the last read
+    # Of those, the ones a user may withdraw (a steer that fell back is a turn already).
+    withdrawable: list[int] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)  # from the last read
 
     def text(self) -> str:
@@ -172,7 +174,7 @@ class User:
         response = self.traffic.call(self.client, "POST", "/api/tasks/", "/api/tasks/", body)
         self.traffic.message(text, "create", response)
         self.task_id = response.json()["id"] if response and response.status_code == 201 else None
-        self.queued, self.turns = [], []
+        self.queued, self.withdrawable, self.turns = 0, [], []
 
     def act(self) -> None:
         """One action, as a user of the product takes them."""
@@ -182,7 +184,7 @@ class User:
         roll = self.rng.random()
         if roll < 0.55:
             self.read()
-            if len(self.queued) >= QUEUE_LIMIT:
+            if self.queued >= QUEUE_LIMIT:
                 self.withdraw()
             else:
                 self.follow_up()
@@ -218,7 +220,10 @@ class User:
         )
         if response is not None and response.status_code == 200:
             task = response.json()
-            self.queued = [queued["id"] for queued in task["queued_messages"]]
+            self.queued = len(task["queued_messages"])
+            self.withdrawable = [
+                queued["id"] for queued in task["queued_messages"] if queued["turn"] is None
+            ]
             self.turns = task["turns"]
 
     def follow_up(self) -> None:
@@ -253,12 +258,12 @@ class User:
             )
 
     def withdraw(self) -> None:
-        if self.queued:
+        if self.withdrawable:
             self.traffic.call(
                 self.client,
                 "POST",
                 "/api/tasks/<id:task_id>/queued-messages/<id:queued_id>/cancel/",
-                f"/api/tasks/{self.task_id}/queued-messages/{self.queued.pop()}/cancel/",
+                f"/api/tasks/{self.task_id}/queued-messages/{self.withdrawable.pop()}/cancel/",
             )
 
 
