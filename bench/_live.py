@@ -35,12 +35,18 @@ class LiveBaton:
     server_pid: int  # gunicorn's master process
 
 
+def gunicorn_workers(master_pid: int) -> list[int]:
+    """The pids of the worker processes of the gunicorn master `master_pid` (Linux)."""
+    children = Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text().split()
+    return [int(child) for child in children]
+
+
 def gunicorn_worker(master_pid: int) -> int:
     """The pid of the one worker process of the gunicorn master `master_pid`."""
-    children = Path(f"/proc/{master_pid}/task/{master_pid}/children").read_text().split()
+    children = gunicorn_workers(master_pid)
     if len(children) != 1:
         raise SystemExit(f"expected one gunicorn worker, found {children}")
-    return int(children[0])
+    return children[0]
 
 
 def memory_kib(pid: int, field: str) -> int:
@@ -105,8 +111,26 @@ def _free_port() -> int:
 
 
 @contextmanager
+def _server_output(*, production: bool, log_dir: Path | None) -> Iterator[tuple[Any, Any]]:
+    """Where the server's stdout and stderr go: the console (development), /dev/null
+    (production), or `log_dir`'s `server-access.log` and `server-errors.log` (production: its
+    access log is on stdout, everything else on stderr)."""
+    if not production:
+        yield None, None
+    elif log_dir is None:
+        yield subprocess.DEVNULL, subprocess.DEVNULL
+    else:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with (
+            (log_dir / "server-access.log").open("ab") as access,
+            (log_dir / "server-errors.log").open("ab") as errors,
+        ):
+            yield access, errors
+
+
+@contextmanager
 def live_baton(
-    *, workers: int = 4, threads: int = 0, production: bool = False
+    *, workers: int = 4, threads: int = 0, production: bool = False, log_dir: Path | None = None
 ) -> Iterator[LiveBaton]:
     """Baton under gunicorn (`workers` sync workers, or with `threads` that many threads each)
     on the database `bench_database` configured, with a product account and a worker account.
@@ -139,13 +163,14 @@ def live_baton(
         command += ["--log-level", "warning"]
         if threads:
             command += ["--worker-class", "gthread", "--threads", str(threads)]
-    server = subprocess.Popen(
-        [*command, "--bind", f"127.0.0.1:{port}"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL if production else None,
-        stderr=subprocess.DEVNULL if production else None,
-    )
+    with _server_output(production=production, log_dir=log_dir) as (stdout, stderr):
+        server = subprocess.Popen(
+            [*command, "--bind", f"127.0.0.1:{port}"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+        )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -171,13 +196,13 @@ def live_baton(
         server.wait(timeout=30)
 
 
-@contextmanager
-def running_worker(
+def start_worker(
     baton: LiveBaton, *, workdir: Path, kinds: list[str], **env: str
-) -> Iterator[Path]:
-    """The real worker, one slot, polling every 50 ms; yields its log file's path."""
+) -> subprocess.Popen[bytes]:
+    """The real worker, one slot, polling every 50 ms (`env` overrides its environment), its
+    workspace root in `workdir` and its output appended to `workdir`'s `worker.log`. A worker
+    started again on the same `workdir` is known to Baton by the same worker id."""
     workdir.mkdir(parents=True, exist_ok=True)
-    log_path = workdir / "worker.log"
     worker_env = {
         "PATH": os.environ["PATH"],
         "LANG": "C.UTF-8",
@@ -192,16 +217,25 @@ def running_worker(
         "BATON_WORKER_WAIT_SECONDS": "0",
         **env,
     }
-    with log_path.open("wb") as log:
-        worker = subprocess.Popen(
+    with (workdir / "worker.log").open("ab") as log:
+        return subprocess.Popen(
             [sys.executable, "-m", "executors"],
             cwd=REPO_ROOT,
             env=worker_env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+
+@contextmanager
+def running_worker(
+    baton: LiveBaton, *, workdir: Path, kinds: list[str], **env: str
+) -> Iterator[Path]:
+    """The real worker (`start_worker`) for the block, stopped with SIGTERM after it; yields
+    its log file's path."""
+    worker = start_worker(baton, workdir=workdir, kinds=kinds, **env)
     try:
-        yield log_path
+        yield workdir / "worker.log"
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)

@@ -29,6 +29,7 @@ SCENARIOS = (
     "streams",
     "steering",
     "load_profile",
+    "faults",
 )
 
 
