@@ -10,7 +10,7 @@ the database could not even compare it (a 500).
 
 from django.urls import path, register_converter
 from django.urls.converters import IntConverter, StringConverter
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
 
 from backend.api import executor_views, policy_views, views, webhook_views
 from backend.api.artifact_views import ArtifactContentApi, ArtifactDetailApi
@@ -18,6 +18,7 @@ from backend.api.errors import PathHoldsNul
 from backend.api.event_views import TaskEventsApi
 from backend.api.health_views import HealthApi
 from backend.api.prompt_report_views import PromptReportDetailApi
+from backend.api.schema_views import SchemaApi
 from backend.api.serializers import MAX_ROW_ID
 
 
@@ -125,7 +126,7 @@ urlpatterns = [
         name="webhook-deliveries",
     ),
     path("health/", HealthApi.as_view(), name="health"),
-    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("schema/", SchemaApi.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
 ]
