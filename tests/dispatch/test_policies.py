@@ -53,7 +53,11 @@ def test_changes_bump_the_version_and_apply_at_once(staff_user):
             "per_message_max_chars must not exceed",
         ),
         ({"max_tokens": 10}, "max_tokens", "at least 1024"),
-        ({"token_encoding": "no_such_encoding"}, "token_encoding", "not a token encoding Baton bundles"),
+        (
+            {"token_encoding": "no_such_encoding"},
+            "token_encoding",
+            "not a token encoding Baton bundles",
+        ),
         ({"max_messages": 0}, "max_messages", "positive"),
     ],
 )

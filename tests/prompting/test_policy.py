@@ -148,7 +148,8 @@ def test_unknown_encoding_is_a_clear_error_on_its_field() -> None:
         PromptPolicy(token_encoding="no_such_encoding")
     [problem] = error.value.errors()
     assert problem["loc"] == ("token_encoding",)
-    assert "no_such_encoding" in problem["msg"] and "not a token encoding Baton bundles" in problem["msg"]
+    assert "no_such_encoding" in problem["msg"]
+    assert "not a token encoding Baton bundles" in problem["msg"]
 
 
 def test_preview_must_be_shorter_than_the_spill_threshold() -> None:
