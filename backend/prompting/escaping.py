@@ -218,13 +218,16 @@ _ASCII_OPENERS = "([{<"
 _ASCII_CLOSERS = ")]}>"
 # A count's digits, grouped by any one mark but a backslash (``4,812``, ``4 812``, ``4_812``).
 _COUNT = rf"\d++(?:(?:[^\w\\{_LINE_BREAKS}]|_)\d++)*+"
-_MARKER_VERB = r"(?:[^\W\d_]*?(?:ed|en|wn)|cut|out)"
+# A unit or verb is read as folded, where a letter may read as a symbol (``ð`` as ``∂``): a
+# word is any run of marks but blanks, digits, backslashes, brackets and punctuation.
+_MARKER_WORD = r"""[^\s\d\\()\[\]{}<>.,;:!?"']"""
+_MARKER_VERB = rf"(?:{_MARKER_WORD}*?(?:ed|en|wn)|cut|out)"
 
 
 def _marker(openers: str, closers: str) -> re.Pattern[str]:
     return re.compile(
         rf"(?:{_ELLIPSIS}|[{openers}])(?P<escapes>\\*){_SPACE}{_COUNT}{_SPACE}"
-        rf"(?:[^\W\d_]{{1,24}}+{_SPACE}){{0,3}}?{_MARKER_VERB}{_WORD_ENDS}"
+        rf"(?:{_MARKER_WORD}{{1,24}}+{_SPACE}){{0,3}}?{_MARKER_VERB}{_WORD_ENDS}"
         rf"(?:{_SPACE}(?:{_ELLIPSIS}|[{closers}]))?"
     )
 
