@@ -509,6 +509,8 @@ def test_a_worker_asked_for_an_executor_that_is_not_installed_refuses_to_start(t
             "PYTHONPATH": f"{tmp_path}:{REPO_ROOT}",
             "BATON_URL": "http://127.0.0.1:9",
             "BATON_WORKER_TOKEN": "unused",
+            # Its own root: a worker running in this checkout (`make run`) holds var/'s.
+            "BATON_WORKSPACE_ROOT": str(tmp_path / "workspaces"),
             "OPENAI_API_KEY": "k",
             "ANTHROPIC_API_KEY": "k",
         },
